@@ -1,0 +1,353 @@
+"""Local services for the demo, the tests and `make`: embedded Postgres, model server, Airflow env.
+
+``python -m replayable.devenv start|stop|status|env|migrate|run|report``. State lives in a
+folder (``.local/`` by default): the pgserver data directory, the model server's pid and
+port, Airflow's home, and ``services.json`` describing what runs where. Every process
+started here is stopped by ``stop``: Postgres with its own ``pg_ctl stop``, the model server
+by killing its process group.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlparse
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_STATE = ROOT / ".local"
+DAG_ID = "document_pipeline"
+
+
+@dataclass(frozen=True)
+class Services:
+    """Where the running services are."""
+
+    replayable_dsn: str  # libpq URI of the replayable database
+    airflow_db_url: str  # SQLAlchemy URL of Airflow's metadata database
+    model_url: str  # OpenAI-compatible API root, ending in /v1
+    model_pid: int | None
+    pgdata: str | None  # set when the embedded server is ours to stop
+
+    @classmethod
+    def load(cls, state: Path) -> Services:
+        path = state / "services.json"
+        if not path.exists():
+            raise SystemExit(f"no services are running under {state}: run `make start` first")
+        return cls(**json.loads(path.read_text()))
+
+
+def _embedded_postgres(state: Path) -> tuple[str, str]:
+    from pgserver.postgres_server import get_server
+
+    server = get_server(state / "pg", cleanup_mode=None)
+    uri = server.get_uri()
+    existing = server.psql("SELECT datname FROM pg_database;")
+    for name in ("airflow", "replayable"):
+        if f" {name}\n" not in existing:
+            server.psql(f"CREATE DATABASE {name};")
+    host = parse_qs(urlparse(uri).query)["host"][0]
+    return (
+        f"postgresql://postgres@/replayable?host={host}",
+        f"postgresql+psycopg2://postgres@/airflow?host={host}",
+    )
+
+
+def _start_model_server(state: Path, port: int = 0) -> tuple[str, int]:
+    port_file = state / "model.port"
+    port_file.unlink(missing_ok=True)
+    log = open(state / "model-server.log", "ab")  # noqa: SIM115 - handed to the child process
+    cmd = [
+        sys.executable,
+        "-m",
+        "replayable.provider.server",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--port-file",
+        str(port_file),
+    ]
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "include")}
+    proc = subprocess.Popen(cmd, stdout=log, stderr=log, start_new_session=True, env=env)
+    deadline = time.monotonic() + 20
+    while not port_file.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"the model server did not start; see {state / 'model-server.log'}")
+        time.sleep(0.05)
+    return f"http://127.0.0.1:{port_file.read_text().strip()}/v1", proc.pid
+
+
+def start(state: Path = DEFAULT_STATE, *, model_url: str | None = None) -> Services:
+    """Start (or reuse) the database and the model server; write ``services.json``.
+
+    With ``model_url`` no model server is started: that endpoint is used instead.
+    """
+    state.mkdir(parents=True, exist_ok=True)
+    path = state / "services.json"
+    if path.exists():
+        services = Services.load(state)
+        if services.model_pid is None or _alive(services.model_pid):
+            return services
+        stop(state)
+    external = os.environ.get("REPLAYABLE_DATABASE_URL")
+    if external:
+        replayable_dsn = external
+        airflow_db = os.environ.get(
+            "REPLAYABLE_AIRFLOW_DATABASE_URL",
+            "postgresql+psycopg2://" + external.split("://", 1)[1],
+        )
+        pgdata = None
+    else:
+        replayable_dsn, airflow_db = _embedded_postgres(state)
+        pgdata = str(state / "pg")
+    model_pid = None
+    if model_url is None:
+        model_url, model_pid = _start_model_server(state)
+    services = Services(replayable_dsn, airflow_db, model_url, model_pid, pgdata)
+    path.write_text(json.dumps(asdict(services), indent=2))
+    _ensure_schema(services)
+    return services
+
+
+def stop(state: Path = DEFAULT_STATE) -> None:
+    """Stop whatever ``start`` started under ``state``; safe to call twice."""
+    path = state / "services.json"
+    if not path.exists():
+        return
+    services = Services(**json.loads(path.read_text()))
+    if services.model_pid:
+        _kill_group(services.model_pid)
+    if services.pgdata:
+        _stop_postgres(Path(services.pgdata))
+    path.unlink()
+
+
+def _stop_postgres(pgdata: Path) -> None:
+    # pgserver builds its command wrappers at import time, so mypy cannot see them.
+    from pgserver import pg_ctl  # type: ignore[attr-defined]
+
+    if not (pgdata / "postmaster.pid").exists():
+        return
+    user = "pgserver" if os.geteuid() == 0 else None
+    with contextlib.suppress(subprocess.CalledProcessError):  # already stopped
+        pg_ctl(["-w", "-m", "fast", "stop"], pgdata=pgdata, user=user)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    for _ in range(50):
+        if not _alive(pid):
+            return
+        time.sleep(0.1)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+def _ensure_schema(services: Services) -> None:
+    from replayable import db
+
+    conn = db.connect(services.replayable_dsn)
+    try:
+        db.migrate(conn)
+    finally:
+        conn.close()
+
+
+def _postgres_conn_json(dsn: str) -> str:
+    url = urlparse(dsn)
+    query = parse_qs(url.query)
+    host = query.get("host", [url.hostname or ""])[0]
+    return json.dumps(
+        {
+            "conn_type": "postgres",
+            "host": host,
+            "port": url.port,
+            "login": unquote(url.username or "postgres"),
+            "password": unquote(url.password or ""),
+            "schema": url.path.lstrip("/") or "postgres",
+        }
+    )
+
+
+def airflow_env(
+    services: Services, state: Path = DEFAULT_STATE, *, api_port: int = 8080
+) -> dict[str, str]:
+    """Environment that points Airflow at this project, its database and its connections."""
+    model = os.environ.get("REPLAYABLE_MODEL_CONN") or json.dumps(
+        {
+            "conn_type": "http",
+            "host": services.model_url,
+            "extra": {"model": "text-embedding-3-small"},
+        }
+    )
+    return {
+        "AIRFLOW_HOME": str(state / "airflow"),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
+        "AIRFLOW__CORE__PLUGINS_FOLDER": str(ROOT / "plugins"),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+        "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": services.airflow_db_url,
+        "AIRFLOW__API__HOST": "127.0.0.1",
+        "AIRFLOW__API__PORT": str(api_port),
+        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{api_port}/execution/",
+        "AIRFLOW_CONN_REPLAYABLE_DB": _postgres_conn_json(services.replayable_dsn),
+        "AIRFLOW_CONN_REPLAYABLE_MODEL": model,
+        "PYTHONPATH": os.pathsep.join(
+            p for p in (str(ROOT / "include"), os.environ.get("PYTHONPATH", "")) if p
+        ),
+        "NO_PROXY": "127.0.0.1,localhost",
+    }
+
+
+def _airflow(
+    args: list[str], env: dict[str, str], **kwargs: Any
+) -> subprocess.CompletedProcess[str]:
+    airflow = str(Path(sys.executable).with_name("airflow"))
+    return subprocess.run(
+        [airflow, *args], env={**os.environ, **env}, text=True, check=False, **kwargs
+    )
+
+
+def migrate_airflow(env: dict[str, str]) -> None:
+    """Create or upgrade Airflow's metadata database (skipped when already done here)."""
+    marker = Path(env["AIRFLOW_HOME"]) / ".migrated"
+    if marker.exists() and marker.read_text() == env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]:
+        return
+    Path(env["AIRFLOW_HOME"]).mkdir(parents=True, exist_ok=True)
+    done = _airflow(["db", "migrate"], env, capture_output=True)
+    if done.returncode != 0:
+        raise SystemExit(f"airflow db migrate failed:\n{done.stdout}\n{done.stderr}")
+    marker.write_text(env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"])
+
+
+def latest_report(services: Services) -> dict[str, Any] | None:
+    from replayable import db
+
+    conn = db.connect(services.replayable_dsn)
+    try:
+        rows = db.fetch_all(conn, "latest_report")
+    finally:
+        conn.close()
+    return rows[0]["report"] if rows else None
+
+
+def run(state: Path, conf: str, *, quiet: bool = True) -> int:
+    """Run document_pipeline once through ``airflow dags test``; print and save its report."""
+    from replayable.pipeline import format_report
+
+    json.loads(conf)  # a typo in CONF is reported here, before Airflow starts
+    services = Services.load(state)
+    env = airflow_env(services, state)
+    migrate_airflow(env)
+    log_path = state / "last_run.log"
+    with open(log_path, "w") as log:
+        done = _airflow(
+            ["dags", "test", DAG_ID, "--conf", conf],
+            env,
+            stdout=log if quiet else None,
+            stderr=subprocess.STDOUT,
+        )
+    report = latest_report(services)
+    if report is None:
+        print(f"no report was written; see {log_path}", file=sys.stderr)
+        return done.returncode or 1
+    (state / "last_report.json").write_text(json.dumps(report, indent=2))
+    print(format_report(report))
+    print(f"report: {state / 'last_report.json'}   airflow log: {log_path}")
+    return done.returncode
+
+
+def serve_airflow(state: Path, *, api_port: int = 8080) -> int:
+    """Run ``airflow standalone`` on 127.0.0.1 in its own process group until interrupted."""
+    services = Services.load(state)
+    env = airflow_env(services, state, api_port=api_port)
+    migrate_airflow(env)
+    airflow = str(Path(sys.executable).with_name("airflow"))
+    proc = subprocess.Popen(
+        [airflow, "standalone"], env={**os.environ, **env}, start_new_session=True
+    )
+    passwords = Path(env["AIRFLOW_HOME"]) / "simple_auth_manager_passwords.json.generated"
+    url = f"http://127.0.0.1:{api_port}"
+    try:
+        for _ in range(600):
+            if proc.poll() is not None:
+                return proc.returncode
+            try:
+                if httpx.get(f"{url}/api/v2/monitor/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        login = json.loads(passwords.read_text()) if passwords.exists() else {}
+        print(
+            f"\nAirflow is up: {url}  (user: admin, password: {login.get('admin', '?')};"
+            f" stored in {passwords})\nCtrl-C stops it.",
+            flush=True,
+        )
+        return proc.wait()
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        _kill_group(proc.pid)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m replayable.devenv", description=__doc__)
+    parser.add_argument("--state", type=Path, default=DEFAULT_STATE)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("start", help="start the embedded Postgres and the local model server")
+    sub.add_parser("stop", help="stop them")
+    sub.add_parser("status", help="show what runs where")
+    sub.add_parser("env", help="print the Airflow environment as shell exports")
+    sub.add_parser("migrate", help="migrate Airflow's metadata database")
+    run_cmd = sub.add_parser("run", help="run document_pipeline once and print its report")
+    run_cmd.add_argument("--conf", default="{}")
+    run_cmd.add_argument("--verbose", action="store_true", help="show Airflow's output")
+    sub.add_parser("airflow", help="run Airflow standalone on 127.0.0.1:8080 until Ctrl-C")
+    args = parser.parse_args(argv)
+
+    if args.command == "start":
+        services = start(args.state)
+        print(f"postgres: {services.replayable_dsn}\nmodel server: {services.model_url}")
+    elif args.command == "stop":
+        stop(args.state)
+    elif args.command == "status":
+        print(json.dumps(asdict(Services.load(args.state)), indent=2))
+    elif args.command == "env":
+        for key, value in airflow_env(Services.load(args.state), args.state).items():
+            print(f"export {key}={shlex.quote(value)}")
+    elif args.command == "migrate":
+        migrate_airflow(airflow_env(Services.load(args.state), args.state))
+    elif args.command == "run":
+        return run(args.state, args.conf, quiet=not args.verbose)
+    elif args.command == "airflow":
+        return serve_airflow(args.state)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,433 @@
+"""Run one untrusted-input function per item in a killable, memory-capped worker process.
+
+A hostile PDF can make a parser loop for hours, allocate until the machine swaps, or crash
+the interpreter. ``GuardedPool`` runs each item in a reusable worker process (a pebble
+``ProcessPool``) with a wall-clock timeout and an address-space limit, and turns every way
+an item can break the worker into a ``GuardError`` whose ``error_class`` names it:
+
+- ``timeout``: the item ran past ``timeout_s``; pebble killed the worker and started a new one.
+- ``memory``: the item raised ``MemoryError`` under the worker's RLIMIT_AS (or an exception
+  caused by one), or the worker died in a way that looks like running out of memory: killed
+  by the kernel OOM killer, or dead while its address space was within 10 % of the limit.
+- ``crash``: the worker died some other way (a signal such as SIGSEGV or SIGKILL, ``os._exit``),
+  or ``fn`` raised ``SystemExit``/``KeyboardInterrupt``, which must not end the caller.
+- ``oversize``: raised by ``check_size`` before any worker is involved.
+
+Every other exception from ``fn`` is re-raised in the caller with its own type. It crosses the
+process boundary by pickling, so a custom exception class must be picklable: either pass
+every ``__init__`` argument on to ``super().__init__(*args)``, or define ``__reduce__`` (as
+``GuardError`` does). An exception that cannot make the round trip arrives as ``RemoteError``
+instead of breaking the pool. ``fn``, its arguments and its return value must be picklable
+too, so ``fn`` must be a module-level function.
+
+Workers start with the ``forkserver`` method. The caller is typically an Airflow task
+process, itself forked from a threaded supervisor and running threads of its own; ``fork``
+from such a process can copy a lock held by another thread and deadlock the child, and
+would also hand the task's open sockets and log handles to every worker. ``forkserver``
+forks workers from a clean single-threaded server instead. Measured on a 2-vCPU Linux VM,
+Python 3.11: the first pool in a process pays about 110 ms to start the server and a
+worker, each later worker (including each replacement after a timeout or crash) about
+55-65 ms, against about 110 ms per worker for ``spawn``; importing pypdf in a worker adds
+about 100 ms once per worker, before the item's clock starts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import faulthandler
+import multiprocessing
+import os
+import pickle
+import resource
+import signal
+import stat
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Final, TypeVar, cast
+
+from pebble import ProcessExpired, ProcessPool
+from pebble.common.types import RemoteTraceback
+
+__all__ = ["ERROR_CLASSES", "GuardError", "GuardedPool", "RemoteError", "check_size"]
+
+T = TypeVar("T")
+
+ERROR_CLASSES: Final = ("timeout", "memory", "crash", "oversize")
+
+# A worker whose last sampled address space was this close to its limit when it died is
+# taken to have died of the limit (a C library that cannot handle a failed malloc).
+_NEAR_LIMIT_FRACTION: Final = 0.9
+_SAMPLE_INTERVAL_S: Final = 0.01
+# Address-space samples are kept per worker pid modulo this; pids are verified on read.
+_USAGE_SLOTS: Final = 4096
+_SAMPLER_STACK_BYTES: Final = 256 * 1024
+# mallopt parameter numbers from glibc's <malloc.h>.
+_M_MMAP_THRESHOLD: Final = -3
+_M_ARENA_MAX: Final = -8
+
+
+class GuardError(Exception):
+    """An item broke a guard; error_class is one of 'timeout', 'memory', 'crash', 'oversize'."""
+
+    error_class: str
+    message: str
+
+    def __init__(self, error_class: str, message: str) -> None:
+        """Record which guard broke (``error_class``) and a human-readable ``message``."""
+        if error_class not in ERROR_CLASSES:
+            raise ValueError(
+                f"unknown error class {error_class!r}; expected one of {ERROR_CLASSES}"
+            )
+        super().__init__(message)
+        self.error_class = error_class
+        self.message = message
+
+    def __reduce__(self) -> tuple[type[GuardError], tuple[str, str]]:
+        """Rebuild from both init arguments: the default pickling would pass only ``args``."""
+        return (type(self), (self.error_class, self.message))
+
+    def __str__(self) -> str:
+        """Return ``'<error_class>: <message>'``."""
+        return f"{self.error_class}: {self.message}"
+
+
+class RemoteError(Exception):
+    """An exception from ``fn`` that could not be pickled back; it keeps the type name and text."""
+
+    type_name: str
+    message: str
+
+    def __init__(self, type_name: str, message: str) -> None:
+        """Record the original exception's qualified type name and ``str()``."""
+        super().__init__(type_name, message)
+        self.type_name = type_name
+        self.message = message
+
+    def __str__(self) -> str:
+        """Return ``'<type_name>: <message>'``."""
+        return f"{self.type_name}: {self.message}"
+
+
+def check_size(path: str | os.PathLike[str], max_bytes: int) -> int:
+    """Return the size from os.stat, never reading the file; GuardError('oversize') above max_bytes.
+
+    Anything but a regular file is refused as well: the size of a FIFO or a device says
+    nothing about how much a read of it returns.
+    """
+    info = os.stat(path)
+    if not stat.S_ISREG(info.st_mode):
+        raise GuardError("oversize", f"{os.fspath(path)} is not a regular file")
+    if info.st_size > max_bytes:
+        raise GuardError(
+            "oversize", f"{os.fspath(path)} is {info.st_size} bytes, over the limit of {max_bytes}"
+        )
+    return info.st_size
+
+
+# --- worker side ----------------------------------------------------------------------
+
+
+def _sample_address_space(usage: Any, slot: int) -> None:
+    """Keep writing this process's current address-space size into ``usage[slot + 1]``."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    try:
+        fd = os.open("/proc/self/statm", os.O_RDONLY)
+    except OSError:
+        return  # no procfs: deaths near the limit are then reported as plain crashes
+    while True:
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            usage[slot + 1] = int(os.pread(fd, 128, 0).split()[0]) * page
+        time.sleep(_SAMPLE_INTERVAL_S)
+
+
+def _tune_malloc() -> None:
+    """Make glibc's malloc give freed memory back, so the address space tracks live data."""
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return  # not glibc: nothing to tune
+    # A second thread would get its own arena, reserving 64 MiB of address space that
+    # RLIMIT_AS counts although it is never used.
+    mallopt(_M_ARENA_MAX, 1)
+    # A fixed threshold turns off glibc's adaptive one, which after the first large free
+    # serves big blocks from the heap and keeps them there: after one memory-hungry item
+    # the worker would stay near its limit for every item after it.
+    mallopt(_M_MMAP_THRESHOLD, 128 * 1024)
+
+
+def _init_worker(limit_bytes: int | None, usage: Any) -> None:
+    """Cap the worker's address space and start sampling it; runs once per worker process."""
+    # A segfaulting item then leaves a Python traceback in the task log, not just "-11".
+    faulthandler.enable()
+    if limit_bytes is None:
+        return
+    _tune_malloc()
+    if usage is not None:
+        slot = 2 * (os.getpid() % _USAGE_SLOTS)
+        usage[slot] = os.getpid()
+        usage[slot + 1] = 0
+        # A small stack: the default 8 MiB reservation would count against RLIMIT_AS.
+        previous = threading.stack_size(_SAMPLER_STACK_BYTES)
+        try:
+            threading.Thread(
+                target=_sample_address_space, args=(usage, slot), name="guard-sampler", daemon=True
+            ).start()
+        finally:
+            threading.stack_size(previous)
+    _soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    if hard != resource.RLIM_INFINITY:
+        limit_bytes = min(limit_bytes, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, hard))
+
+
+def _caused_by_memory_error(error: BaseException) -> bool:
+    """Return whether a MemoryError is in ``error``'s cause/context chain."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        if isinstance(current, MemoryError):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def _survives_pickling(error: BaseException) -> bool:
+    """Return whether ``error`` can be pickled here and rebuilt in the caller."""
+    try:
+        pickle.loads(pickle.dumps(error))  # noqa: S301  # our own bytes, made one line above
+    except Exception:
+        return False
+    return True
+
+
+def _release_frames(error: BaseException) -> None:
+    """Drop the local variables of the frames in ``error``'s tracebacks, keeping the lines.
+
+    pebble holds the last result, exception included, until the next item finishes; the
+    frames would otherwise keep whatever the failed item had allocated alive meanwhile.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        traceback.clear_frames(current.__traceback__)
+        current = current.__cause__ or current.__context__
+
+
+def _call(fn: Callable[..., T], args: tuple[Any, ...]) -> T:
+    """Run ``fn(*args)`` in the worker, making sure whatever it raises can reach the caller."""
+    try:
+        return fn(*args)
+    except BaseException as error:
+        _release_frames(error)
+        replacement = _transportable(error)
+        if replacement is error:
+            raise
+        # The remote traceback text that reaches the caller then still shows the original.
+        raise replacement from error
+
+
+def _transportable(error: BaseException) -> BaseException:
+    """Return what to raise in the caller's place for ``error`` raised by an item."""
+    if isinstance(error, MemoryError):
+        return error
+    if isinstance(error, Exception):
+        # Libraries that catch Exception may turn a MemoryError into some other error.
+        if _caused_by_memory_error(error):
+            return MemoryError(f"{type(error).__name__} after MemoryError: {error}")
+        if not _survives_pickling(error):
+            # The caller could not unpickle it, and pebble would then declare the whole
+            # pool broken; send something that keeps the pool alive and the message.
+            return RemoteError(f"{type(error).__module__}.{type(error).__qualname__}", str(error))
+        return error
+    # SystemExit, KeyboardInterrupt and the like must not end the caller's process.
+    return GuardError("crash", f"worker raised {type(error).__name__}: {error}")
+
+
+# --- caller side ----------------------------------------------------------------------
+
+
+def _oom_events_file() -> Path | None:
+    """Return the cgroup file whose ``oom_kill`` counter covers this process, if readable."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    candidates: list[Path] = []
+    for line in lines:
+        _hierarchy, controllers, group = line.split(":", 2)
+        group = group.lstrip("/")
+        if controllers == "":  # cgroup v2
+            candidates += [Path("/sys/fs/cgroup", group, "memory.events")]
+        elif "memory" in controllers.split(","):  # cgroup v1
+            candidates += [Path("/sys/fs/cgroup/memory", group, "memory.oom_control")]
+    # Inside a container the listed group may not be visible: fall back to the mount root.
+    candidates += [
+        Path("/sys/fs/cgroup/memory.events"),
+        Path("/sys/fs/cgroup/memory/memory.oom_control"),
+    ]
+    for candidate in candidates:
+        if _read_oom_kills(candidate) is not None:
+            return candidate
+    return None
+
+
+def _read_oom_kills(events: Path | None) -> int | None:
+    """Return the ``oom_kill`` count in a cgroup memory events file, or None."""
+    if events is None:
+        return None
+    try:
+        for line in events.read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill":
+                return int(value)
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+class GuardedPool:
+    """A reusable pool of worker processes with a per-item wall-clock timeout and memory limit.
+
+    The workers are a pebble ``ProcessPool``; the limit is each worker's RLIMIT_AS.
+    ``run`` is thread-safe: with ``workers > 1``, calls from several threads run in
+    parallel. Workers live until ``close`` (or until an item kills its worker, which is
+    then replaced), so per-process start-up and imports are paid once per worker.
+    """
+
+    def __init__(self, *, timeout_s: float, memory_mb: int | None, workers: int = 1) -> None:
+        """Configure the pool; worker processes start lazily with the first ``run``."""
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be positive, not {timeout_s}")
+        if memory_mb is not None and memory_mb <= 0:
+            raise ValueError(f"memory_mb must be positive or None, not {memory_mb}")
+        if workers < 1:
+            raise ValueError(f"workers must be at least 1, not {workers}")
+        self.timeout_s = timeout_s
+        self.memory_mb = memory_mb
+        self.workers = workers
+        self._limit_bytes = None if memory_mb is None else memory_mb * 2**20
+        self._context = multiprocessing.get_context("forkserver")
+        # Shared with the workers: (pid, address-space bytes) pairs written by their samplers.
+        self._usage: Any = None
+        if self._limit_bytes is not None:
+            self._usage = self._context.RawArray("q", 2 * _USAGE_SLOTS)
+        self._oom_events = _oom_events_file()
+        self._lock = threading.Lock()
+        self._pool: ProcessPool | None = None
+        self._closed = False
+
+    def __enter__(self) -> GuardedPool:
+        """Return the pool itself."""
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Close the pool."""
+        self.close()
+
+    def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """Return ``fn(*args)`` computed in a worker; raise GuardError if the item broke a guard.
+
+        Any other exception from ``fn`` is re-raised with its own type (see the module
+        docstring for what that requires of custom exception classes).
+        """
+        pool = self._live_pool()
+        oom_kills = _read_oom_kills(self._oom_events)
+        name = getattr(fn, "__qualname__", repr(fn))
+        try:
+            future = pool.schedule(_call, args=(fn, args), timeout=self.timeout_s)
+            return cast(T, future.result())
+        except GuardError:
+            raise
+        except MemoryError as error:
+            raise GuardError(
+                "memory", f"{name} ran out of memory (limit {self.memory_mb} MiB)"
+            ) from error
+        except TimeoutError as error:
+            if isinstance(error.__cause__, RemoteTraceback):
+                raise  # fn's own TimeoutError, e.g. from a socket: not ours to classify
+            raise GuardError(
+                "timeout", f"{name} ran longer than {self.timeout_s} s; its worker was killed"
+            ) from None
+        except ProcessExpired as error:
+            error_class, reason = self._classify_death(error, oom_kills)
+            raise GuardError(error_class, f"{name}: worker {reason}") from error
+        except BrokenProcessPool:
+            # Workers that cannot start, or a result the caller cannot unpickle: a fault of
+            # the setup or of fn, not of this item, so it must not be filed as one. Nothing
+            # more can run on a broken pebble pool; the next run starts a fresh one.
+            self._discard(pool)
+            raise
+
+    def close(self) -> None:
+        """Stop the workers after any items still running; the pool cannot be used again."""
+        with self._lock:
+            self._closed = True
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.close()  # type: ignore[no-untyped-call]  # pebble leaves it unannotated
+            pool.join()
+
+    def _live_pool(self) -> ProcessPool:
+        """Return the current pebble pool, creating it on first use."""
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("GuardedPool is closed")
+            if self._pool is None:
+                self._pool = ProcessPool(
+                    max_workers=self.workers,
+                    max_tasks=0,
+                    initializer=_init_worker,
+                    initargs=(self._limit_bytes, self._usage),
+                    context=self._context,
+                )
+            return self._pool
+
+    def _discard(self, pool: ProcessPool) -> None:
+        """Drop ``pool`` if it is still the current one and stop its workers."""
+        with self._lock:
+            if self._pool is pool:
+                self._pool = None
+        pool.stop()  # type: ignore[no-untyped-call]  # pebble leaves it unannotated
+        pool.join()
+
+    def _classify_death(self, error: ProcessExpired, oom_kills: int | None) -> tuple[str, str]:
+        """Return (error_class, reason) for a worker that died while running an item."""
+        exitcode = error.exitcode
+        if exitcode is not None and exitcode < 0:
+            try:
+                how = f"killed by {signal.Signals(-exitcode).name}"
+            except ValueError:
+                how = f"killed by signal {-exitcode}"
+        else:
+            how = f"exited with code {exitcode}"
+        if exitcode == -signal.SIGKILL and oom_kills is not None:
+            now = _read_oom_kills(self._oom_events)
+            if now is not None and now > oom_kills:
+                return "memory", f"{how}; the cgroup OOM killer fired meanwhile"
+        used = self._last_address_space(error.pid)
+        limit = self._limit_bytes
+        if used is not None and limit is not None and used >= _NEAR_LIMIT_FRACTION * limit:
+            return "memory", f"{how} at {used / 2**20:.0f} of {self.memory_mb} MiB address space"
+        return "crash", how
+
+    def _last_address_space(self, pid: int | None) -> int | None:
+        """Return the last address-space sample of worker ``pid``, if there is one."""
+        if self._usage is None or pid is None:
+            return None
+        slot = 2 * (pid % _USAGE_SLOTS)
+        if self._usage[slot] != pid or self._usage[slot + 1] <= 0:
+            return None
+        return int(self._usage[slot + 1])

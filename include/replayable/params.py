@@ -1,0 +1,66 @@
+"""The document pipeline's Params: JSON schema that Airflow checks when a run is triggered."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow.sdk import Param
+
+from replayable.settings import STAGES, PipelineSettings
+
+_DEFAULTS = PipelineSettings()
+
+
+def pipeline_params(default_source: str) -> dict[str, Param]:
+    """Params of ``document_pipeline``; a bad value is rejected at trigger time, naming it."""
+    stage_list: dict[str, Any] = {
+        "type": "array",
+        "items": {"type": "string", "enum": list(STAGES)},
+        "minItems": 1,
+        "uniqueItems": True,
+    }
+    return {
+        "source": Param(
+            default_source,
+            type="string",
+            minLength=1,
+            description="Folder (searched recursively) or glob of PDFs.",
+        ),
+        "batch_size": Param(
+            _DEFAULTS.batch_size,
+            type="integer",
+            minimum=1,
+            maximum=100_000,
+            description="Documents per mapped batch.",
+        ),
+        "stages": Param(
+            list(STAGES), **stage_list, description="Stages to run; the others are skipped."
+        ),
+        "model": Param(
+            _DEFAULTS.model,
+            type="string",
+            minLength=1,
+            description="Embedding model name sent to the provider.",
+        ),
+        "dimensions": Param(
+            None,
+            type=["null", "integer"],
+            minimum=1,
+            description="Embedding size, for models that accept one.",
+        ),
+        "chunk_size": Param(_DEFAULTS.chunk_size, type="integer", minimum=50),
+        "chunk_overlap": Param(_DEFAULTS.chunk_overlap, type="integer", minimum=0),
+        "embed_inputs_per_call": Param(
+            _DEFAULTS.embed_inputs_per_call, type="integer", minimum=1, maximum=2048
+        ),
+        "max_bytes": Param(
+            _DEFAULTS.max_bytes,
+            type="integer",
+            minimum=1,
+            description="Larger documents are dead-lettered unread.",
+        ),
+        "item_timeout_s": Param(_DEFAULTS.item_timeout_s, type="number", exclusiveMinimum=0),
+        "memory_mb": Param(_DEFAULTS.memory_mb, type="integer", minimum=64),
+        "max_attempts": Param(_DEFAULTS.max_attempts, type="integer", minimum=1, maximum=20),
+        "lease_s": Param(_DEFAULTS.lease_s, type="number", minimum=1),
+    }

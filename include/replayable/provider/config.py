@@ -1,0 +1,63 @@
+"""Which embedding endpoint is used: decided here, from the Airflow connection.
+
+The connection (default id ``replayable_model``) holds the endpoint and the secret:
+
+- ``host``: the API root including ``/v1`` (``https://api.openai.com/v1``,
+  ``http://127.0.0.1:11434/v1`` for Ollama, …), or a bare host with ``port`` and
+  ``schema`` (``http``/``https``) plus ``extra.base_path`` (default ``/v1``);
+- ``password``: the API key, if any (never logged, never stored in the ledger);
+- ``extra``: ``model``, ``dimensions``, ``timeout_s`` defaults.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    """Endpoint, credentials and defaults for the embeddings provider."""
+
+    base_url: str
+    api_key: str | None = field(default=None, repr=False)
+    model: str | None = None
+    dimensions: int | None = None
+    timeout_s: float = 30.0
+
+
+def settings_from_fields(
+    host: str | None,
+    port: int | None,
+    schema: str | None,
+    password: str | None,
+    extra: dict[str, Any],
+) -> ModelSettings:
+    """Build ModelSettings from an Airflow connection's fields; raises naming a missing field."""
+    if not host:
+        raise ValueError(
+            "the model connection has no host: set it to the API root, e.g. "
+            "http://127.0.0.1:8765/v1"
+        )
+    if host.startswith(("http://", "https://")):
+        base_url = host.rstrip("/")
+    else:
+        scheme = schema if schema in ("http", "https") else "https"
+        netloc = f"{host}:{port}" if port else host
+        base_url = f"{scheme}://{netloc}{extra.get('base_path', '/v1')}".rstrip("/")
+    dimensions = extra.get("dimensions")
+    return ModelSettings(
+        base_url=base_url,
+        api_key=password or None,
+        model=extra.get("model"),
+        dimensions=int(dimensions) if dimensions else None,
+        timeout_s=float(extra.get("timeout_s", 30.0)),
+    )
+
+
+def settings_from_connection(conn_id: str) -> ModelSettings:
+    """Read the Airflow connection ``conn_id`` (an Airflow import, so only called in tasks)."""
+    from airflow.sdk import BaseHook
+
+    conn = BaseHook.get_connection(conn_id)
+    return settings_from_fields(conn.host, conn.port, conn.schema, conn.password, conn.extra_dejson)

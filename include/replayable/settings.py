@@ -1,0 +1,74 @@
+"""The pipeline's run settings: one typed object built from DAG params (or a dict).
+
+The DAG's Param JSON schema rejects bad conf at trigger time; this class checks again
+where the values are used, so that a task run outside a DAG fails with the same clarity.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from replayable.stages.chunk import ChunkConfig
+
+STAGES = ("extract", "chunk", "embed")
+
+
+@dataclass(frozen=True)
+class PipelineSettings:
+    """Everything one run of the pipeline needs to know, validated."""
+
+    source: str = ""
+    batch_size: int = 50
+    stages: tuple[str, ...] = STAGES
+    model: str = "text-embedding-3-small"
+    dimensions: int | None = None
+    chunk_size: int = 800
+    chunk_overlap: int = 100
+    embed_inputs_per_call: int = 32
+    max_bytes: int = 20 * 2**20
+    item_timeout_s: float = 60.0
+    memory_mb: int = 1024
+    max_attempts: int = 3
+    lease_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        for name in (
+            "batch_size",
+            "chunk_size",
+            "embed_inputs_per_call",
+            "max_bytes",
+            "memory_mb",
+            "max_attempts",
+        ):
+            _at_least(name, getattr(self, name), 1)
+        for name in ("item_timeout_s", "lease_s"):
+            _at_least(name, getattr(self, name), 0.1)
+        unknown = [s for s in self.stages if s not in STAGES]
+        if unknown or not self.stages:
+            raise ValueError(f"stages: {unknown or 'empty'} is not a list of {list(STAGES)}")
+        if self.item_timeout_s >= self.lease_s:
+            raise ValueError(
+                f"item_timeout_s ({self.item_timeout_s}) must be below lease_s ({self.lease_s}), "
+                "or a slow item would lose its lease while still running"
+            )
+        self.chunk_config  # noqa: B018 - validates size and overlap now, not mid-batch
+
+    @property
+    def chunk_config(self) -> ChunkConfig:
+        return ChunkConfig(size=self.chunk_size, overlap=self.chunk_overlap)
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any]) -> PipelineSettings:
+        """Build settings from DAG params, ignoring keys that other tasks use."""
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in params.items() if k in known and v is not None}
+        if "stages" in values:
+            values["stages"] = tuple(values["stages"])
+        return cls(**values)
+
+
+def _at_least(name: str, value: Any, low: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < low:
+        raise ValueError(f"{name}: must be a number >= {low}, got {value!r}")

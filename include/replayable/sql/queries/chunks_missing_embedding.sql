@@ -1,0 +1,7 @@
+-- Content-addressed check: a chunk embedded for any document costs nothing again.
+SELECT c.chunk_id, c.text
+FROM replayable.chunks c
+WHERE c.chunk_id = ANY(%(chunk_ids)s)
+  AND NOT EXISTS (SELECT 1 FROM replayable.embeddings e
+                  WHERE e.chunk_id = c.chunk_id AND e.model = %(model)s)
+ORDER BY c.chunk_id

@@ -1,0 +1,1 @@
+"""Stage functions: plain, typed, and free of Airflow imports so that they test by calling."""

@@ -1,0 +1,76 @@
+"""Split text into overlapping, content-addressed chunks.
+
+Deterministic: the same text, version and config give the same chunks, so identical
+re-extracted text maps onto chunks (and embeddings) that already exist.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from replayable.keys import sha256_bytes
+
+VERSION = "1.0"
+
+_SPACE = re.compile(r"\s+")
+
+
+@dataclass(frozen=True)
+class ChunkConfig:
+    """Target chunk size and overlap, in characters."""
+
+    size: int = 800
+    overlap: int = 100
+
+    def __post_init__(self) -> None:
+        if self.size < 50:
+            raise ValueError(f"chunk size must be at least 50 characters, got {self.size}")
+        if not 0 <= self.overlap < self.size // 2:
+            raise ValueError(
+                f"chunk overlap must be in [0, size/2), got {self.overlap} for size {self.size}"
+            )
+
+    @property
+    def key(self) -> str:
+        """Name of this chunker setup: version, size and overlap."""
+        return f"v{VERSION}-s{self.size}-o{self.overlap}"
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One chunk: its content address, its position in the document and its text."""
+
+    chunk_id: str
+    ordinal: int
+    text: str
+
+
+def chunk_id(text: str) -> str:
+    """Content address of a chunk: sha256 of the chunker version and the chunk text."""
+    return sha256_bytes(f"{VERSION}\x00{text}".encode())
+
+
+def chunk_text(text: str, config: ChunkConfig) -> list[Chunk]:
+    """Split ``text`` into chunks of about ``config.size`` characters on word boundaries."""
+    words = _SPACE.sub(" ", text).strip().split(" ")
+    if words == [""]:
+        return []
+    chunks: list[Chunk] = []
+    start = 0
+    while start < len(words):
+        end, length = start, 0
+        while end < len(words) and (length == 0 or length + 1 + len(words[end]) <= config.size):
+            length += len(words[end]) + (1 if length else 0)
+            end += 1
+        piece = " ".join(words[start:end])
+        chunks.append(Chunk(chunk_id(piece), len(chunks), piece))
+        if end >= len(words):
+            break
+        # Step back over whole words worth about `overlap` characters, always moving forward.
+        back, kept = end, 0
+        while back > start + 1 and kept + len(words[back - 1]) + 1 <= config.overlap:
+            back -= 1
+            kept += len(words[back]) + 1
+        start = back
+    return chunks

@@ -1,0 +1,156 @@
+"""Embed chunk texts through an OpenAI-compatible ``/v1/embeddings`` endpoint.
+
+The provider is a small Protocol; :class:`HttpEmbeddingClient` implements it over httpx.
+Which endpoint and key are used is decided in one place, ``replayable.provider.config``.
+Every HTTP request is reported to ``on_call`` so that billable calls are counted.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import httpx
+
+from replayable.retry import CallRetry, ErrorKind, ItemError, call_with_retries, classify
+
+VERSION = "1.0"
+
+
+@dataclass(frozen=True)
+class EmbeddingResult:
+    """Vectors in input order, and the tokens the provider billed."""
+
+    vectors: list[list[float]]
+    tokens: int
+
+
+@dataclass(frozen=True)
+class CallRecord:
+    """One HTTP request to the provider, successful or not."""
+
+    idempotency_key: str
+    attempt: int
+    status: str  # "ok" or the error class
+    http_status: int | None
+    latency_ms: int
+    n_inputs: int
+    tokens: int
+
+
+class EmbeddingProvider(Protocol):
+    """Anything that turns texts into vectors."""
+
+    def embed(
+        self,
+        texts: Sequence[str],
+        *,
+        idempotency_key: str,
+        on_call: Callable[[CallRecord], None] | None = None,
+    ) -> EmbeddingResult:
+        """Embed ``texts``; ``idempotency_key`` names the item so a provider can de-duplicate.
+
+        ``on_call`` receives a CallRecord for every request made, failed ones included.
+        """
+        ...
+
+
+class HttpEmbeddingClient:
+    """OpenAI-compatible embeddings over httpx, with classified, bounded retries.
+
+    :param base_url: the API root including ``/v1``, e.g. ``http://127.0.0.1:8765/v1``.
+    :param model: the model name sent with each request.
+    :param api_key: sent as a bearer token; never logged or stored.
+    :param dimensions: optional output size, for models that accept it.
+    :param timeout_s: per-request timeout.
+    :param retry: bounds for retrying one call.
+    """
+
+    def __init__(
+        self,
+        *,
+        base_url: str,
+        model: str,
+        api_key: str | None = None,
+        dimensions: int | None = None,
+        timeout_s: float = 30.0,
+        retry: CallRetry | None = None,
+    ) -> None:
+        self.model = model
+        self.dimensions = dimensions
+        self.retry = retry or CallRetry()
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = httpx.Client(
+            base_url=base_url.rstrip("/"), headers=headers, timeout=httpx.Timeout(timeout_s)
+        )
+
+    def close(self) -> None:
+        self._http.close()
+
+    def embed(
+        self,
+        texts: Sequence[str],
+        *,
+        idempotency_key: str,
+        on_call: Callable[[CallRecord], None] | None = None,
+    ) -> EmbeddingResult:
+        """Embed ``texts`` in one request, retried per :class:`CallRetry`."""
+        attempt = 0
+
+        def once() -> EmbeddingResult:
+            nonlocal attempt
+            attempt += 1
+            return self._request(texts, idempotency_key, attempt, on_call)
+
+        return call_with_retries(once, self.retry, describe=f"embed {idempotency_key[:16]}")
+
+    def _request(
+        self,
+        texts: Sequence[str],
+        key: str,
+        attempt: int,
+        on_call: Callable[[CallRecord], None] | None,
+    ) -> EmbeddingResult:
+        body: dict[str, object] = {"model": self.model, "input": list(texts)}
+        if self.dimensions:
+            body["dimensions"] = self.dimensions
+        started = time.monotonic()
+        http_status: int | None = None
+        status, tokens = "interrupted", 0
+        try:
+            response = self._http.post("/embeddings", json=body, headers={"Idempotency-Key": key})
+            http_status = response.status_code
+            response.raise_for_status()
+            result = _parse(response.json(), len(texts))
+            status, tokens = "ok", result.tokens
+        except Exception as exc:
+            status, tokens = classify(exc).error_class, 0
+            raise
+        finally:
+            if on_call is not None:
+                latency_ms = int((time.monotonic() - started) * 1000)
+                on_call(
+                    CallRecord(key, attempt, status, http_status, latency_ms, len(texts), tokens)
+                )
+        return result
+
+
+def _parse(payload: object, expected: int) -> EmbeddingResult:
+    """Validate an embeddings response: one vector per input, in index order."""
+    try:
+        assert isinstance(payload, dict)
+        data = sorted(payload["data"], key=lambda row: row["index"])
+        vectors = [[float(x) for x in row["embedding"]] for row in data]
+        usage = payload.get("usage") or {}
+        tokens = int(usage.get("total_tokens") or usage.get("prompt_tokens") or 0)
+    except (AssertionError, KeyError, TypeError, ValueError) as exc:
+        raise ItemError(
+            "bad_response", f"unreadable embeddings response: {exc!r}", ErrorKind.RETRYABLE
+        ) from exc
+    if len(vectors) != expected:
+        raise ItemError(
+            "bad_response", f"asked for {expected} vectors, got {len(vectors)}", ErrorKind.RETRYABLE
+        )
+    return EmbeddingResult(vectors=vectors, tokens=tokens)

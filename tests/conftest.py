@@ -1,0 +1,132 @@
+"""Shared fixtures: a real Postgres (pgserver), the real local model server, Airflow's env.
+
+Everything is started once per test session under a temporary folder and stopped at the
+end, so a run leaves no process behind. ``REPLAYABLE_DATABASE_URL`` points the tests at
+another Postgres instead of the embedded one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from replayable import db, devenv
+from replayable.provider.server import LocalModelServer
+
+# Airflow reads its home when first imported: keep the tests' own Airflow out of ~/airflow.
+os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="replayable-airflow-"))
+os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
+
+ROOT = Path(__file__).resolve().parents[1]
+TABLES = (
+    "model_calls",
+    "embeddings",
+    "doc_chunks",
+    "chunks",
+    "extractions",
+    "dead_letters",
+    "stage_runs",
+    "run_reports",
+    "documents",
+)
+
+
+@pytest.fixture(scope="session")
+def state_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("state")
+
+
+@pytest.fixture(scope="session")
+def model_server() -> Iterator[LocalModelServer]:
+    with LocalModelServer(dim=32) as server:
+        yield server
+
+
+@pytest.fixture
+def model(model_server: LocalModelServer) -> Iterator[LocalModelServer]:
+    """The model server with no faults and zeroed counters, reset again afterwards."""
+    model_server.clear_faults()
+    model_server.reset_stats()
+    yield model_server
+    model_server.clear_faults()
+
+
+@pytest.fixture(scope="session")
+def services(state_dir: Path, model_server: LocalModelServer) -> Iterator[devenv.Services]:
+    started = devenv.start(state_dir, model_url=model_server.base_url)
+    try:
+        yield started
+    finally:
+        devenv.stop(state_dir)
+
+
+@pytest.fixture(scope="session")
+def dsn(services: devenv.Services) -> str:
+    return services.replayable_dsn
+
+
+@pytest.fixture
+def conn(dsn: str) -> Iterator[Any]:
+    """A connection to an emptied replayable database."""
+    connection = db.connect(dsn)
+    with connection.cursor() as cur:
+        cur.execute("TRUNCATE " + ", ".join(f"replayable.{t}" for t in TABLES) + " CASCADE")
+    connection.commit()
+    yield connection
+    connection.close()
+
+
+@pytest.fixture(scope="session")
+def airflow_env(services: devenv.Services, state_dir: Path) -> dict[str, str]:
+    env = devenv.airflow_env(services, state_dir)
+    devenv.migrate_airflow(env)
+    return env
+
+
+class DagRunner:
+    """Runs document_pipeline through ``airflow dags test`` and reads back its report."""
+
+    def __init__(self, env: dict[str, str], dsn: str, log_dir: Path) -> None:
+        self.env = env
+        self.dsn = dsn
+        self.log_dir = log_dir
+        self.runs = 0
+
+    def __call__(
+        self, conf: dict[str, Any], *, env: dict[str, str] | None = None
+    ) -> dict[str, Any]:
+        self.runs += 1
+        log_path = self.log_dir / f"dags-test-{self.runs}.log"
+        airflow = str(Path(sys.executable).with_name("airflow"))
+        with open(log_path, "w") as log:
+            done = subprocess.run(
+                [airflow, "dags", "test", devenv.DAG_ID, "--conf", json.dumps(conf)],
+                env={**os.environ, **self.env, **(env or {})},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                text=True,
+                check=False,
+                timeout=900,
+            )
+        conn = db.connect(self.dsn)
+        try:
+            rows = db.fetch_all(conn, "latest_report")
+        finally:
+            conn.close()
+        report = rows[0]["report"] if rows else {}
+        report["_returncode"] = done.returncode
+        report["_log"] = str(log_path)
+        return report
+
+
+@pytest.fixture
+def run_dag(airflow_env: dict[str, str], dsn: str, tmp_path: Path, conn: Any) -> DagRunner:
+    return DagRunner(airflow_env, dsn, tmp_path)

@@ -1,0 +1,54 @@
+"""Every DAG loads, and document_pipeline's params reject bad conf naming the field."""
+
+import copy
+
+import pytest
+from airflow.models import DagBag
+from airflow.sdk.exceptions import ParamValidationError
+
+from conftest import ROOT
+
+
+@pytest.fixture(scope="module")
+def dagbag(monkeypatch_module):
+    return DagBag(dag_folder=str(ROOT / "dags"))
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
+        yield mp
+
+
+def test_every_dag_imports_without_errors(dagbag):
+    assert dagbag.import_errors == {}
+    assert "document_pipeline" in dagbag.dag_ids
+
+
+def test_pipeline_defaults_validate(dagbag):
+    dag = dagbag.dags["document_pipeline"]
+    dag.params.validate()
+
+
+@pytest.mark.parametrize(
+    ("conf", "field"),
+    [
+        ({"stages": ["extract", "summarise"]}, "stages"),
+        ({"batch_size": 0}, "batch_size"),
+        ({"stages": []}, "stages"),
+        ({"max_attempts": "three"}, "max_attempts"),
+    ],
+)
+def test_bad_conf_is_rejected_naming_the_field(dagbag, conf, field):
+    dag = dagbag.dags["document_pipeline"]
+    params = copy.deepcopy(dag.params)
+    with pytest.raises(ParamValidationError, match=field):
+        params.update(conf)
+        params.validate()
+
+
+def test_mapped_stages_are_labelled_by_batch(dagbag):
+    dag = dagbag.dags["document_pipeline"]
+    for task_id in ("batch.extract", "batch.chunk", "batch.embed"):
+        assert "label" in dag.get_task(task_id).map_index_template

@@ -1,0 +1,262 @@
+"""Tests for replayable.guards: each item runs in a killable, memory-capped worker."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import pickle
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from replayable.guards import GuardedPool, GuardError, RemoteError, check_size
+
+TIMEOUT_S = 1.0
+MEMORY_MB = 256
+
+# Worker functions live at module level: the pool pickles them by qualified name.
+
+
+def add(a: int, b: int) -> int:
+    return a + b
+
+
+def worker_pid() -> int:
+    return os.getpid()
+
+
+def raise_value_error(message: str) -> None:
+    raise ValueError(message)
+
+
+def raise_timeout_error() -> None:
+    raise TimeoutError("the item's own socket timed out")
+
+
+def sleep_for(seconds: float) -> float:
+    time.sleep(seconds)
+    return seconds
+
+
+def allocate_mb(megabytes: int) -> int:
+    # Grows in steps, as a parser would, rather than asking for one impossible block.
+    chunks = [bytearray(16 * 2**20) for _ in range(megabytes // 16)]
+    return len(chunks)
+
+
+def hide_memory_error() -> None:
+    try:
+        bytearray(64 * MEMORY_MB * 2**20)
+    except MemoryError as error:
+        raise RuntimeError("parser gave up") from error
+
+
+def kill_self() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def segfault() -> None:
+    ctypes.string_at(0)
+
+
+def segfault_near_limit(limit_mb: int) -> None:
+    statm = Path("/proc/self/statm").read_text().split()
+    used = int(statm[0]) * os.sysconf("SC_PAGE_SIZE")
+    _ballast = bytearray(int(limit_mb * 2**20 * 0.95) - used)
+    time.sleep(0.1)  # long enough for the worker's address-space sampler to see it
+    ctypes.string_at(0)
+
+
+def call_exit() -> None:
+    sys.exit(3)
+
+
+class ItemError(Exception):
+    """A custom exception with an extra init argument, made picklable by passing it on."""
+
+    def __init__(self, item_id: str, reason: str) -> None:
+        super().__init__(item_id, reason)
+        self.item_id = item_id
+        self.reason = reason
+
+
+class UnpicklableError(Exception):
+    """A custom exception that cannot be rebuilt from its args (the common mistake)."""
+
+    def __init__(self, item_id: str, reason: str) -> None:
+        super().__init__(f"{item_id}: {reason}")
+
+
+def raise_item_error() -> None:
+    raise ItemError("doc-7", "bad xref")
+
+
+def raise_unpicklable_error() -> None:
+    raise UnpicklableError("doc-7", "bad xref")
+
+
+@pytest.fixture(scope="module")
+def pool() -> Iterator[GuardedPool]:
+    """One pool for the module: surviving the items that break workers is under test too."""
+    with GuardedPool(timeout_s=TIMEOUT_S, memory_mb=MEMORY_MB) as shared:
+        yield shared
+
+
+def test_run_returns_the_value(pool: GuardedPool) -> None:
+    """run returns what fn returns."""
+    assert pool.run(add, 2, 3) == 5
+
+
+def test_value_error_is_reraised_as_value_error(pool: GuardedPool) -> None:
+    """An ordinary exception from fn reaches the caller with its own type and message."""
+    with pytest.raises(ValueError, match="no /Root"):
+        pool.run(raise_value_error, "no /Root")
+
+
+def test_picklable_custom_exception_keeps_type_and_attributes(pool: GuardedPool) -> None:
+    """A custom exception that passes all init args to super() arrives intact."""
+    with pytest.raises(ItemError) as caught:
+        pool.run(raise_item_error)
+    assert (caught.value.item_id, caught.value.reason) == ("doc-7", "bad xref")
+
+
+def test_unpicklable_custom_exception_becomes_remote_error(pool: GuardedPool) -> None:
+    """An exception that cannot be rebuilt arrives as RemoteError and the pool keeps working."""
+    with pytest.raises(RemoteError, match="UnpicklableError: doc-7: bad xref"):
+        pool.run(raise_unpicklable_error)
+    assert pool.run(add, 1, 1) == 2
+
+
+def test_sleep_past_timeout_is_timeout_and_pool_keeps_working(pool: GuardedPool) -> None:
+    """An item past timeout_s raises GuardError('timeout'); the next item runs normally."""
+    started = time.monotonic()
+    with pytest.raises(GuardError) as caught:
+        pool.run(sleep_for, 30)
+    assert caught.value.error_class == "timeout"
+    assert time.monotonic() - started < TIMEOUT_S + 3
+    assert pool.run(add, 2, 2) == 4
+
+
+def test_timeout_error_raised_by_fn_is_not_a_guard_timeout(pool: GuardedPool) -> None:
+    """fn's own TimeoutError is re-raised as such, not reported as the guard's timeout."""
+    with pytest.raises(TimeoutError, match="own socket") as caught:
+        pool.run(raise_timeout_error)
+    assert not isinstance(caught.value, GuardError)
+
+
+def test_allocating_past_memory_limit_is_memory(pool: GuardedPool) -> None:
+    """Allocating far past memory_mb raises GuardError('memory'); the pool keeps working."""
+    with pytest.raises(GuardError) as caught:
+        pool.run(allocate_mb, 8 * MEMORY_MB)
+    assert caught.value.error_class == "memory"
+    assert pool.run(add, 3, 3) == 6
+
+
+def test_memory_freed_after_memory_error(pool: GuardedPool) -> None:
+    """After a MemoryError the worker gives the memory back, so a later item has room."""
+    with pytest.raises(GuardError):
+        pool.run(allocate_mb, 8 * MEMORY_MB)
+    assert pool.run(allocate_mb, MEMORY_MB // 2) == MEMORY_MB // 32
+
+
+def test_exception_caused_by_memory_error_is_memory(pool: GuardedPool) -> None:
+    """An exception raised while handling a MemoryError still counts as 'memory'."""
+    with pytest.raises(GuardError) as caught:
+        pool.run(hide_memory_error)
+    assert caught.value.error_class == "memory"
+
+
+def test_sigkill_is_crash_and_pool_keeps_working(pool: GuardedPool) -> None:
+    """A worker killed by SIGKILL raises GuardError('crash'); the next item runs normally."""
+    with pytest.raises(GuardError) as caught:
+        pool.run(kill_self)
+    assert caught.value.error_class == "crash"
+    assert "SIGKILL" in str(caught.value)
+    assert pool.run(add, 4, 4) == 8
+
+
+def test_segfault_is_crash(pool: GuardedPool) -> None:
+    """A segfault in native code raises GuardError('crash')."""
+    with pytest.raises(GuardError) as caught:
+        pool.run(segfault)
+    assert caught.value.error_class == "crash"
+    assert "SIGSEGV" in str(caught.value)
+
+
+def test_segfault_near_memory_limit_is_memory(pool: GuardedPool) -> None:
+    """A worker that dies with its address space near the limit is reported as 'memory'."""
+    with pytest.raises(GuardError) as caught:
+        pool.run(segfault_near_limit, MEMORY_MB)
+    assert caught.value.error_class == "memory"
+
+
+def test_system_exit_is_crash_and_does_not_exit_caller(pool: GuardedPool) -> None:
+    """sys.exit inside fn becomes GuardError('crash') instead of ending the caller."""
+    with pytest.raises(GuardError) as caught:
+        pool.run(call_exit)
+    assert caught.value.error_class == "crash"
+
+
+def test_worker_is_reused_across_items(pool: GuardedPool) -> None:
+    """Two consecutive items run in the same worker process, not in the caller."""
+    first = pool.run(worker_pid)
+    assert pool.run(worker_pid) == first
+    assert first != os.getpid()
+
+
+def test_guard_error_survives_pickling() -> None:
+    """GuardError keeps error_class and message through pickle, as it crosses processes."""
+    error = pickle.loads(pickle.dumps(GuardError("timeout", "too slow")))  # noqa: S301  # own bytes
+    assert (error.error_class, error.message, str(error)) == (
+        "timeout",
+        "too slow",
+        "timeout: too slow",
+    )
+
+
+def test_guard_error_rejects_unknown_class() -> None:
+    """GuardError accepts only the four documented error classes."""
+    with pytest.raises(ValueError, match="unknown error class"):
+        GuardError("slow", "nope")
+
+
+def test_closed_pool_refuses_work() -> None:
+    """run after close raises RuntimeError instead of starting workers again."""
+    closed = GuardedPool(timeout_s=TIMEOUT_S, memory_mb=None)
+    closed.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        closed.run(add, 1, 2)
+
+
+def test_check_size_oversize_from_stat_alone(tmp_path: Path) -> None:
+    """check_size rejects a 1 GB sparse file at once: it stats the file, never reads it."""
+    sparse = tmp_path / "sparse.pdf"
+    with sparse.open("wb") as handle:
+        handle.truncate(2**30)
+    started = time.monotonic()
+    with pytest.raises(GuardError) as caught:
+        check_size(sparse, 10**6)
+    assert caught.value.error_class == "oversize"
+    assert check_size(sparse, 2**30) == 2**30
+    assert time.monotonic() - started < 0.5
+
+
+def test_check_size_returns_size_within_limit(tmp_path: Path) -> None:
+    """check_size returns the byte size of a file at or under the limit."""
+    small = tmp_path / "small.pdf"
+    small.write_bytes(b"%PDF-1.7\n")
+    assert check_size(small, 9) == 9
+    assert check_size(str(small), 100) == 9
+
+
+def test_check_size_rejects_a_fifo(tmp_path: Path) -> None:
+    """check_size refuses a FIFO, whose stat size does not bound a read, without blocking."""
+    fifo = tmp_path / "pipe.pdf"
+    os.mkfifo(fifo)
+    with pytest.raises(GuardError) as caught:
+        check_size(fifo, 10**6)
+    assert caught.value.error_class == "oversize"
