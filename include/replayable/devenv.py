@@ -10,6 +10,7 @@ by killing its process group.
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import json
 import os
@@ -52,6 +53,8 @@ def _embedded_postgres(state: Path) -> tuple[str, str]:
     from pgserver.postgres_server import get_server
 
     server = get_server(state / "pg", cleanup_mode=None)
+    # `stop` owns the server's lifetime; pgserver's exit hook would only log into closed streams.
+    atexit.unregister(server._cleanup)
     uri = server.get_uri()
     existing = server.psql("SELECT datname FROM pg_database;")
     for name in ("airflow", "replayable"):

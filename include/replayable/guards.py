@@ -25,10 +25,16 @@ process, itself forked from a threaded supervisor and running threads of its own
 from such a process can copy a lock held by another thread and deadlock the child, and
 would also hand the task's open sockets and log handles to every worker. ``forkserver``
 forks workers from a clean single-threaded server instead. Measured on a 2-vCPU Linux VM,
-Python 3.11: the first pool in a process pays about 110 ms to start the server and a
-worker, each later worker (including each replacement after a timeout or crash) about
-55-65 ms, against about 110 ms per worker for ``spawn``; importing pypdf in a worker adds
-about 100 ms once per worker, before the item's clock starts.
+Python 3.11: the first worker in a process takes about 110 ms (it starts the server too),
+each later one, including each replacement after a timeout or crash, 55-75 ms (``spawn``:
+80-115 ms every time); an item on a warm worker costs about 1 ms of overhead. Importing
+the item function's module (pypdf: about 100 ms) happens once per worker, before the
+item's clock starts.
+
+A worker failing to start, or a return value the caller cannot unpickle, breaks the pebble
+pool: ``run`` then re-raises pebble's ``BrokenProcessPool`` (a setup fault, not the item's)
+and starts a fresh pool on the next call. pebble keeps a worker's last return value alive
+until its next item finishes, so ``memory_mb`` has to hold two results at once.
 """
 
 from __future__ import annotations

@@ -1,0 +1,259 @@
+"""document_pipeline through Airflow itself (`airflow dags test`), real Postgres, real server."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import corpus
+from conftest import ROOT
+from replayable import devenv
+
+pytestmark = pytest.mark.e2e
+
+SAMPLES = ROOT / "data" / "samples"
+STAGES = ("extract", "chunk", "embed")
+
+
+def rows(conn: Any, sql: str, *params: Any) -> list[tuple[Any, ...]]:
+    with conn.cursor() as cur:
+        cur.execute(sql, params)
+        found = cur.fetchall()
+    conn.commit()
+    return list(found)
+
+
+def scalar(conn: Any, sql: str, *params: Any) -> Any:
+    return rows(conn, sql, *params)[0][0]
+
+
+def output_rows(conn: Any) -> dict[str, int]:
+    tables = ("documents", "extractions", "chunks", "doc_chunks", "embeddings", "dead_letters")
+    # Table names are the constants above, not input.
+    return {t: scalar(conn, f"SELECT count(*) FROM replayable.{t}") for t in tables}  # noqa: S608
+
+
+def assert_nothing_lost(conn: Any) -> None:
+    """Per stage, items in = done + failed + dead: nothing pending, running or vanished."""
+    documents = scalar(conn, "SELECT count(*) FROM replayable.documents")
+    entered = dict(rows(conn, "SELECT stage, count(*) FROM replayable.stage_runs GROUP BY stage"))
+    ended = dict(
+        rows(
+            conn,
+            "SELECT stage, count(*) FROM replayable.stage_runs"
+            " WHERE status IN ('done', 'failed', 'dead') GROUP BY stage",
+        )
+    )
+    assert entered == ended
+    assert entered.get("extract") == documents
+    # An item enters a stage exactly when the stage before it finished it.
+    for before, after in (("extract", "chunk"), ("chunk", "embed")):
+        done_before = scalar(
+            conn,
+            "SELECT count(*) FROM replayable.stage_runs WHERE stage = %s AND status = 'done'",
+            before,
+        )
+        assert entered.get(after, 0) == done_before
+    open_dead = scalar(conn, "SELECT count(*) FROM replayable.dead_letters WHERE status = 'open'")
+    assert open_dead == scalar(
+        conn, "SELECT count(*) FROM replayable.stage_runs WHERE status = 'dead'"
+    )
+
+
+def subset(tmp_path: Path, n: int) -> Path:
+    folder = tmp_path / "docs"
+    folder.mkdir(exist_ok=True)
+    for path in sorted(SAMPLES.glob("*.pdf"))[:n]:
+        shutil.copy(path, folder / path.name)
+    return folder
+
+
+def test_sample_corpus_runs_to_done_and_a_second_run_costs_nothing(run_dag, conn, model):
+    first = run_dag({"source": str(SAMPLES), "batch_size": 8})
+    assert first["_returncode"] == 0, first["_log"]
+    documents = len(list(SAMPLES.glob("*.pdf")))
+    for stage in STAGES:
+        assert first["stages"][stage]["done"] == documents, (stage, first["stages"][stage])
+    assert first["model_calls"]["ok"] > 0
+    assert_nothing_lost(conn)
+    before = output_rows(conn)
+    requests = model.stats()["requests"]
+
+    second = run_dag({"source": str(SAMPLES), "batch_size": 8})
+    assert second["_returncode"] == 0, second["_log"]
+    assert second["model_calls"]["calls"] == 0
+    assert model.stats()["requests"] == requests
+    assert output_rows(conn) == before
+    assert all(second["stages"][s]["done"] == documents for s in STAGES)
+
+
+def test_transient_faults_end_done_with_one_paid_call_per_chunk(run_dag, conn, model, tmp_path):
+    model.set_faults(status_rates={"503": 0.3, "429": 0.1}, retry_after="1", seed=5)
+    report = run_dag({"source": str(subset(tmp_path, 10)), "batch_size": 5})
+    assert report["_returncode"] == 0, report["_log"]
+    assert all(report["stages"][s]["done"] == 10 for s in STAGES)
+    stats = model.stats()
+    assert stats["failed"] > 0
+    chunks = scalar(conn, "SELECT count(*) FROM replayable.chunks")
+    assert set(stats["input_success_counts"].values()) == {1}
+    assert stats["inputs_embedded"] == chunks
+    assert (
+        scalar(conn, "SELECT sum(n_inputs) FROM replayable.model_calls WHERE status = 'ok'")
+        == chunks
+    )
+    assert scalar(conn, "SELECT count(*) FROM replayable.model_calls WHERE status <> 'ok'") > 0
+    assert_nothing_lost(conn)
+
+
+def test_a_bad_request_dead_letters_the_item_after_one_attempt(run_dag, conn, model, tmp_path):
+    folder = subset(tmp_path, 4)
+    corpus.write_pdf(folder / "poisoned.pdf", ["This text makes the provider answer POISON-400."])
+    model.set_faults(fail_inputs_containing={"POISON-400": 400})
+    report = run_dag({"source": str(folder), "batch_size": 5})
+    assert report["_returncode"] == 0, report["_log"]
+    assert report["stages"]["embed"]["done"] == 4
+    assert report["stages"]["embed"]["dead"] == 1
+    assert rows(conn, "SELECT error_class, attempts, status FROM replayable.dead_letters") == [
+        ("http_400", 1, "open")
+    ]
+    assert_nothing_lost(conn)
+
+
+def test_an_auth_error_fails_the_task_without_dead_lettering(run_dag, conn, model, tmp_path):
+    model.set_faults(status_always=401)
+    report = run_dag({"source": str(subset(tmp_path, 6)), "batch_size": 3})
+    assert report["stages"]["embed"]["failed"] == 6
+    assert report["stages"]["embed"]["dead"] == 0
+    assert scalar(conn, "SELECT count(*) FROM replayable.dead_letters") == 0
+    # One refused request per batch: the batch stops at the first 401 and is not retried.
+    assert model.stats()["requests"] == 2
+    assert (
+        scalar(conn, "SELECT max(attempts) FROM replayable.stage_runs WHERE stage = 'embed'") == 0
+    )
+    assert_nothing_lost(conn)
+
+
+EXPECTED_POISON = {
+    "zero_bytes": "not_pdf",
+    "not_pdf": "not_pdf",
+    "truncated": "malformed",
+    "encrypted": "encrypted",
+    "oversize": "oversize",
+    "slow": "timeout",
+    "memory_bomb": "memory",
+}
+
+
+def test_poison_documents_are_dead_lettered_and_the_rest_finish(run_dag, conn, model, tmp_path):
+    folder = subset(tmp_path, 5)
+    poison = corpus.write_poison_corpus(folder)
+    assert set(poison) == set(EXPECTED_POISON)
+    conf = {
+        "source": str(folder),
+        "batch_size": 6,
+        "max_bytes": 2_000_000,
+        "item_timeout_s": 3,
+        "memory_mb": 512,
+        "max_attempts": 2,
+    }
+    report = run_dag(conf)
+    assert report["_returncode"] == 0, report["_log"]
+    classes = dict(
+        rows(
+            conn,
+            "SELECT d.uri, s.error_class FROM replayable.stage_runs s"
+            " JOIN replayable.documents d USING (doc_id) WHERE s.stage = 'extract'"
+            " AND s.status = 'dead'",
+        )
+    )
+    by_name = {Path(uri).name: error_class for uri, error_class in classes.items()}
+    # zero_bytes and not_pdf are both "not a PDF"; compare by file.
+    assert by_name == {poison[k].name: v for k, v in EXPECTED_POISON.items()}
+    assert report["stages"]["embed"]["done"] == 5
+    letters = rows(conn, "SELECT error_class, traceback FROM replayable.dead_letters")
+    assert len(letters) == len(EXPECTED_POISON)
+    assert all(tb and "Traceback" in tb for _, tb in letters)
+    assert_nothing_lost(conn)
+
+
+def _start_dag_run(
+    airflow_env: dict[str, str], conf: dict[str, Any], log: Path
+) -> subprocess.Popen[bytes]:
+    airflow = str(Path(sys.executable).with_name("airflow"))
+    return subprocess.Popen(
+        [airflow, "dags", "test", devenv.DAG_ID, "--conf", json.dumps(conf)],
+        env={**os.environ, **airflow_env},
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+def test_a_killed_run_redoes_only_its_unfinished_items(
+    run_dag, airflow_env, dsn, conn, model, tmp_path
+):
+    conf = {
+        "source": str(subset(tmp_path, 12)),
+        "batch_size": 12,
+        "lease_s": 4,
+        "item_timeout_s": 2,
+        "embed_inputs_per_call": 8,
+    }
+    model.set_faults(latency_ms=300)
+    proc = _start_dag_run(airflow_env, conf, tmp_path / "killed.log")
+    deadline = time.monotonic() + 180
+    try:
+        while time.monotonic() < deadline:
+            done = scalar(
+                conn,
+                "SELECT count(*) FROM replayable.stage_runs WHERE stage = 'embed'"
+                " AND status = 'done'",
+            )
+            if done >= 4:
+                break
+            assert proc.poll() is None, "the run ended before it could be killed"
+            time.sleep(0.1)
+        os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait(timeout=30)
+    done_before = {
+        key
+        for (key,) in rows(
+            conn,
+            "SELECT item_key FROM replayable.stage_runs WHERE stage = 'embed' AND status = 'done'",
+        )
+    }
+    assert 4 <= len(done_before) < 12
+    calls_before = scalar(conn, "SELECT count(*) FROM replayable.model_calls")
+
+    model.set_faults(latency_ms=0)
+    report = run_dag(conf)
+    assert report["_returncode"] == 0, report["_log"]
+    assert report["stages"]["embed"]["done"] == 12
+    redone = {
+        key
+        for (key,) in rows(
+            conn,
+            "SELECT DISTINCT item_key FROM replayable.model_calls WHERE run_id = %s",
+            report["run_id"],
+        )
+    }
+    assert redone and not (redone & done_before)
+    attempts = dict(
+        rows(conn, "SELECT item_key, attempts FROM replayable.stage_runs WHERE stage = 'embed'")
+    )
+    assert all(attempts[key] == 1 for key in done_before)
+    assert scalar(conn, "SELECT count(*) FROM replayable.model_calls") > calls_before
+    # A call in flight at the kill may have been served but never stored: at most one per item.
+    stats = model.stats()
+    assert max(stats["input_success_counts"].values()) <= 2
+    assert_nothing_lost(conn)
