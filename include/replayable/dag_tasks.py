@@ -10,21 +10,37 @@ from airflow.sdk import get_current_context
 from airflow.sdk.exceptions import AirflowFailException
 
 from replayable import db, pipeline
-from replayable.operators import connection_dsn
+from replayable.operators import connection_dsn, triggered_by
+from replayable.settings import PipelineSettings
 
 log = logging.getLogger(__name__)
 
 
 def discover(postgres_conn_id: str = "replayable_db") -> list[str]:
-    """Apply migrations, then hash and record the run's documents; return their ids."""
-    params = get_current_context()["params"]
+    """Apply migrations, then choose the run's documents and return their ids.
+
+    A plain run hashes and records every PDF of ``source``. A ``rerun`` or ``redrive``
+    run picks its documents with a query over the ledger instead of listing the source.
+    """
+    context = get_current_context()
+    settings = PipelineSettings.from_params(context["params"])
     conn = db.connect(connection_dsn(postgres_conn_id))
     try:
         db.migrate(conn)
-        doc_ids = pipeline.discover(conn, params["source"])
+        if settings.rerun or settings.redrive:
+            doc_ids = pipeline.select_documents(conn, settings, by=triggered_by(context))
+            what = "rerun" if settings.rerun else "redrive"
+            log.info(
+                "%s selected %d documents: %s",
+                what,
+                len(doc_ids),
+                settings.rerun or settings.redrive,
+            )
+        else:
+            doc_ids = pipeline.discover(conn, settings.source)
+            log.info("discovered %d documents in %s", len(doc_ids), settings.source)
     finally:
         conn.close()
-    log.info("discovered %d documents in %s", len(doc_ids), params["source"])
     return doc_ids
 
 

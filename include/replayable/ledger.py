@@ -147,6 +147,15 @@ class Ledger:
         self._commit()
         return str(row["status"])
 
+    def revive(self, keys: Sequence[str], *, by: str, reason: str) -> None:
+        """Reopen dead items with a fresh attempt budget; close their dead letters as redriven."""
+        execute(
+            self.conn,
+            "revive_dead",
+            {"stage": self.stage, "keys": list(keys), "by": by, "reason": reason},
+        )
+        self._commit()
+
     def release(self, key: str, error: Classified) -> None:
         """Give back a claim after a systemic failure, returning the attempt it took."""
         execute(

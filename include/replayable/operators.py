@@ -17,7 +17,7 @@ from replayable import db
 from replayable.ledger import RunContext
 from replayable.provider.config import settings_from_connection
 from replayable.retry import CallRetry, Classified
-from replayable.runner import BatchResult, Limits, StageSpec, run_batch
+from replayable.runner import BatchResult, Limits, Revival, StageSpec, run_batch
 from replayable.settings import STAGES, PipelineSettings
 
 
@@ -71,6 +71,12 @@ class BatchRetryPolicy(RetryPolicy):
     @classmethod
     def deserialize(cls, data: dict[str, Any]) -> BatchRetryPolicy:
         return cls()
+
+
+def triggered_by(context: Context) -> str:
+    """The person (or system) behind this run, for the ledger's resolution notes."""
+    dag_run = context["dag_run"]
+    return getattr(dag_run, "triggering_user_name", None) or str(dag_run.run_type)
 
 
 def connection_dsn(conn_id: str) -> str:
@@ -140,7 +146,7 @@ class IdempotentStageOperator(BaseOperator):
                 f"settings must render to a mapping, got {type(self.settings).__name__}"
             )
         settings = PipelineSettings.from_params(self.settings)
-        if self.stage not in settings.stages:
+        if self.stage not in settings.effective_stages:
             raise AirflowSkipException(f"stage {self.stage} is not in this run's stages")
         ti = context["ti"]
         ctx = RunContext(
@@ -152,10 +158,20 @@ class IdempotentStageOperator(BaseOperator):
         )
         dsn = connection_dsn(self.postgres_conn_id)
         limits = Limits(lease_s=settings.lease_s, max_attempts=settings.max_attempts)
+        revive = None
+        if settings.revives_dead and self.stage == settings.first_stage:
+            revive = Revival(
+                by=triggered_by(context), reason=f"re-run {ti.run_id}: {dict(settings.rerun or {})}"
+            )
         with ExitStack() as stack:
             spec = self._spec(settings, stack)
             result = run_batch(
-                spec, self.doc_ids, connect=lambda: db.connect(dsn), ctx=ctx, limits=limits
+                spec,
+                self.doc_ids,
+                connect=lambda: db.connect(dsn),
+                ctx=ctx,
+                limits=limits,
+                revive=revive,
             )
         return self._outcome(result)
 

@@ -9,6 +9,14 @@ from airflow.sdk import Param
 from replayable.settings import STAGES, PipelineSettings
 
 _DEFAULTS = PipelineSettings()
+STATUSES = ("pending", "running", "done", "failed", "dead")
+_VERSION = r"^[0-9]+(\.[0-9]+)*$"
+_SHA256 = "^[0-9a-f]{64}$"
+_names: dict[str, Any] = {
+    "type": "array",
+    "items": {"type": "string", "minLength": 1},
+    "minItems": 1,
+}
 
 
 def pipeline_params(default_source: str) -> dict[str, Param]:
@@ -63,4 +71,39 @@ def pipeline_params(default_source: str) -> dict[str, Param]:
         "memory_mb": Param(_DEFAULTS.memory_mb, type="integer", minimum=64),
         "max_attempts": Param(_DEFAULTS.max_attempts, type="integer", minimum=1, maximum=20),
         "lease_s": Param(_DEFAULTS.lease_s, type="number", minimum=1),
+        "rerun": Param(
+            None,
+            type=["null", "object"],
+            description="Re-run a stage (and what follows it) for the documents the ledger "
+            'matches, e.g. {"stage": "extract", "status": ["failed", "dead"]}.',
+            additionalProperties=False,
+            required=["stage"],
+            properties={
+                "stage": {"type": "string", "enum": list(STAGES)},
+                "status": {
+                    "type": "array",
+                    "items": {"type": "string", "enum": list(STATUSES)},
+                    "minItems": 1,
+                },
+                "error_class": _names,
+                "code_version_lt": {"type": "string", "pattern": _VERSION},
+                "since": {"type": "string", "format": "date-time"},
+                "doc_ids": {"type": "array", "items": {"type": "string", "pattern": _SHA256}},
+            },
+        ),
+        "redrive": Param(
+            None,
+            type=["null", "object"],
+            description="Move open dead letters back to work with a fresh attempt budget, "
+            'e.g. {"stage": "embed", "ids": [3, 4], "reason": "provider fixed"}.',
+            additionalProperties=False,
+            required=["stage", "reason"],
+            properties={
+                "stage": {"type": "string", "enum": list(STAGES)},
+                "error_class": _names,
+                "ids": {"type": "array", "items": {"type": "integer", "minimum": 1}, "minItems": 1},
+                "reason": {"type": "string", "minLength": 3},
+                "by": {"type": "string", "minLength": 1},
+            },
+        ),
     }

@@ -11,7 +11,7 @@ from typing import Any
 
 from replayable.db import Connection, execute, execute_values, fetch_all
 from replayable.keys import sha256_file
-from replayable.settings import STAGES
+from replayable.settings import STAGES, PipelineSettings
 
 
 def find_pdfs(source: str) -> list[Path]:
@@ -40,6 +40,41 @@ def discover(conn: Connection, source: str) -> list[str]:
     execute_values(conn, "upsert_documents", list(rows.values()))
     conn.commit()
     return sorted(rows)
+
+
+def select_documents(conn: Connection, settings: PipelineSettings, *, by: str) -> list[str]:
+    """The documents of a partial re-run or a redrive, chosen by a bound query over the ledger."""
+    if settings.rerun:
+        rerun = settings.rerun
+        found = fetch_all(
+            conn,
+            "select_rerun_docs",
+            {
+                "stage": rerun["stage"],
+                "statuses": rerun.get("status"),
+                "error_classes": rerun.get("error_class"),
+                "code_version_lt": rerun.get("code_version_lt"),
+                "since": rerun.get("since"),
+                "doc_ids": rerun.get("doc_ids"),
+            },
+        )
+    elif settings.redrive:
+        redrive = settings.redrive
+        found = fetch_all(
+            conn,
+            "redrive_dead_letters",
+            {
+                "stage": redrive["stage"],
+                "error_classes": redrive.get("error_class"),
+                "ids": redrive.get("ids"),
+                "by": redrive.get("by") or by,
+                "reason": redrive["reason"],
+            },
+        )
+    else:
+        raise ValueError("select_documents needs a rerun or a redrive")
+    conn.commit()
+    return [row["doc_id"] for row in found]
 
 
 def plan_batches(

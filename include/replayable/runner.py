@@ -83,6 +83,14 @@ class Limits:
     wait_poll_s: float = 1.0
 
 
+@dataclass(frozen=True)
+class Revival:
+    """A re-run asked for dead items: who asked and why, recorded on their dead letters."""
+
+    by: str
+    reason: str
+
+
 @dataclass
 class BatchResult:
     """Where every document of the batch ended in this stage (ids only)."""
@@ -162,12 +170,13 @@ def run_batch(
     connect: Callable[[], Connection],
     ctx: RunContext,
     limits: Limits = Limits(),
+    revive: Revival | None = None,
 ) -> BatchResult:
     """Process ``doc_ids`` through ``spec``; each document that enters ends done, failed or dead."""
     work = connect()
     control = connect()
     try:
-        return _Batch(spec, work, control, connect, ctx, limits).run(doc_ids)
+        return _Batch(spec, work, control, connect, ctx, limits, revive).run(doc_ids)
     finally:
         work.close()
         control.close()
@@ -182,8 +191,10 @@ class _Batch:
         connect: Callable[[], Connection],
         ctx: RunContext,
         limits: Limits,
+        revive: Revival | None,
     ) -> None:
         self.spec = spec
+        self.revive = revive
         self.work = work
         self.limits = limits
         chash = config_hash(spec.key_config())
@@ -212,15 +223,20 @@ class _Batch:
         self.ledger.register((item.item_key, item.doc_id) for item in items)
         states = self.ledger.states([item.item_key for item in items])
         todo: list[WorkItem] = []
+        revived: list[str] = []
         for item in items:
             status = states[item.item_key].status
             if status == "done":
                 self.result.done.append(item.doc_id)
                 self.result.skipped_done += 1
-            elif status == "dead":
+            elif status == "dead" and self.revive is None:
                 self.result.dead.append(item.doc_id)
             else:
                 todo.append(item)
+                if status == "dead":
+                    revived.append(item.item_key)
+        if revived and self.revive is not None:
+            self.ledger.revive(revived, by=self.revive.by, reason=self.revive.reason)
         log.info(
             "%s: %d documents, %d already done, %d dead, %d to do, %d without input",
             self.spec.name,

@@ -32,6 +32,8 @@ class PipelineSettings:
     memory_mb: int = 1024
     max_attempts: int = 3
     lease_s: float = 600.0
+    rerun: Mapping[str, Any] | None = None
+    redrive: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         for name in (
@@ -54,6 +56,32 @@ class PipelineSettings:
                 "or a slow item would lose its lease while still running"
             )
         self.chunk_config  # noqa: B018 - validates size and overlap now, not mid-batch
+        if self.rerun and self.redrive:
+            raise ValueError("rerun and redrive: give one or the other, not both")
+        for name, value in (("rerun", self.rerun), ("redrive", self.redrive)):
+            if value and value.get("stage") not in STAGES:
+                raise ValueError(f"{name}.stage: {value.get('stage')!r} is not one of {STAGES}")
+
+    @property
+    def first_stage(self) -> str | None:
+        """The stage a re-run or redrive starts from, if this run is one."""
+        selection = self.rerun or self.redrive
+        return str(selection["stage"]) if selection else None
+
+    @property
+    def effective_stages(self) -> tuple[str, ...]:
+        """The stages to run: ``stages``, from the re-run's or redrive's stage onward."""
+        first = self.first_stage
+        start = STAGES.index(first) if first else 0
+        return tuple(s for s in self.stages if STAGES.index(s) >= start)
+
+    @property
+    def revives_dead(self) -> bool:
+        """Whether this run reopens dead items of its first stage (a re-run that asks for them)."""
+        if not self.rerun:
+            return False
+        statuses = self.rerun.get("status")
+        return statuses is None or "dead" in statuses
 
     @property
     def chunk_config(self) -> ChunkConfig:

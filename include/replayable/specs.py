@@ -4,7 +4,7 @@ Each spec says what an item's key is made of and where its input and output live
 stage functions in ``replayable.stages`` do the work. Keys:
 
 - extract: document bytes (doc_id) + extractor version;
-- chunk: the extracted text's hash + chunker version, size and overlap;
+- chunk: the document, extractor version and text hash + chunker version, size, overlap;
 - embed: the document's chunk ids + embedder version, model and dimensions.
 
 So re-extracted text that is identical keys to the chunks and embeddings that exist.
@@ -86,10 +86,17 @@ class ChunkSpec:
             {"doc_ids": list(doc_ids), "extractor_version": self.extractor_version},
         )
         cfg = self.key_config()
+        # The extractor version is part of the key because doc_chunks rows are filed under
+        # it; the chunk ids themselves are content addresses, shared across versions.
         return [
             WorkItem(
                 row["doc_id"],
-                item_key(self.name, self.code_version, cfg, [row["doc_id"], row["text_sha256"]]),
+                item_key(
+                    self.name,
+                    self.code_version,
+                    cfg,
+                    [row["doc_id"], self.extractor_version, row["text_sha256"]],
+                ),
             )
             for row in rows
         ]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -15,66 +14,12 @@ from typing import Any
 import pytest
 
 import corpus
-from conftest import ROOT
+from checks import SAMPLES, assert_nothing_lost, output_rows, rows, scalar, subset
 from replayable import devenv
 
 pytestmark = pytest.mark.e2e
 
-SAMPLES = ROOT / "data" / "samples"
 STAGES = ("extract", "chunk", "embed")
-
-
-def rows(conn: Any, sql: str, *params: Any) -> list[tuple[Any, ...]]:
-    with conn.cursor() as cur:
-        cur.execute(sql, params)
-        found = cur.fetchall()
-    conn.commit()
-    return list(found)
-
-
-def scalar(conn: Any, sql: str, *params: Any) -> Any:
-    return rows(conn, sql, *params)[0][0]
-
-
-def output_rows(conn: Any) -> dict[str, int]:
-    tables = ("documents", "extractions", "chunks", "doc_chunks", "embeddings", "dead_letters")
-    # Table names are the constants above, not input.
-    return {t: scalar(conn, f"SELECT count(*) FROM replayable.{t}") for t in tables}  # noqa: S608
-
-
-def assert_nothing_lost(conn: Any) -> None:
-    """Per stage, items in = done + failed + dead: nothing pending, running or vanished."""
-    documents = scalar(conn, "SELECT count(*) FROM replayable.documents")
-    entered = dict(rows(conn, "SELECT stage, count(*) FROM replayable.stage_runs GROUP BY stage"))
-    ended = dict(
-        rows(
-            conn,
-            "SELECT stage, count(*) FROM replayable.stage_runs"
-            " WHERE status IN ('done', 'failed', 'dead') GROUP BY stage",
-        )
-    )
-    assert entered == ended
-    assert entered.get("extract") == documents
-    # An item enters a stage exactly when the stage before it finished it.
-    for before, after in (("extract", "chunk"), ("chunk", "embed")):
-        done_before = scalar(
-            conn,
-            "SELECT count(*) FROM replayable.stage_runs WHERE stage = %s AND status = 'done'",
-            before,
-        )
-        assert entered.get(after, 0) == done_before
-    open_dead = scalar(conn, "SELECT count(*) FROM replayable.dead_letters WHERE status = 'open'")
-    assert open_dead == scalar(
-        conn, "SELECT count(*) FROM replayable.stage_runs WHERE status = 'dead'"
-    )
-
-
-def subset(tmp_path: Path, n: int) -> Path:
-    folder = tmp_path / "docs"
-    folder.mkdir(exist_ok=True)
-    for path in sorted(SAMPLES.glob("*.pdf"))[:n]:
-        shutil.copy(path, folder / path.name)
-    return folder
 
 
 def test_sample_corpus_runs_to_done_and_a_second_run_costs_nothing(run_dag, conn, model):

@@ -1,0 +1,156 @@
+"""Operating the pipeline: partial re-runs, code-version bumps and dead-letter redrive."""
+
+from __future__ import annotations
+
+import os
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import corpus
+from checks import assert_nothing_lost, rows, scalar, subset
+
+pytestmark = pytest.mark.e2e
+
+
+def changed_docs(conn: Any, since: datetime) -> set[str]:
+    """Documents whose ledger rows changed after ``since``."""
+    return {
+        doc
+        for (doc,) in rows(
+            conn, "SELECT DISTINCT doc_id FROM replayable.stage_runs WHERE updated_at > %s", since
+        )
+    }
+
+
+def docs_by_name(conn: Any) -> dict[str, str]:
+    return {
+        Path(uri).name: doc
+        for doc, uri in rows(conn, "SELECT doc_id, uri FROM replayable.documents")
+    }
+
+
+def test_a_partial_rerun_touches_only_the_selected_documents(run_dag, conn, model, tmp_path):
+    folder = subset(tmp_path, 8)
+    sizes = sorted(p.stat().st_size for p in folder.iterdir())
+    limit = sizes[5]  # the two largest documents are too big for the first run
+    first = run_dag({"source": str(folder), "batch_size": 4, "max_bytes": limit})
+    assert first["_returncode"] == 0, first["_log"]
+    oversize = {
+        doc
+        for (doc,) in rows(
+            conn, "SELECT doc_id FROM replayable.stage_runs WHERE error_class = 'oversize'"
+        )
+    }
+    assert len(oversize) == 2
+    calls_before = model.stats()["requests"]
+    started = datetime.now(UTC)
+
+    rerun = {"stage": "extract", "status": ["failed", "dead"], "error_class": ["oversize"]}
+    second = run_dag({"rerun": rerun, "max_bytes": 20_000_000, "batch_size": 4})
+    assert second["_returncode"] == 0, second["_log"]
+    assert second["documents"] == 2
+    assert all(second["stages"][s]["done"] == 2 for s in ("extract", "chunk", "embed"))
+    assert changed_docs(conn, started) == oversize
+    called = {
+        doc
+        for (doc,) in rows(
+            conn,
+            "SELECT DISTINCT s.doc_id FROM replayable.model_calls m JOIN replayable.stage_runs s"
+            " ON s.stage = m.stage AND s.item_key = m.item_key WHERE m.run_id = %s",
+            second["run_id"],
+        )
+    }
+    assert called == oversize
+    assert model.stats()["requests"] - calls_before == second["model_calls"]["calls"] > 0
+    notes = rows(conn, "SELECT status, note FROM replayable.dead_letters")
+    assert len(notes) == 2
+    assert all(status == "redriven" and "re-run" in note for status, note in notes)
+    assert_nothing_lost(conn)
+
+
+def test_a_code_version_bump_reextracts_and_unchanged_text_costs_no_embedding(
+    run_dag, conn, model, tmp_path
+):
+    folder = subset(tmp_path, 6)
+    first = run_dag({"source": str(folder), "batch_size": 3})
+    assert first["_returncode"] == 0, first["_log"]
+    embeddings = scalar(conn, "SELECT count(*) FROM replayable.embeddings")
+
+    # Deploying an extractor with a new version, without editing the source under test.
+    bump = tmp_path / "bump"
+    bump.mkdir()
+    (bump / "sitecustomize.py").write_text(
+        "import replayable.stages.extract as extract\nextract.VERSION = '1.1'\n"
+    )
+    pythonpath = os.pathsep.join([str(bump), run_dag.env["PYTHONPATH"]])
+    second = run_dag({"source": str(folder), "batch_size": 3}, env={"PYTHONPATH": pythonpath})
+    assert second["_returncode"] == 0, second["_log"]
+    versions = dict(
+        rows(
+            conn,
+            "SELECT extractor_version, count(*) FROM replayable.extractions"
+            " GROUP BY extractor_version",
+        )
+    )
+    assert versions == {"1.0": 6, "1.1": 6}
+    assert second["model_calls"]["calls"] == 0
+    assert scalar(conn, "SELECT count(*) FROM replayable.embeddings") == embeddings
+    assert all(second["stages"][s]["done"] == 6 for s in ("extract", "chunk", "embed"))
+
+    # A re-run selected by code version finds the documents last extracted before 1.1.
+    third = run_dag(
+        {"rerun": {"stage": "extract", "code_version_lt": "1.1"}, "batch_size": 3},
+        env={"PYTHONPATH": pythonpath},
+    )
+    assert third["documents"] == 6
+    assert third["model_calls"]["calls"] == 0
+
+
+def test_redrive_brings_dead_letters_back_and_ignored_ones_stay_out(run_dag, conn, model, tmp_path):
+    folder = subset(tmp_path, 3)
+    for n in range(4):
+        corpus.write_pdf(
+            folder / f"poisoned-{n}.pdf",
+            [f"Poisoned report number {n}. The provider rejects POISON-400 text."],
+        )
+    model.set_faults(fail_inputs_containing={"POISON-400": 400})
+    first = run_dag({"source": str(folder), "batch_size": 4})
+    assert first["_returncode"] == 0, first["_log"]
+    letters = rows(conn, "SELECT id, doc_id FROM replayable.dead_letters ORDER BY id")
+    assert len(letters) == 4
+    ignored_id, ignored_doc = letters[0]
+    with conn.cursor() as cur:
+        cur.execute(
+            "UPDATE replayable.dead_letters SET status = 'ignored', owner = 'oncall',"
+            " note = 'known bad' WHERE id = %s",
+            (ignored_id,),
+        )
+    conn.commit()
+
+    model.clear_faults()
+    redrive = {
+        "stage": "embed",
+        "error_class": ["http_400"],
+        "reason": "provider fixed",
+        "by": "oncall",
+    }
+    second = run_dag({"redrive": redrive, "batch_size": 4})
+    assert second["_returncode"] == 0, second["_log"]
+    assert second["documents"] == 3
+    assert second["stages"]["embed"]["done"] == 3
+    resolved = rows(
+        conn,
+        "SELECT status, resolved_by, note, resolved_at IS NOT NULL FROM replayable.dead_letters"
+        " WHERE id <> %s",
+        ignored_id,
+    )
+    assert resolved == [("redriven", "oncall", "provider fixed", True)] * 3
+    assert rows(
+        conn,
+        "SELECT status FROM replayable.stage_runs WHERE stage = 'embed' AND doc_id = %s",
+        ignored_doc,
+    ) == [("dead",)]
+    assert_nothing_lost(conn)
