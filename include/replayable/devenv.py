@@ -223,6 +223,8 @@ def airflow_env(
             p for p in (str(ROOT / "include"), os.environ.get("PYTHONPATH", "")) if p
         ),
         "NO_PROXY": "127.0.0.1,localhost",
+        # `airflow standalone` starts its components as `airflow …` found on PATH.
+        "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
     }
 
 

@@ -48,9 +48,11 @@ import pickle
 import resource
 import signal
 import stat
+import sys
 import threading
 import time
 import traceback
+import types
 from collections.abc import Callable
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
@@ -299,6 +301,42 @@ def _read_oom_kills(events: Path | None) -> int | None:
     return None
 
 
+_main_lock = threading.Lock()
+_main_users = 0
+_script_main: Any = None
+
+
+def _hide_script_main() -> None:
+    """While a pool is alive, keep workers from re-running the caller's ``__main__`` script.
+
+    multiprocessing's forkserver and spawn children execute the parent's main script again
+    when the parent was started as a script (``__main__`` with a ``__file__`` but no
+    ``__spec__``). In an Airflow task that script is the ``airflow`` command: importing it
+    configures Airflow against a metadata database the task process is not given, so every
+    worker died at start ("All workers expired"), and under ``airflow dags test`` each
+    worker paid a full Airflow import. A stand-in ``__main__`` with neither attribute makes
+    the children leave main alone; the real one is put back when the last pool closes.
+    """
+    global _main_users, _script_main
+    with _main_lock:
+        if _main_users == 0:
+            main = sys.modules["__main__"]
+            if getattr(main, "__spec__", None) is None and hasattr(main, "__file__"):
+                _script_main = main
+                sys.modules["__main__"] = types.ModuleType("__main__")
+        _main_users += 1
+
+
+def _restore_script_main() -> None:
+    """Undo one ``_hide_script_main``."""
+    global _main_users, _script_main
+    with _main_lock:
+        _main_users -= 1
+        if _main_users == 0 and _script_main is not None:
+            sys.modules["__main__"] = _script_main
+            _script_main = None
+
+
 class GuardedPool:
     """A reusable pool of worker processes with a per-item wall-clock timeout and memory limit.
 
@@ -385,6 +423,7 @@ class GuardedPool:
         if pool is not None:
             pool.close()  # type: ignore[no-untyped-call]  # pebble leaves it unannotated
             pool.join()
+            _restore_script_main()
 
     def _live_pool(self) -> ProcessPool:
         """Return the current pebble pool, creating it on first use."""
@@ -392,6 +431,7 @@ class GuardedPool:
             if self._closed:
                 raise RuntimeError("GuardedPool is closed")
             if self._pool is None:
+                _hide_script_main()
                 self._pool = ProcessPool(
                     max_workers=self.workers,
                     max_tasks=0,
@@ -404,10 +444,13 @@ class GuardedPool:
     def _discard(self, pool: ProcessPool) -> None:
         """Drop ``pool`` if it is still the current one and stop its workers."""
         with self._lock:
-            if self._pool is pool:
+            current = self._pool is pool
+            if current:
                 self._pool = None
         pool.stop()  # type: ignore[no-untyped-call]  # pebble leaves it unannotated
         pool.join()
+        if current:
+            _restore_script_main()
 
     def _classify_death(self, error: ProcessExpired, oom_kills: int | None) -> tuple[str, str]:
         """Return (error_class, reason) for a worker that died while running an item."""

@@ -18,6 +18,7 @@ import logging
 import random
 import time
 from collections.abc import Callable
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -106,6 +107,9 @@ def classify(exc: BaseException) -> Classified:
         return Classified("read_timeout", ErrorKind.RETRYABLE, message)
     if isinstance(exc, httpx.TransportError | ConnectionError):
         return Classified("connection_reset", ErrorKind.RETRYABLE, message)
+    if isinstance(exc, BrokenProcessPool):
+        # Guarded workers could not start: the setup is broken, not this item.
+        return Classified("worker_pool", ErrorKind.SYSTEMIC, message)
     if isinstance(exc, TimeoutError):
         return Classified("timeout", ErrorKind.RETRYABLE, message)
     if isinstance(exc, MemoryError):

@@ -6,6 +6,7 @@ import ctypes
 import os
 import pickle
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -260,3 +261,27 @@ def test_check_size_rejects_a_fifo(tmp_path: Path) -> None:
     with pytest.raises(GuardError) as caught:
         check_size(fifo, 10**6)
     assert caught.value.error_class == "oversize"
+
+
+def test_workers_do_not_rerun_the_callers_main_script(tmp_path: Path) -> None:
+    """An Airflow task's __main__ is the `airflow` script; a worker must not import it again."""
+    script = tmp_path / "caller.py"
+    script.write_text(
+        "import os\n"
+        "if __name__ != '__main__':\n"
+        "    raise SystemExit('the main script ran again in a worker')\n"
+        "from replayable.guards import GuardedPool\n"
+        "with GuardedPool(timeout_s=20, memory_mb=None) as pool:\n"
+        "    print('worker pid differs:', pool.run(os.getpid) != os.getpid())\n"
+    )
+    include = Path(__file__).resolve().parents[2] / "include"
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        env={**os.environ, "PYTHONPATH": str(include)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "worker pid differs: True" in done.stdout

@@ -1,0 +1,692 @@
+"""Terminal view of the ledger: ``python -m replayable status|failed|dead-letters|rerun``.
+
+Every command reads the replayable database through a read-only session and the
+``cli_*`` queries in ``sql/queries``; ``rerun`` only prints the DAG-run conf (and the
+commands that trigger it), so nothing here changes state. ``--json`` prints JSON for
+scripts instead of tables. Exit codes: 0 ok, 1 ``status --watch`` timed out with work
+left, 2 usage or connection problems.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import shlex
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime
+from typing import Any
+from urllib.parse import urlparse
+
+import psycopg2
+import psycopg2.errors
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
+from rich.progress_bar import ProgressBar
+from rich.syntax import Syntax
+from rich.table import Table
+from rich.text import Text
+
+from replayable import db, devenv
+from replayable.settings import STAGES
+
+ENV_DSN = "REPLAYABLE_DATABASE_URL"
+RERUN_QUERY = "select_rerun_docs"
+
+# The same values as replayable.params (test_cli checks that they agree); importing params
+# here would load Airflow, which costs seconds on every command.
+ITEM_STATUSES = ("pending", "running", "done", "failed", "dead")
+VERSION_PATTERN = r"^[0-9]+(\.[0-9]+)*$"
+DEAD_LETTER_STATUSES = ("open", "redriven", "ignored")
+
+_DOC_ID = re.compile(r"[0-9a-f]{64}")
+_DOC_PREFIX = re.compile(r"[0-9a-f]{6,64}")
+_IN_PROGRESS = ("pending", "running")
+_ERROR_WIDTH = 60
+
+
+class UsageError(Exception):
+    """A problem the person at the terminal can fix; :func:`main` prints it and exits 2."""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; return the process exit code."""
+    args = build_parser().parse_args(argv)
+    as_json = bool(getattr(args, "json", False))
+    console = Console(highlight=False)
+    dsn = ""
+    try:
+        dsn = resolve_dsn(getattr(args, "dsn", None))
+        conn = _connect(dsn)
+        try:
+            return int(args.handler(conn, args, console, as_json))
+        finally:
+            conn.close()
+    except UsageError as err:
+        print(f"replayable: {err}", file=sys.stderr)
+        return 2
+    except (psycopg2.errors.UndefinedTable, psycopg2.errors.UndefinedFunction) as err:
+        print(
+            f"replayable: the database has no replayable schema ({err.pgerror or err}).\n"
+            "`make start` creates it for the local database.",
+            file=sys.stderr,
+        )
+        return 2
+    except psycopg2.OperationalError as err:
+        print(f"replayable: lost the database: {_redact(str(err), dsn)}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser; ``--dsn`` and ``--json`` work before or after the command."""
+    common = argparse.ArgumentParser(add_help=False)
+    # SUPPRESS keeps a subcommand's unset option from overwriting the one given before it.
+    common.add_argument(
+        "--dsn",
+        default=argparse.SUPPRESS,
+        help=f"libpq URI of the replayable database (default: ${ENV_DSN}, "
+        "else the local database of `make start`)",
+    )
+    common.add_argument(
+        "--json",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="print JSON for scripts instead of tables",
+    )
+    parser = argparse.ArgumentParser(
+        prog="python -m replayable",
+        description="Look at Replayable's ledger: progress, failures, dead letters, re-runs.",
+        parents=[common],
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    status = sub.add_parser(
+        "status",
+        parents=[common],
+        help="items per stage by status, model calls, open dead letters",
+        description="Per stage: items by their newest status, progress (done + dead of "
+        "all items), model calls and open dead letters.",
+    )
+    status.add_argument(
+        "--run", metavar="RUN_ID", help="only the documents this DAG run touched (and its calls)"
+    )
+    status.add_argument(
+        "--watch",
+        metavar="SECONDS",
+        type=_positive(float),
+        help="re-render every SECONDS until items exist and none is pending or running",
+    )
+    status.add_argument(
+        "--timeout",
+        metavar="SECONDS",
+        type=_positive(float),
+        default=3600.0,
+        help="stop watching after this long, exiting 1 (default: %(default)s)",
+    )
+    status.set_defaults(handler=_cmd_status)
+
+    failed = sub.add_parser(
+        "failed",
+        parents=[common],
+        help="items whose newest status is failed",
+        description="Items whose newest status is failed (retryable, under the attempt cap).",
+    )
+    failed.add_argument("--stage", choices=STAGES)
+    failed.add_argument("--error-class", nargs="+", type=_non_empty, metavar="CLASS")
+    failed.add_argument("--limit", type=_positive(int), default=50, help="(default: %(default)s)")
+    failed.set_defaults(handler=_cmd_failed)
+
+    dead = sub.add_parser(
+        "dead-letters",
+        parents=[common],
+        help="the dead-letter queue",
+        description="Dead letters, newest first.",
+    )
+    dead.add_argument("--stage", choices=STAGES)
+    dead.add_argument(
+        "--status",
+        choices=(*DEAD_LETTER_STATUSES, "all"),
+        default="open",
+        help="(default: %(default)s)",
+    )
+    dead.add_argument("--limit", type=_positive(int), default=50, help="(default: %(default)s)")
+    dead.set_defaults(handler=_cmd_dead_letters)
+
+    rerun = sub.add_parser(
+        "rerun",
+        parents=[common],
+        help="build the DAG-run conf of a partial re-run and count what it matches",
+        description="Print the conf that re-runs STAGE (and the stages after it) for the\n"
+        "documents the ledger matches, the query it implies, how many documents match now,\n"
+        "and the commands that trigger it. Nothing is triggered.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="example:\n  python -m replayable rerun --stage embed --status failed "
+        "--error-class http_429 --code-version-lt 1.3",
+    )
+    rerun.add_argument(
+        "--stage", required=True, choices=STAGES, help="the stage to re-run from: %(choices)s"
+    )
+    rerun.add_argument(
+        "--status",
+        nargs="+",
+        choices=ITEM_STATUSES,
+        metavar="STATUS",
+        help="only items with one of these statuses: %(choices)s (default: any)",
+    )
+    rerun.add_argument(
+        "--error-class",
+        nargs="+",
+        type=_non_empty,
+        metavar="CLASS",
+        help="only items that failed with one of these error classes, e.g. http_429",
+    )
+    rerun.add_argument(
+        "--code-version-lt",
+        metavar="VERSION",
+        type=_version,
+        help="only items processed by an older code version, e.g. 1.10",
+    )
+    rerun.add_argument(
+        "--since",
+        metavar="ISO",
+        type=_since,
+        help="only items updated at or after this ISO 8601 time (no zone = local time)",
+    )
+    rerun.add_argument(
+        "--doc-id",
+        nargs="+",
+        type=_doc_prefix,
+        metavar="ID",
+        help="document ids, or unique prefixes of at least 6 characters",
+    )
+    rerun.set_defaults(handler=_cmd_rerun)
+    return parser
+
+
+def resolve_dsn(explicit: str | None) -> str:
+    """The DSN to use: ``--dsn``, else ``$REPLAYABLE_DATABASE_URL``, else the local services."""
+    if explicit:
+        return explicit
+    from_env = os.environ.get(ENV_DSN)
+    if from_env:
+        return from_env
+    try:
+        return devenv.Services.load(devenv.DEFAULT_STATE).replayable_dsn
+    # Services.load exits when nothing was started; here that is a message, not an exit.
+    except (SystemExit, OSError, ValueError, TypeError) as err:
+        raise UsageError(
+            "no database given: run `make start` for the local one, "
+            f"or set {ENV_DSN} (or pass --dsn)"
+        ) from err
+
+
+def _connect(dsn: str) -> db.Connection:
+    try:
+        conn = db.connect(dsn)
+    except psycopg2.ProgrammingError as err:  # libpq could not parse it
+        raise UsageError(f"the database DSN is not valid: {_redact(str(err), dsn)}") from err
+    except psycopg2.Error as err:
+        raise UsageError(
+            f"cannot connect to the database: {_redact(str(err), dsn)}\n"
+            f"Is it running? `make start` starts the local one; {ENV_DSN} points elsewhere."
+        ) from err
+    conn.set_session(readonly=True, autocommit=True)
+    return conn
+
+
+def _redact(message: str, dsn: str) -> str:
+    """``message`` without the DSN or its password: driver errors may quote either."""
+    secrets = {dsn.strip(), *re.findall(r"password\s*=\s*'?([^'\s]+)", dsn)}
+    if "://" in dsn:
+        with contextlib.suppress(ValueError):  # a malformed URI has no password to hide
+            secrets.add(urlparse(dsn).password or "")
+    for secret in sorted(filter(None, secrets), key=len, reverse=True):
+        message = message.replace(secret, "***")
+    return message.strip()
+
+
+# ---- status ------------------------------------------------------------------------------
+
+
+def status_data(conn: db.Connection, run_id: str | None) -> dict[str, Any]:
+    """Per stage: items by newest status, open dead letters and model calls; plus totals."""
+    params = {"run_id": run_id}
+    items = {row["stage"]: row for row in db.fetch_all(conn, "cli_status_stages", params)}
+    calls = {row["stage"]: row for row in db.fetch_all(conn, "cli_status_model_calls", params)}
+    dead = {row["stage"]: row for row in db.fetch_all(conn, "cli_status_dead_letters", params)}
+    stages = []
+    for stage in _stage_order({*items, *calls, *dead}):
+        counts = items.get(stage, {})
+        call = calls.get(stage, {})
+        entry: dict[str, Any] = {"stage": stage}
+        entry.update({status: int(counts.get(status, 0)) for status in ITEM_STATUSES})
+        entry["total"] = int(counts.get("total", 0))
+        entry["open_dead_letters"] = int(dead.get(stage, {}).get("n_open", 0))
+        entry["model_calls"] = {k: int(call.get(k, 0)) for k in ("calls", "ok", "tokens")}
+        stages.append(entry)
+    total = sum(s["total"] for s in stages)
+    in_progress = sum(s[status] for s in stages for status in _IN_PROGRESS)
+    return {
+        "run_id": run_id,
+        "as_of": datetime.now().astimezone().isoformat(timespec="seconds"),
+        "stages": stages,
+        "items": total,
+        "in_progress": in_progress,
+        # No items yet means the run has not registered any: keep waiting rather than stop.
+        "finished": total > 0 and in_progress == 0,
+        "model_calls": {
+            k: sum(s["model_calls"][k] for s in stages) for k in ("calls", "ok", "tokens")
+        },
+        "open_dead_letters": sum(s["open_dead_letters"] for s in stages),
+    }
+
+
+def render_status(data: dict[str, Any]) -> RenderableType:
+    """Tables of :func:`status_data`: items with a progress bar per stage, then model calls."""
+    scope = f"run {data['run_id']}" if data["run_id"] else "all runs"
+    items = Table(title=f"Items by stage ({scope})", caption=f"as of {data['as_of']}")
+    items.add_column("Stage")
+    for name in ("Pending", "Running", "Done", "Failed", "Dead", "Open DLQ"):
+        items.add_column(name, justify="right")
+    items.add_column("Progress (done + dead)", min_width=24)
+    for s in data["stages"]:
+        finished = s["done"] + s["dead"]
+        bar = ProgressBar(total=max(s["total"], 1), completed=finished, width=12)
+        share = f"{finished / s['total']:.0%}" if s["total"] else "-"
+        progress = Table.grid(padding=(0, 1))
+        progress.add_row(bar, Text(f"{finished}/{s['total']} {share}"))
+        items.add_row(
+            Text(s["stage"]),
+            *(_number(s[key]) for key in (*ITEM_STATUSES, "open_dead_letters")),
+            progress,
+        )
+
+    calls = Table(title="Model calls")
+    calls.add_column("Stage")
+    for name in ("Calls", "OK", "Tokens"):
+        calls.add_column(name, justify="right")
+    for s in data["stages"]:
+        if s["model_calls"]["calls"]:
+            calls.add_row(Text(s["stage"]), *_numbers(s["model_calls"].values()))
+    calls.add_row(Text("all", style="bold"), *_numbers(data["model_calls"].values()))
+    return Group(items, calls)
+
+
+def _cmd_status(
+    conn: db.Connection, args: argparse.Namespace, console: Console, as_json: bool
+) -> int:
+    data = status_data(conn, args.run)
+    if args.watch is None:
+        _emit(console, as_json, data, render_status)
+        return 0
+    deadline = time.monotonic() + args.timeout
+    if as_json:
+        # One object a line, so that a script can follow the run as it goes.
+        _print_json(data, indent=None)
+        while not data["finished"] and _sleep_until(deadline, args.watch):
+            data = status_data(conn, args.run)
+            _print_json(data, indent=None)
+    else:
+        with Live(render_status(data), console=console, auto_refresh=False) as live:
+            while not data["finished"] and _sleep_until(deadline, args.watch):
+                data = status_data(conn, args.run)
+                live.update(render_status(data), refresh=True)
+    if data["finished"]:
+        return 0
+    print(
+        f"replayable: timed out after {args.timeout:g}s with {data['in_progress']} of "
+        f"{data['items']} items pending or running",
+        file=sys.stderr,
+    )
+    return 1
+
+
+def _sleep_until(deadline: float, interval: float) -> bool:
+    """Sleep ``interval`` (less near the deadline); False once the deadline has passed."""
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        return False
+    time.sleep(min(interval, remaining))
+    return True
+
+
+# ---- failed and dead-letters -------------------------------------------------------------
+
+
+def failed_data(
+    conn: db.Connection, stage: str | None, error_classes: list[str] | None, limit: int
+) -> dict[str, Any]:
+    """Items whose newest status is failed, newest first, and how many match in all."""
+    rows = db.fetch_all(
+        conn, "cli_failed", {"stage": stage, "error_classes": error_classes, "limit": limit}
+    )
+    return {"matched": _matched(rows), "items": rows}
+
+
+def render_failed(data: dict[str, Any]) -> RenderableType:
+    """A table of :func:`failed_data`."""
+    table = Table(title="Failed items", caption=_shown(len(data["items"]), data["matched"]))
+    # Short fields stay on one line; the long ones give way in a narrow terminal.
+    table.add_column("Stage", no_wrap=True)
+    table.add_column("Doc", no_wrap=True)
+    table.add_column("File", overflow="fold")
+    table.add_column("Try", justify="right", no_wrap=True)
+    table.add_column("Error class", no_wrap=True)
+    table.add_column("Last error", overflow="fold")
+    table.add_column("Updated", overflow="fold")
+    for row in data["items"]:
+        table.add_row(
+            Text(row["stage"]),
+            Text(row["doc_id"][:12]),
+            Text(_file_name(row["uri"])),
+            _number(row["attempts"]),
+            Text(row["error_class"] or ""),
+            Text(_one_line(row["last_error"], _ERROR_WIDTH)),
+            Text(_when(row["updated_at"])),
+        )
+    return table
+
+
+def _cmd_failed(
+    conn: db.Connection, args: argparse.Namespace, console: Console, as_json: bool
+) -> int:
+    data = failed_data(conn, args.stage, _unique(args.error_class), args.limit)
+    _emit(console, as_json, data, render_failed)
+    return 0
+
+
+def dead_letters_data(
+    conn: db.Connection, stage: str | None, status: str, limit: int
+) -> dict[str, Any]:
+    """Dead letters (``status`` "all" for every status), newest first."""
+    rows = db.fetch_all(
+        conn,
+        "cli_dead_letters",
+        {"stage": stage, "status": None if status == "all" else status, "limit": limit},
+    )
+    return {"matched": _matched(rows), "dead_letters": rows}
+
+
+def render_dead_letters(data: dict[str, Any]) -> RenderableType:
+    """A table of :func:`dead_letters_data`.
+
+    Twelve fields do not fit 100 columns side by side, so related ones share a cell on two
+    lines, as the two-line headers say.
+    """
+    table = Table(title="Dead letters", caption=_shown(len(data["dead_letters"]), data["matched"]))
+    table.add_column("ID", justify="right", no_wrap=True)
+    table.add_column("Stage", no_wrap=True)
+    table.add_column("File", overflow="fold")
+    table.add_column("Error class\ntries · ver", no_wrap=True)
+    table.add_column("Run\nmap index", overflow="fold")
+    table.add_column("Status\nowner", no_wrap=True)
+    table.add_column("Note", overflow="fold")
+    table.add_column("Created", overflow="fold")
+    for row in data["dead_letters"]:
+        map_index = "" if row["map_index"] is None else f"map {row['map_index']}"
+        table.add_row(
+            _number(row["id"]),
+            Text(row["stage"]),
+            Text(_file_name(row["uri"])),
+            _two_lines(row["error_class"], f"{row['attempts']} · v{row['code_version']}"),
+            _two_lines(row["run_id"] or "", map_index),
+            _two_lines(row["status"], row["owner"] or "unowned"),
+            Text(_one_line(row["note"], 80)),
+            Text(_when(row["created_at"])),
+        )
+    return table
+
+
+def _cmd_dead_letters(
+    conn: db.Connection, args: argparse.Namespace, console: Console, as_json: bool
+) -> int:
+    _emit(
+        console,
+        as_json,
+        dead_letters_data(conn, args.stage, args.status, args.limit),
+        render_dead_letters,
+    )
+    return 0
+
+
+# ---- rerun -------------------------------------------------------------------------------
+
+
+def rerun_conf(
+    stage: str,
+    *,
+    statuses: Sequence[str] | None = None,
+    error_classes: Sequence[str] | None = None,
+    code_version_lt: str | None = None,
+    since: str | None = None,
+    doc_ids: Sequence[str] | None = None,
+) -> dict[str, Any]:
+    """The DAG-run conf ``{"rerun": {...}}`` of params.py's schema, without unset keys."""
+    rerun: dict[str, Any] = {"stage": stage}
+    optional: dict[str, Any] = {
+        "status": _unique(statuses),
+        "error_class": _unique(error_classes),
+        "code_version_lt": code_version_lt,
+        "since": since,
+        "doc_ids": _unique(doc_ids),
+    }
+    rerun.update({key: value for key, value in optional.items() if value is not None})
+    return {"rerun": rerun}
+
+
+def rerun_params(rerun: dict[str, Any]) -> dict[str, Any]:
+    """The values bound to select_rerun_docs.sql, as pipeline.select_documents binds them."""
+    return {
+        "stage": rerun["stage"],
+        "statuses": rerun.get("status"),
+        "error_classes": rerun.get("error_class"),
+        "code_version_lt": rerun.get("code_version_lt"),
+        "since": rerun.get("since"),
+        "doc_ids": rerun.get("doc_ids"),
+    }
+
+
+def rerun_data(conn: db.Connection, conf: dict[str, Any]) -> dict[str, Any]:
+    """The conf, the query and its bound values, the count it matches now, the commands."""
+    rerun = conf["rerun"]
+    params = rerun_params(rerun)
+    matching = len(db.fetch_all(conn, RERUN_QUERY, params))
+    text = json.dumps(conf)
+    return {
+        "conf": conf,
+        "sql_file": f"include/replayable/sql/queries/{RERUN_QUERY}.sql",
+        "sql": db.sql(RERUN_QUERY),
+        "params": params,
+        "matching_documents": matching,
+        # Mirrors PipelineSettings.revives_dead: such a run reopens dead items.
+        "revives_dead": "status" not in rerun or "dead" in rerun["status"],
+        "commands": [
+            f"airflow dags trigger {devenv.DAG_ID} --conf {shlex.quote(text)}",
+            f"make run CONF={shlex.quote(text)}",
+        ],
+    }
+
+
+def _cmd_rerun(
+    conn: db.Connection, args: argparse.Namespace, console: Console, as_json: bool
+) -> int:
+    conf = rerun_conf(
+        args.stage,
+        statuses=args.status,
+        error_classes=args.error_class,
+        code_version_lt=args.code_version_lt,
+        since=args.since,
+        doc_ids=_resolve_doc_ids(conn, args.doc_id) if args.doc_id else None,
+    )
+    data = rerun_data(conn, conf)
+    if as_json:
+        _print_json(data)
+        return 0
+    console.rule("DAG-run conf")
+    console.print(_syntax(json.dumps(conf, indent=2), "json"))
+    console.rule(f"Query: {data['sql_file']}")
+    console.print(_syntax(data["sql"].strip(), "sql"))
+    bound = Table(title="Bound parameters (NULL = any)")
+    bound.add_column("Name")
+    bound.add_column("Value", overflow="fold")
+    for name, value in data["params"].items():
+        bound.add_row(Text(name), Text("NULL" if value is None else json.dumps(value)))
+    console.print(bound)
+    console.print(Text(f"Documents matching now: {data['matching_documents']}", style="bold"))
+    if data["revives_dead"]:
+        console.print(
+            Text(
+                "This re-run includes dead items: it reopens them with a fresh attempt budget "
+                "and marks their open dead letters redriven.",
+                style="yellow",
+            )
+        )
+    console.rule("Trigger it with")
+    for command in data["commands"]:
+        # soft_wrap: a wrapped command would paste as two.
+        console.print(Text(command), soft_wrap=True)
+    return 0
+
+
+def _resolve_doc_ids(conn: db.Connection, given: Sequence[str]) -> list[str]:
+    """Full document ids for ids or unique prefixes (as ``failed`` shows them)."""
+    found = []
+    for value in given:
+        if _DOC_ID.fullmatch(value):
+            found.append(value)
+            continue
+        rows = db.fetch_all(conn, "cli_docs_by_prefix", {"prefix": value})
+        if len(rows) != 1:
+            what = "no document" if not rows else "more than one document"
+            raise UsageError(f"argument --doc-id: {value!r} matches {what}")
+        found.append(rows[0]["doc_id"])
+    return found
+
+
+# ---- argument types ----------------------------------------------------------------------
+
+
+def _version(value: str) -> str:
+    if not re.fullmatch(VERSION_PATTERN, value):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a version such as 1.2 or 1.10.3")
+    return value
+
+
+def _since(value: str) -> str:
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not an ISO 8601 time such as 2024-05-01 or 2024-05-01T12:00:00Z"
+        ) from None
+    # The conf must name its zone to mean the same on every worker.
+    return moment.astimezone().isoformat()
+
+
+def _doc_prefix(value: str) -> str:
+    value = value.strip().lower()
+    if not _DOC_PREFIX.fullmatch(value):
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a document id (sha256 hex) or a prefix of 6 or more of its digits"
+        )
+    return value
+
+
+def _non_empty(value: str) -> str:
+    if not value.strip():
+        raise argparse.ArgumentTypeError("must not be empty")
+    return value
+
+
+def _positive(kind: Callable[[str], float]) -> Callable[[str], Any]:
+    def convert(value: str) -> Any:
+        try:
+            number = kind(value)
+        except ValueError:
+            number = 0
+        if number <= 0:
+            raise argparse.ArgumentTypeError(f"{value!r} is not a positive number")
+        return number
+
+    convert.__name__ = kind.__name__  # argparse names the type in its messages
+    return convert
+
+
+# ---- output ------------------------------------------------------------------------------
+
+
+def _emit(
+    console: Console,
+    as_json: bool,
+    data: dict[str, Any],
+    render: Callable[[dict[str, Any]], RenderableType],
+) -> None:
+    if as_json:
+        _print_json(data)
+    else:
+        console.print(render(data))
+
+
+def _print_json(data: Any, indent: int | None = 2) -> None:
+    sys.stdout.write(json.dumps(data, indent=indent, default=_json_default) + "\n")
+    sys.stdout.flush()
+
+
+def _json_default(value: object) -> str:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+
+def _syntax(code: str, lexer: str) -> Syntax:
+    return Syntax(code, lexer, background_color="default", word_wrap=True)
+
+
+def _stage_order(found: Iterable[str]) -> list[str]:
+    """The pipeline's stages in order (even when empty), then any others by name."""
+    return [*STAGES, *sorted(set(found) - set(STAGES))]
+
+
+def _matched(rows: list[dict[str, Any]]) -> int:
+    """Take the window count off every row; it is the same on each."""
+    counts = [int(row.pop("matched")) for row in rows]
+    return counts[0] if counts else 0
+
+
+def _shown(shown: int, matched: int) -> str:
+    return f"{shown} of {matched}" if shown < matched else f"{matched} in all"
+
+
+def _unique(values: Sequence[str] | None) -> list[str] | None:
+    return list(dict.fromkeys(values)) if values else None
+
+
+def _number(value: int) -> Text:
+    return Text(f"{value:,}")
+
+
+def _numbers(values: Iterable[int]) -> list[Text]:
+    return [_number(v) for v in values]
+
+
+def _file_name(uri: str | None) -> str:
+    return uri.rstrip("/").rsplit("/", 1)[-1] if uri else "?"
+
+
+def _one_line(text: str | None, width: int) -> str:
+    flat = " ".join((text or "").split())
+    return flat if len(flat) <= width else flat[: width - 1] + "…"
+
+
+def _two_lines(first: str, second: str) -> Text:
+    return Text.assemble(first, "\n", (second, "dim")) if second else Text(first)
+
+
+def _when(moment: datetime | None) -> str:
+    return moment.astimezone().strftime("%Y-%m-%d %H:%M") if moment else ""

@@ -1,0 +1,207 @@
+"""Against a running Airflow (`airflow standalone`): trigger with conf, clear a failed map index."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+import corpus
+from checks import assert_nothing_lost, rows, subset
+from replayable import devenv
+
+pytestmark = pytest.mark.e2e
+DAG = devenv.DAG_ID
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class Airflow:
+    """A REST client for the running Airflow, logged in as the standalone admin."""
+
+    def __init__(self, url: str, token: str) -> None:
+        self.http = httpx.Client(
+            base_url=f"{url}/api/v2", headers={"Authorization": f"Bearer {token}"}, timeout=30
+        )
+
+    def trigger(self, conf: dict[str, Any]) -> httpx.Response:
+        return self.http.post(f"/dags/{DAG}/dagRuns", json={"logical_date": None, "conf": conf})
+
+    def wait(self, run_id: str, states: tuple[str, ...], timeout_s: float = 300) -> str:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            state = self.http.get(f"/dags/{DAG}/dagRuns/{run_id}").json()["state"]
+            if state in states:
+                return str(state)
+            time.sleep(1)
+        raise AssertionError(f"run {run_id} did not reach {states} in {timeout_s}s")
+
+    def task_instances(self, run_id: str) -> list[dict[str, Any]]:
+        found = self.http.get(f"/dags/{DAG}/dagRuns/{run_id}/taskInstances")
+        return list(found.json()["task_instances"])
+
+
+@pytest.fixture(scope="module")
+def airflow(services: devenv.Services, state_dir: Path, tmp_path_factory) -> Iterator[Airflow]:
+    port = _free_port()
+    env = devenv.airflow_env(services, state_dir, api_port=port)
+    devenv.migrate_airflow(env)
+    log = tmp_path_factory.mktemp("standalone") / "standalone.log"
+    airflow_bin = str(Path(sys.executable).with_name("airflow"))
+    proc = subprocess.Popen(
+        [airflow_bin, "standalone"],
+        env={**os.environ, **env},
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        passwords = Path(env["AIRFLOW_HOME"]) / "simple_auth_manager_passwords.json.generated"
+        while True:
+            assert proc.poll() is None, f"airflow standalone exited; see {log}"
+            assert time.monotonic() < deadline, f"airflow did not come up; see {log}"
+            try:
+                if httpx.get(f"{url}/api/v2/monitor/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        password = json.loads(passwords.read_text())["admin"]
+        token = httpx.post(
+            f"{url}/auth/token", json={"username": "admin", "password": password}
+        ).json()["access_token"]
+        client = Airflow(url, token)
+        while client.http.get(f"/dags/{DAG}").status_code != 200:
+            assert time.monotonic() < deadline, f"the DAG was never parsed; see {log}"
+            time.sleep(1)
+        client.env = env  # type: ignore[attr-defined]
+        yield client
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
+
+def test_the_api_refuses_anonymous_requests(airflow):
+    anonymous = httpx.get(str(airflow.http.base_url).rstrip("/") + f"/dags/{DAG}")
+    assert anonymous.status_code == 401
+
+
+@pytest.mark.parametrize(
+    ("conf", "field"),
+    [
+        ({"stages": ["extract", "summarise"]}, "stages"),
+        ({"batch_size": 0}, "batch_size"),
+        ({"rerun": {"stage": "extract", "statuss": ["failed"]}}, "statuss"),
+    ],
+)
+def test_invalid_conf_is_rejected_at_trigger_time_naming_the_field(airflow, conf, field):
+    response = airflow.trigger(conf)
+    assert response.status_code == 400
+    assert field in response.json()["detail"]
+
+
+def test_the_cli_rejects_invalid_conf_naming_the_field(airflow):
+    airflow_bin = str(Path(sys.executable).with_name("airflow"))
+    done = subprocess.run(
+        [airflow_bin, "dags", "trigger", DAG, "--conf", json.dumps({"batch_size": 0})],
+        env={**os.environ, **airflow.env},
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    assert done.returncode != 0
+    assert "batch_size" in done.stdout + done.stderr
+
+
+def test_clearing_a_failed_map_index_redoes_only_its_unfinished_items(
+    airflow, conn, model, tmp_path
+):
+    folder = subset(tmp_path, 6)
+    corpus.write_pdf(folder / "marked.pdf", ["A report the provider refuses: AUTH-MARKER."])
+    model.set_faults(fail_inputs_containing={"AUTH-MARKER": 401})
+    created = airflow.trigger({"source": str(folder), "batch_size": 4})
+    assert created.status_code == 200, created.text
+    run_id = created.json()["dag_run_id"]
+    assert airflow.wait(run_id, ("success", "failed")) == "failed"
+
+    failed = [t for t in airflow.task_instances(run_id) if t["state"] == "failed"]
+    embeds = [t for t in failed if t["task_id"] == "batch.embed"]
+    assert len(embeds) == 1 and embeds[0]["try_number"] == 1  # auth errors are not retried
+    index = embeds[0]["map_index"]
+    unfinished = {
+        key
+        for (key,) in rows(
+            conn,
+            "SELECT item_key FROM replayable.stage_runs WHERE stage = 'embed'"
+            " AND status = 'failed'",
+        )
+    }
+    assert unfinished
+    assert rows(conn, "SELECT count(*) FROM replayable.dead_letters") == [(0,)]
+
+    model.clear_faults()
+    cleared = airflow.http.post(
+        f"/dags/{DAG}/clearTaskInstances",
+        json={
+            "dag_run_id": run_id,
+            "task_ids": [["batch.embed", index], "report"],
+            "only_failed": False,
+            "dry_run": False,
+        },
+    )
+    assert cleared.status_code == 200, cleared.text
+    assert {(t["task_id"], t["map_index"]) for t in cleared.json()["task_instances"]} == {
+        ("batch.embed", index),
+        ("report", -1),
+    }
+    assert airflow.wait(run_id, ("success", "failed")) == "success"
+
+    redone = {
+        key
+        for (key,) in rows(
+            conn,
+            "SELECT DISTINCT item_key FROM replayable.model_calls WHERE run_id = %s"
+            " AND status = 'ok'",
+            run_id,
+        )
+    }
+    done_first_time = {
+        key
+        for (key,) in rows(
+            conn,
+            "SELECT item_key FROM replayable.stage_runs WHERE stage = 'embed' AND status = 'done'",
+        )
+    } - unfinished
+    assert unfinished <= redone
+    assert rows(
+        conn,
+        "SELECT count(*) FROM replayable.stage_runs WHERE stage = 'embed' AND status <> 'done'",
+    ) == [(0,)]
+    # The other batch was not touched by the clear: still on its first try.
+    tries = {
+        (t["task_id"], t["map_index"]): t["try_number"] for t in airflow.task_instances(run_id)
+    }
+    assert all(n == 1 for (task, i), n in tries.items() if task.startswith("batch.") and i != index)
+    assert done_first_time and not (done_first_time & unfinished)
+    assert_nothing_lost(conn)

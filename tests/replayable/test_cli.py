@@ -1,0 +1,233 @@
+import copy
+import json
+import os
+import shlex
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from replayable import cli, db, devenv
+from replayable.params import STATUSES, pipeline_params
+from replayable.pipeline import select_documents
+from replayable.settings import PipelineSettings
+
+ROOT = Path(__file__).resolve().parents[2]
+A, B, C = "a" * 64, "b" * 64, "c" * 64
+
+
+def _insert(conn, sql, rows):
+    with conn.cursor() as cur:
+        for row in rows:
+            cur.execute(sql, row)
+
+
+@pytest.fixture
+def ledger(conn):
+    """A, B and C in a few stages and runs: r1 touched A and B, r2 touched C."""
+    _insert(
+        conn,
+        "INSERT INTO replayable.documents (doc_id, uri, size_bytes) VALUES (%s, %s, 10)",
+        [(A, "/data/a.pdf"), (B, "/data/b.pdf"), (C, "/data/c.pdf")],
+    )
+    _insert(
+        conn,
+        "INSERT INTO replayable.stage_runs (stage, item_key, doc_id, status, attempts,"
+        " error_class, last_error, code_version, config_hash, run_id, updated_at)"
+        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, 'cfg', %s,"
+        " now() - make_interval(mins => %s))",
+        [
+            # A's older extract row failed; its newer one is done and is the one that counts.
+            ("extract", "ea-old", A, "failed", 1, "http_503", "old", "1.0", "r1", 120),
+            ("extract", "ea", A, "done", 1, None, None, "1.1", "r1", 60),
+            ("extract", "eb", B, "failed", 1, "http_503", "503 upstream", "1.1", "r1", 30),
+            ("extract", "ec", C, "dead", 3, "encrypted", "locked", "1.1", "r2", 10),
+            ("chunk", "ca", A, "running", 1, None, None, "1.1", "r1", 5),
+            ("embed", "ma", A, "failed", 2, "http_429", "429 [slow] down", "2.0", "r1", 1),
+        ],
+    )
+    _insert(
+        conn,
+        "INSERT INTO replayable.dead_letters (stage, item_key, doc_id, error_class, error_kind,"
+        " error, attempts, code_version, run_id, map_index, status, owner)"
+        " VALUES (%s, %s, %s, %s, 'terminal', 'boom', 3, %s, %s, %s, %s, %s)",
+        [
+            ("extract", "ec", C, "encrypted", "1.1", "r2", 0, "open", "alice"),
+            ("embed", "m-old", A, "http_500", "1.0", "r1", 1, "redriven", None),
+        ],
+    )
+    _insert(
+        conn,
+        "INSERT INTO replayable.model_calls (stage, item_key, attempt, status, latency_ms,"
+        " n_inputs, tokens, idempotency_key, run_id)"
+        " VALUES ('embed', %s, 1, %s, 5, 1, %s, 'k', %s)",
+        [("ma", "ok", 100, "r1"), ("ma", "http_429", 0, "r1"), ("other", "ok", 50, "r2")],
+    )
+    conn.commit()
+
+
+def run_json(capsys, dsn, *args):
+    assert cli.main(["--dsn", dsn, "--json", *args]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def by_stage(data):
+    return {s["stage"]: s for s in data["stages"]}
+
+
+def test_status_counts_the_newest_row_per_document_and_stage(ledger, dsn, capsys):
+    data = run_json(capsys, dsn, "status")
+    stages = by_stage(data)
+    assert {k: stages["extract"][k] for k in ("done", "failed", "dead", "total")} == {
+        "done": 1,
+        "failed": 1,
+        "dead": 1,
+        "total": 3,
+    }
+    assert stages["chunk"]["running"] == 1
+    assert stages["extract"]["open_dead_letters"] == 1
+    assert data["model_calls"] == {"calls": 3, "ok": 2, "tokens": 150}
+    assert data["open_dead_letters"] == 1
+    assert data["finished"] is False
+
+
+def test_status_table_shows_progress_as_done_and_dead_of_total(ledger, dsn, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "100")
+    assert cli.main(["--dsn", dsn, "status"]) == 0
+    out = capsys.readouterr().out
+    assert "2/3 67%" in out
+    assert max(len(line) for line in out.splitlines()) <= 100
+
+
+def test_status_run_filters_to_the_documents_and_calls_of_that_run(ledger, dsn, capsys):
+    data = run_json(capsys, dsn, "status", "--run", "r1")
+    extract = by_stage(data)["extract"]
+    assert (extract["done"], extract["failed"], extract["dead"], extract["total"]) == (1, 1, 0, 2)
+    assert data["open_dead_letters"] == 0
+    assert data["model_calls"] == {"calls": 2, "ok": 1, "tokens": 100}
+
+
+def test_status_watch_returns_once_nothing_is_pending_or_running(ledger, dsn, capsys):
+    assert cli.main(["--dsn", dsn, "status", "--run", "r2", "--watch", "5"]) == 0
+    assert "Items by stage (run r2)" in capsys.readouterr().out
+
+
+def test_status_watch_gives_up_with_1_after_the_timeout(ledger, dsn, capsys):
+    args = ["--dsn", dsn, "--json", "status", "--run", "r1", "--watch", "0.05", "--timeout", "0.2"]
+    assert cli.main(args) == 1
+    captured = capsys.readouterr()
+    assert len(captured.out.splitlines()) >= 2  # one JSON line per poll
+    assert "timed out" in captured.err
+
+
+def test_failed_lists_only_items_whose_newest_status_is_failed(ledger, dsn, capsys):
+    items = run_json(capsys, dsn, "failed")["items"]
+    assert sorted((i["stage"], i["doc_id"]) for i in items) == [("embed", A), ("extract", B)]
+    only_429 = run_json(capsys, dsn, "failed", "--error-class", "http_429")["items"]
+    assert [(i["stage"], i["error_class"]) for i in only_429] == [("embed", "http_429")]
+
+
+def test_failed_table_prints_error_text_literally(ledger, dsn, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    assert cli.main(["--dsn", dsn, "failed", "--stage", "embed"]) == 0
+    out = capsys.readouterr().out
+    assert "429 [slow] down" in out
+    assert "aaaaaaaaaaaa " in out and "a.pdf" in out
+
+
+def test_dead_letters_lists_open_ones_by_default(ledger, dsn, capsys):
+    letters = run_json(capsys, dsn, "dead-letters")["dead_letters"]
+    assert [(d["stage"], d["status"], d["owner"]) for d in letters] == [
+        ("extract", "open", "alice")
+    ]
+    every = run_json(capsys, dsn, "dead-letters", "--status", "all")
+    assert every["matched"] == 2
+
+
+def test_rerun_prints_a_valid_conf_the_sql_and_the_matching_count(
+    ledger, conn, dsn, capsys, monkeypatch
+):
+    monkeypatch.setenv("COLUMNS", "200")
+    since = (datetime.now(UTC) - timedelta(days=1)).isoformat()
+    args = ["rerun", "--stage", "extract", "--status", "failed", "dead"]
+    args += ["--code-version-lt", "1.10", "--since", since]
+    assert cli.main(["--dsn", dsn, *args]) == 0
+    out = capsys.readouterr().out
+
+    trigger = next(line for line in out.splitlines() if line.startswith("airflow dags trigger"))
+    conf = json.loads(shlex.split(trigger)[-1])
+    assert set(conf) == {"rerun"}
+    param = copy.deepcopy(pipeline_params("/data")["rerun"])
+    assert param.resolve(conf["rerun"]) == conf["rerun"]
+    assert "error_class" not in conf["rerun"]
+    assert f"make run CONF='{json.dumps(conf)}'" in out
+
+    for line in db.sql("select_rerun_docs").splitlines():
+        assert line.strip() in out
+    matching = select_documents(conn, PipelineSettings(rerun=conf["rerun"]), by="test")
+    assert len(matching) == 3
+    assert "Documents matching now: 3" in out
+
+
+def test_rerun_resolves_a_doc_id_prefix_to_the_full_id(ledger, dsn, capsys):
+    data = run_json(capsys, dsn, "rerun", "--stage", "embed", "--doc-id", A[:12])
+    assert data["conf"] == {"rerun": {"stage": "embed", "doc_ids": [A]}}
+    assert data["params"]["doc_ids"] == [A] and data["params"]["statuses"] is None
+    assert data["matching_documents"] == 1
+
+
+def test_rerun_with_an_unknown_doc_id_prefix_exits_2(ledger, dsn, capsys):
+    assert cli.main(["--dsn", dsn, "rerun", "--stage", "embed", "--doc-id", "abcdef"]) == 2
+    assert "--doc-id" in capsys.readouterr().err
+
+
+def test_rerun_with_a_bad_code_version_exits_2_naming_the_flag(dsn, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["--dsn", dsn, "rerun", "--stage", "extract", "--code-version-lt", "1.x"])
+    assert exit_.value.code == 2
+    assert "--code-version-lt" in capsys.readouterr().err
+
+
+def test_json_works_before_or_after_the_command(ledger, dsn, capsys):
+    assert cli.main(["failed", "--json", "--dsn", dsn]) == 0
+    after = json.loads(capsys.readouterr().out)
+    assert run_json(capsys, dsn, "failed") == after
+    assert after["matched"] == 2
+
+
+def test_without_a_database_it_exits_2_saying_how_to_get_one(monkeypatch, tmp_path, capsys):
+    monkeypatch.delenv(cli.ENV_DSN, raising=False)
+    monkeypatch.setattr(devenv, "DEFAULT_STATE", tmp_path)
+    assert cli.main(["status"]) == 2
+    err = capsys.readouterr().err
+    assert "make start" in err and cli.ENV_DSN in err
+
+
+def test_a_connection_failure_exits_2_without_printing_the_password(capsys):
+    assert cli.main(["--dsn", "postgresql://bob:s3cret@127.0.0.1:1/x", "status"]) == 2
+    captured = capsys.readouterr()
+    assert "cannot connect" in captured.err
+    assert "s3cret" not in captured.err + captured.out
+
+
+def test_statuses_and_version_pattern_agree_with_the_dag_params():
+    rerun = pipeline_params("/data")["rerun"].schema["properties"]
+    assert cli.ITEM_STATUSES == STATUSES
+    assert rerun["code_version_lt"]["pattern"] == cli.VERSION_PATTERN
+
+
+def test_python_m_replayable_runs_the_cli(ledger, dsn):
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "include"), "COLUMNS": "100"}
+    done = subprocess.run(
+        [sys.executable, "-m", "replayable", "--dsn", dsn, "status"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Items by stage (all runs)" in done.stdout
