@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +39,9 @@ class Airflow:
             base_url=f"{url}/api/v2", headers={"Authorization": f"Bearer {token}"}, timeout=30
         )
 
-    def trigger(self, conf: dict[str, Any]) -> httpx.Response:
-        return self.http.post(f"/dags/{DAG}/dagRuns", json={"logical_date": None, "conf": conf})
+    def trigger(self, conf: dict[str, Any], logical_date: str | None = None) -> httpx.Response:
+        body = {"logical_date": logical_date, "conf": conf}
+        return self.http.post(f"/dags/{DAG}/dagRuns", json=body)
 
     def wait(self, run_id: str, states: tuple[str, ...], timeout_s: float = 300) -> str:
         deadline = time.monotonic() + timeout_s
@@ -134,13 +136,44 @@ def test_the_cli_rejects_invalid_conf_naming_the_field(airflow):
     assert "batch_size" in done.stdout + done.stderr
 
 
+def _clear_with_cli(airflow: Airflow, logical_date: str) -> None:
+    """`airflow tasks clear` has no run id or map index: a logical-date window picks the run."""
+    airflow_bin = str(Path(sys.executable).with_name("airflow"))
+    done = subprocess.run(
+        [
+            airflow_bin,
+            "tasks",
+            "clear",
+            DAG,
+            "-t",
+            "batch.embed",
+            "--only-failed",
+            "--downstream",
+            "--yes",
+            "-s",
+            logical_date,
+            "-e",
+            logical_date,
+        ],
+        env={**os.environ, **airflow.env},
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize("how", ["rest", "cli"])
 def test_clearing_a_failed_map_index_redoes_only_its_unfinished_items(
-    airflow, conn, model, tmp_path
+    airflow, conn, model, tmp_path, how
 ):
     folder = subset(tmp_path, 6)
     corpus.write_pdf(folder / "marked.pdf", ["A report the provider refuses: AUTH-MARKER."])
     model.set_faults(fail_inputs_containing={"AUTH-MARKER": 401})
-    created = airflow.trigger({"source": str(folder), "batch_size": 4})
+    # A logical date lets the CLI's date window select exactly this run.
+    logical_date = datetime.now(UTC).replace(microsecond=0).isoformat() if how == "cli" else None
+    created = airflow.trigger({"source": str(folder), "batch_size": 4}, logical_date)
     assert created.status_code == 200, created.text
     run_id = created.json()["dag_run_id"]
     assert airflow.wait(run_id, ("success", "failed")) == "failed"
@@ -161,20 +194,23 @@ def test_clearing_a_failed_map_index_redoes_only_its_unfinished_items(
     assert rows(conn, "SELECT count(*) FROM replayable.dead_letters") == [(0,)]
 
     model.clear_faults()
-    cleared = airflow.http.post(
-        f"/dags/{DAG}/clearTaskInstances",
-        json={
-            "dag_run_id": run_id,
-            "task_ids": [["batch.embed", index], "report"],
-            "only_failed": False,
-            "dry_run": False,
-        },
-    )
-    assert cleared.status_code == 200, cleared.text
-    assert {(t["task_id"], t["map_index"]) for t in cleared.json()["task_instances"]} == {
-        ("batch.embed", index),
-        ("report", -1),
-    }
+    if how == "cli":
+        _clear_with_cli(airflow, logical_date)
+    else:
+        cleared = airflow.http.post(
+            f"/dags/{DAG}/clearTaskInstances",
+            json={
+                "dag_run_id": run_id,
+                "task_ids": [["batch.embed", index], "report"],
+                "only_failed": False,
+                "dry_run": False,
+            },
+        )
+        assert cleared.status_code == 200, cleared.text
+        assert {(t["task_id"], t["map_index"]) for t in cleared.json()["task_instances"]} == {
+            ("batch.embed", index),
+            ("report", -1),
+        }
     assert airflow.wait(run_id, ("success", "failed")) == "success"
 
     redone = {
