@@ -1,8 +1,9 @@
 """Shared fixtures: a real Postgres (pgserver), the real local model server, Airflow's env.
 
 Everything is started once per test session under a temporary folder and stopped at the
-end, so a run leaves no process behind. ``REPLAYABLE_DATABASE_URL`` points the tests at
-another Postgres instead of the embedded one.
+end, so a run leaves no process behind. The tests empty the tables they use, so they never
+follow ``REPLAYABLE_DATABASE_URL``; ``REPLAYABLE_TEST_DATABASE_URL`` points them at another
+(disposable) Postgres instead of the embedded one.
 """
 
 from __future__ import annotations
@@ -61,7 +62,11 @@ def model(model_server: LocalModelServer) -> Iterator[LocalModelServer]:
 
 @pytest.fixture(scope="session")
 def services(state_dir: Path, model_server: LocalModelServer) -> Iterator[devenv.Services]:
-    started = devenv.start(state_dir, model_url=model_server.base_url)
+    with pytest.MonkeyPatch.context() as env:
+        env.delenv("REPLAYABLE_DATABASE_URL", raising=False)
+        if test_db := os.environ.get("REPLAYABLE_TEST_DATABASE_URL"):
+            env.setenv("REPLAYABLE_DATABASE_URL", test_db)
+        started = devenv.start(state_dir, model_url=model_server.base_url)
     try:
         yield started
     finally:

@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -49,8 +50,17 @@ class Services:
         return cls(**json.loads(path.read_text()))
 
 
+def _import_pgserver() -> Any:
+    # pgserver asks platformdirs for a runtime dir at import; without XDG_RUNTIME_DIR that
+    # only warns and falls back to /tmp, which is what we want anyway.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import pgserver
+    return pgserver
+
+
 def _embedded_postgres(state: Path) -> tuple[str, str]:
-    from pgserver.postgres_server import get_server
+    get_server = _import_pgserver().get_server
 
     server = get_server(state / "pg", cleanup_mode=None)
     # `stop` owns the server's lifetime; pgserver's exit hook would only log into closed streams.
@@ -138,8 +148,8 @@ def stop(state: Path = DEFAULT_STATE) -> None:
 
 
 def _stop_postgres(pgdata: Path) -> None:
-    # pgserver builds its command wrappers at import time, so mypy cannot see them.
-    from pgserver import pg_ctl  # type: ignore[attr-defined]
+    # pgserver builds its command wrappers at import time.
+    pg_ctl = _import_pgserver().pg_ctl
 
     if not (pgdata / "postmaster.pid").exists():
         return

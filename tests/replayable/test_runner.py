@@ -1,14 +1,16 @@
 """run_batch against a real Postgres and the real local model server."""
 
 import multiprocessing
+import threading
+import time
 
 import pytest
 
 from replayable import db
 from replayable.keys import sha256_bytes
-from replayable.ledger import RunContext
+from replayable.ledger import Ledger, RunContext
 from replayable.retry import CallRetry
-from replayable.runner import Limits, run_batch
+from replayable.runner import Limits, WorkItem, run_batch
 from replayable.specs import ChunkSpec, EmbedSpec
 from replayable.stages.chunk import ChunkConfig
 from replayable.stages.embed import HttpEmbeddingClient
@@ -199,3 +201,38 @@ def test_two_workers_on_one_batch_pay_for_each_chunk_once(conn, dsn, model, chun
     assert count(conn, "SELECT count(*) FROM replayable.embeddings") == count(
         conn, "SELECT count(*) FROM replayable.chunks"
     )
+
+
+class _SlowSpec:
+    """A stage whose single item takes longer than its lease."""
+
+    name = "slow"
+    code_version = "1"
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def key_config(self):
+        return {}
+
+    def plan(self, conn, doc_ids):
+        return [WorkItem(doc_id, f"slow-{doc_id}") for doc_id in doc_ids]
+
+    def process(self, conn, item, calls):
+        time.sleep(self.seconds)
+
+
+def test_a_long_item_keeps_its_lease_while_it_runs(conn, dsn):
+    (doc_id,) = seed_documents(conn, 1)
+    other = Ledger(conn, "slow", "1", "x", RunContext(owner="other"))
+    outcome: dict[str, object] = {}
+
+    def worker():
+        outcome["result"] = run(_SlowSpec(2.5), dsn, [doc_id], lease_s=0.9)
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    time.sleep(1.8)  # two lease lengths: only a renewed lease is still live now
+    assert other.claim(f"slow-{doc_id}") is None
+    thread.join(timeout=30)
+    assert outcome["result"].done == [doc_id]

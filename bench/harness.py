@@ -1,0 +1,343 @@
+"""Shared pieces of the benchmarks: samples and their spread, result rows, services, data.
+
+Every figure a benchmark reports is a ratio against a baseline measured in the same run on
+the same machine, so a slow or busy machine shifts both sides alike; seconds are printed
+for context only and are never compared with a fixed number.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import psycopg2
+import psycopg2.extensions
+
+from replayable import db, devenv
+from replayable.keys import sha256_bytes
+from replayable.provider.server import LocalModelServer
+
+# Everything a stage writes; documents and extractions (the inputs) are kept.
+STAGE_TABLES = (
+    "model_calls",
+    "embeddings",
+    "doc_chunks",
+    "chunks",
+    "dead_letters",
+    "stage_runs",
+    "run_reports",
+)
+ALL_TABLES = (*STAGE_TABLES, "extractions", "documents")
+
+
+# --- samples and results ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Samples:
+    """Repeated measurements of one quantity; the median is the figure, min to max the spread."""
+
+    values: tuple[float, ...]
+    unit: str = "s"
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.values)
+
+    @property
+    def spread_pct(self) -> float:
+        """(max - min) / median, in percent: how far apart the repeats landed."""
+        if self.median == 0:
+            return 0.0
+        return 100 * (max(self.values) - min(self.values)) / self.median
+
+    def describe(self) -> str:
+        if self.unit == "s":
+            return (
+                f"median {fmt_seconds(self.median)} over {len(self.values)} runs "
+                f"(min {fmt_seconds(min(self.values))}, max {fmt_seconds(max(self.values))}, "
+                f"spread {self.spread_pct:.0f}%)"
+            )
+        return f"{self.median:g} {self.unit} (n={len(self.values)})"
+
+    def short(self) -> str:
+        if self.unit == "s":
+            return f"{fmt_seconds(self.median)} ±{self.spread_pct / 2:.0f}%"
+        return f"{self.median:g} {self.unit}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "unit": self.unit,
+            "median": self.median,
+            "min": min(self.values),
+            "max": max(self.values),
+            "spread_pct": round(self.spread_pct, 1),
+            "values": list(self.values),
+        }
+
+
+def fmt_seconds(seconds: float) -> str:
+    return f"{seconds * 1000:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
+
+
+def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+    """Return (seconds, result) of one call of ``fn``."""
+    started = time.perf_counter()
+    result = fn()
+    return time.perf_counter() - started, result
+
+
+@dataclass(frozen=True)
+class Target:
+    """A bound on a ratio (or a count): ``measured / baseline <= at_most``, or ``== equals``."""
+
+    text: str
+    at_most: float | None = None
+    equals: float | None = None
+
+    def met(self, value: float) -> bool:
+        if self.equals is not None:
+            return value == self.equals
+        assert self.at_most is not None
+        return value <= self.at_most
+
+
+@dataclass
+class Row:
+    """One line of the final table."""
+
+    benchmark: str
+    baseline_label: str
+    baseline: Samples
+    measured_label: str
+    measured: Samples
+    target: Target | None = None
+    # Which figure the target applies to: the ratio, or the measured value itself.
+    target_on: str = "ratio"
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ratio(self) -> float | None:
+        if self.baseline.median == 0:
+            return None
+        return self.measured.median / self.baseline.median
+
+    @property
+    def passed(self) -> bool | None:
+        if self.target is None:
+            return None
+        value = self.ratio if self.target_on == "ratio" else self.measured.median
+        return value is not None and self.target.met(value)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "benchmark": self.benchmark,
+            "baseline": {"label": self.baseline_label, **self.baseline.to_json()},
+            "measured": {"label": self.measured_label, **self.measured.to_json()},
+            "ratio": self.ratio,
+            "target": None if self.target is None else self.target.text,
+            "target_on": self.target_on,
+            "passed": self.passed,
+            "notes": self.notes,
+        }
+
+
+# --- services -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Services:
+    """A private Postgres and local model server, alive for one benchmark."""
+
+    dsn: str
+    model: LocalModelServer
+
+
+@contextmanager
+def services(*, dim: int = 64) -> Iterator[Services]:
+    """Start Postgres (pgserver) and the local model server under a temporary folder.
+
+    Both are stopped on the way out, also after an error or Ctrl-C, so a run leaves no
+    process behind. The model server binds 127.0.0.1 only.
+    """
+    with (
+        tempfile.TemporaryDirectory(prefix="replayable-bench-") as tmp,
+        LocalModelServer(dim=dim) as model,
+    ):
+        state = Path(tmp)
+        try:
+            started = devenv.start(state, model_url=model.base_url)
+            yield Services(started.replayable_dsn, model)
+        finally:
+            devenv.stop(state)
+
+
+def truncate(dsn: str, tables: tuple[str, ...]) -> None:
+    """Empty ``tables`` of the replayable schema (fixed names from this module only)."""
+    conn = db.connect(dsn)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("TRUNCATE " + ", ".join(f"replayable.{t}" for t in tables) + " CASCADE")
+        conn.commit()
+    finally:
+        conn.close()
+
+
+# --- synthetic documents ------------------------------------------------------------
+
+_WORDS = (
+    *("harbour", "ledger", "cargo", "tide", "manifest", "quay", "berth", "vessel", "crane"),
+    *("pallet", "invoice", "customs", "pilot", "anchor", "draught", "tonnage", "freight"),
+    *("route", "season", "charter", "broker", "insurance", "storm", "signal", "beacon"),
+    *("survey", "mooring", "warehouse", "timber", "grain", "fuel", "ballast", "hull"),
+)
+
+
+def synthetic_text(doc: int, sentences: int) -> str:
+    """A distinct, deterministic text of ``sentences`` sentences for document ``doc``."""
+    out = []
+    for s in range(sentences):
+        words = [_WORDS[(doc * 7 + s * 3 + k * k) % len(_WORDS)] for k in range(9)]
+        out.append(f"Report {doc} item {s}: " + " ".join(words) + f" at {doc * 1000 + s}.")
+    return " ".join(out)
+
+
+def seed_documents(dsn: str, n: int, sentences: int, *, extractor_version: str) -> list[str]:
+    """Insert ``n`` documents with extracted text, as the extract stage would leave them."""
+    conn = db.connect(dsn)
+    ids = []
+    try:
+        texts = [synthetic_text(i, sentences) for i in range(n)]
+        doc_ids = [sha256_bytes(t.encode()) for t in texts]
+        db.execute_values(
+            conn,
+            "upsert_documents",
+            [
+                (d, f"/bench/{i}.pdf", len(t))
+                for i, (d, t) in enumerate(zip(doc_ids, texts, strict=True))
+            ],
+        )
+        for doc_id, text in zip(doc_ids, texts, strict=True):
+            db.execute(
+                conn,
+                "insert_extraction",
+                {
+                    "doc_id": doc_id,
+                    "extractor_version": extractor_version,
+                    "page_count": 1,
+                    "text": text,
+                    "text_sha256": sha256_bytes(text.encode()),
+                },
+            )
+            ids.append(doc_id)
+        conn.commit()
+    finally:
+        conn.close()
+    return sorted(ids)
+
+
+def count_rows(dsn: str, table: str) -> int:
+    """Rows in ``replayable.<table>`` (a fixed name from the benchmarks)."""
+    conn = db.connect(dsn)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(f"SELECT count(*) FROM replayable.{table}")  # noqa: S608 - fixed names
+            return int(cur.fetchone()[0])
+    finally:
+        conn.close()
+
+
+# --- statement counting -------------------------------------------------------------
+
+
+@cache
+def _counting_cursor(base: type[Any]) -> type[Any]:
+    """``base`` with an ``execute`` that adds one to its connection's statement count."""
+
+    def execute(self: Any, query: Any, vars: Any = None) -> Any:
+        self.connection.statements += 1
+        return base.execute(self, query, vars)
+
+    return type(f"Counting{base.__name__}", (base,), {"execute": execute})
+
+
+class CountingConnection(psycopg2.extensions.connection):  # type: ignore[misc]  # untyped base
+    """A psycopg2 connection that counts the statements its cursors send.
+
+    A stand-in for ``pg_stat_statements``, which the embedded Postgres does not ship:
+    every ``cursor.execute`` is one statement (``execute_values`` sends one per 500 rows).
+    """
+
+    statements = 0
+
+    def cursor(self, *args: Any, **kwargs: Any) -> Any:
+        base = kwargs.get("cursor_factory") or self.cursor_factory or psycopg2.extensions.cursor
+        kwargs["cursor_factory"] = _counting_cursor(base)
+        return super().cursor(*args, **kwargs)
+
+
+class StatementCounter:
+    """Opens counting connections and sums the statements sent on all of them."""
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+        self._opened: list[CountingConnection] = []
+
+    def connect(self) -> Any:
+        conn = psycopg2.connect(
+            self.dsn, application_name="replayable-bench", connection_factory=CountingConnection
+        )
+        conn.autocommit = False
+        self._opened.append(conn)
+        return conn
+
+    @property
+    def statements(self) -> int:
+        return sum(conn.statements for conn in self._opened)
+
+    def reset(self) -> None:
+        self._opened = [conn for conn in self._opened if not conn.closed]
+        for conn in self._opened:
+            conn.statements = 0
+
+
+def pg_stat_statements_available(dsn: str) -> bool:
+    """Whether the server can count statements itself (extension installed and preloaded)."""
+    conn = db.connect(dsn)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT 1 FROM pg_available_extensions WHERE name = 'pg_stat_statements'")
+            installed = cur.fetchone() is not None
+            cur.execute("SHOW shared_preload_libraries")
+            preloaded = "pg_stat_statements" in str(cur.fetchone()[0])
+        return installed and preloaded
+    finally:
+        conn.close()
+
+
+def server_statement_count(dsn: str, fn: Callable[[], Any]) -> int:
+    """Statements the server ran in this database while ``fn`` ran, per pg_stat_statements.
+
+    Only call this when :func:`pg_stat_statements_available` says so.
+    """
+    conn = db.connect(dsn, autocommit=True)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+            cur.execute("SELECT pg_stat_statements_reset()")
+            fn()
+            cur.execute(
+                "SELECT coalesce(sum(calls), 0) FROM pg_stat_statements"
+                " WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())"
+                " AND query NOT ILIKE '%pg_stat_statements%'"
+            )
+            return int(cur.fetchone()[0])
+    finally:
+        conn.close()
