@@ -9,9 +9,10 @@ documents here are long (about 40 chunks each) as a multi-page report would be.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
-from harness import Row, Samples, count_rows, seed_documents, services, timed, truncate
+from harness import BenchError, Row, Samples, count_rows, seed_documents, services, timed, truncate
 
 from replayable import db
 from replayable.ledger import RunContext
@@ -46,7 +47,7 @@ def run(repeats: int = REPEATS) -> tuple[list[Row], dict[str, Any]]:
             ChunkSpec(config=chunk_config), doc_ids, connect=connect, ctx=RunContext("bench")
         )
         if len(chunked.done) != DOCS:
-            raise RuntimeError(f"chunking the batching corpus failed: {chunked.summary()}")
+            raise BenchError(f"chunking the batching corpus failed: {chunked.summary()}")
         chunks = count_rows(svc.dsn, "chunks")
         svc.model.set_faults(latency_ms=LATENCY_MS)
         client = HttpEmbeddingClient(base_url=svc.model.base_url, model=settings.model)
@@ -63,13 +64,11 @@ def run(repeats: int = REPEATS) -> tuple[list[Row], dict[str, Any]]:
                     )
                     ctx = RunContext("bench", run_id=f"r{r}-{per_call}")
                     seconds, result = timed(
-                        lambda spec=spec, ctx=ctx: run_batch(
-                            spec, doc_ids, connect=connect, ctx=ctx
-                        )
+                        partial(run_batch, spec, doc_ids, connect=connect, ctx=ctx)
                     )
                     embedded = count_rows(svc.dsn, "embeddings")
                     if len(result.done) != DOCS or embedded != chunks:
-                        raise RuntimeError(
+                        raise BenchError(
                             f"inputs_per_call={per_call}: {len(result.done)}/{DOCS} done, "
                             f"{embedded}/{chunks} chunks embedded"
                         )
@@ -81,14 +80,14 @@ def run(repeats: int = REPEATS) -> tuple[list[Row], dict[str, Any]]:
     one, many = PER_CALL
     rows = [
         Row(
-            f"batching: embed time ({chunks} chunks, {LATENCY_MS} ms/call)",
+            f"batching: embed time ({chunks} chunks)",
             f"{one} input/call",
             Samples(tuple(times[one])),
             f"{many} inputs/call",
             Samples(tuple(times[many])),
         ),
         Row(
-            "batching: HTTP requests",
+            "batching: HTTP requests made",
             f"{one} input/call",
             Samples(tuple(requests[one]), unit="requests"),
             f"{many} inputs/call",

@@ -14,6 +14,7 @@ from typing import Any
 
 from harness import (
     STAGE_TABLES,
+    BenchError,
     Row,
     Samples,
     Services,
@@ -42,10 +43,6 @@ LATENCY_MS = 20
 REPEATS = 5
 EMBED_TARGET = Target("≤ 0.10", at_most=0.10)
 NO_CALLS = Target("= 0 calls", equals=0)
-
-
-class BenchError(RuntimeError):
-    """The benchmark's own precondition failed: its figures would mean nothing."""
 
 
 def _run(
@@ -77,70 +74,72 @@ def run(repeats: int = REPEATS) -> tuple[list[Row], dict[str, Any]]:
     """Measure first runs and re-runs of the chunk and embed stages."""
     settings = PipelineSettings()
     chunk_config = settings.chunk_config
-    times: dict[str, list[float]] = {k: [] for k in ("chunk1", "chunk2", "embed1", "embed2")}
-    calls: dict[str, list[float]] = {"embed1": [], "embed2": []}
-    statements: dict[str, int] = {}
+    runs = [(stage, which) for stage in ("chunk", "embed") for which in ("first", "rerun")]
+    times: dict[tuple[str, str], list[float]] = {run: [] for run in runs}
+    calls: dict[str, list[float]] = {"first": [], "rerun": []}
+    statements: dict[tuple[str, str], int] = {}
     with services() as svc:
         svc.model.set_faults(latency_ms=LATENCY_MS)
         doc_ids = seed_documents(svc.dsn, DOCS, SENTENCES, extractor_version=extract.VERSION)
         counter = StatementCounter(svc.dsn)
         client = HttpEmbeddingClient(base_url=svc.model.base_url, model=settings.model)
-        chunk_spec = ChunkSpec(config=chunk_config)
-        embed_spec = EmbedSpec(
-            provider=client,
-            model=settings.model,
-            chunker_key=chunk_config.key,
-            inputs_per_call=settings.embed_inputs_per_call,
-        )
+        specs: dict[str, StageSpec] = {
+            "chunk": ChunkSpec(config=chunk_config),
+            "embed": EmbedSpec(
+                provider=client,
+                model=settings.model,
+                chunker_key=chunk_config.key,
+                inputs_per_call=settings.embed_inputs_per_call,
+            ),
+        }
         try:
             for r in range(repeats):
                 truncate(svc.dsn, STAGE_TABLES)
-                for stage, spec in (("chunk", chunk_spec), ("embed", embed_spec)):
-                    for attempt in (1, 2):
-                        svc.model.reset_stats()
-                        seconds, result, sent = _run(spec, doc_ids, counter, f"r{r}-{attempt}")
-                        _expect(result, doc_ids, processed=DOCS if attempt == 1 else 0)
-                        times[f"{stage}{attempt}"].append(seconds)
-                        statements[f"{stage}{attempt}"] = sent
-                        if stage == "embed":
-                            calls[f"embed{attempt}"].append(svc.model.stats()["requests"])
-            # Every item is done now: re-runs of a small and the full batch, counted.
-            small = _run(embed_spec, doc_ids[:SMALL_BATCH], counter, "count-small")[2]
-            large = _run(embed_spec, doc_ids, counter, "count-large")[2]
-            server_counted = _server_count(svc, embed_spec, doc_ids)
+                for stage, which in runs:
+                    svc.model.reset_stats()
+                    seconds, result, sent = _run(specs[stage], doc_ids, counter, f"{r}-{which}")
+                    _expect(result, doc_ids, processed=DOCS if which == "first" else 0)
+                    times[stage, which].append(seconds)
+                    statements[stage, which] = sent
+                    if stage == "embed":
+                        calls[which].append(svc.model.stats()["requests"])
+            # Every item is done now: count what re-runs of a small and the full batch send.
+            small = _run(specs["embed"], doc_ids[:SMALL_BATCH], counter, "count-small")[2]
+            large = _run(specs["embed"], doc_ids, counter, "count-large")[2]
+            server_counted = _server_count(svc, specs["embed"], doc_ids)
             chunks = count_rows(svc.dsn, "chunks")
         finally:
             client.close()
 
-    t = {k: Samples(tuple(v)) for k, v in times.items()}
-    c = {k: Samples(tuple(v), unit="calls") for k, v in calls.items()}
+    t = {run: Samples(tuple(v)) for run, v in times.items()}
+    c = {which: Samples(tuple(v), unit="calls") for which, v in calls.items()}
     rows = [
         Row(
-            f"check-before-call: chunk re-run ({DOCS} docs)",
+            f"chunk: re-run vs first run ({DOCS} docs)",
             "first run",
-            t["chunk1"],
+            t["chunk", "first"],
             "re-run",
-            t["chunk2"],
+            t["chunk", "rerun"],
         ),
         Row(
-            f"check-before-call: embed re-run ({DOCS} docs, {LATENCY_MS} ms/call)",
+            f"embed: re-run vs first run ({DOCS} docs)",
             "first run",
-            t["embed1"],
+            t["embed", "first"],
             "re-run",
-            t["embed2"],
+            t["embed", "rerun"],
             EMBED_TARGET,
         ),
         Row(
-            "check-before-call: model calls on embed re-run",
+            "embed: model calls on re-run",
             "first run",
-            c["embed1"],
+            c["first"],
             "re-run",
-            c["embed2"],
+            c["rerun"],
             NO_CALLS,
             target_on="measured",
         ),
         Row(
-            "check-before-call: statements per re-run batch (client-side count)",
+            "embed: statements per re-run batch",
             f"{SMALL_BATCH} docs",
             Samples((small,), unit="stmts"),
             f"{DOCS} docs",
@@ -153,26 +152,27 @@ def run(repeats: int = REPEATS) -> tuple[list[Row], dict[str, Any]]:
         "chunks": chunks,
         "latency_ms": LATENCY_MS,
         "inputs_per_call": settings.embed_inputs_per_call,
-        "statements_last_repeat": statements,
+        "statements_last_repeat": {f"{st}_{w}": n for (st, w), n in statements.items()},
         "rerun_statements": {f"{SMALL_BATCH}_docs": small, f"{DOCS}_docs": large},
         "pg_stat_statements": server_counted,
         "notes": [
             f"{DOCS} documents, {chunks} chunks; embed: {settings.embed_inputs_per_call} inputs "
             f"per call, {LATENCY_MS} ms injected latency per call",
             "items processed on re-run: 0 for both stages (checked)",
-            f"statements sent, last repeat: {statements}",
+            "statements sent (last repeat): "
+            + "; ".join(f"{st} {w} {n}" for (st, w), n in statements.items()),
             (
                 f"pg_stat_statements: {server_counted} statements on a {DOCS}-doc re-run"
                 if isinstance(server_counted, int)
-                else f"pg_stat_statements {server_counted}; statements counted client-side "
-                "instead (each cursor.execute of run_batch's connections is one)"
+                else f"pg_stat_statements {server_counted}; statements are counted client-side "
+                "instead: each cursor.execute on run_batch's connections is one"
             ),
         ],
     }
     return rows, details
 
 
-def _server_count(svc: Services, spec: EmbedSpec, doc_ids: Sequence[str]) -> int | str:
+def _server_count(svc: Services, spec: StageSpec, doc_ids: Sequence[str]) -> int | str:
     """Statements of a full re-run per pg_stat_statements, or why they were not counted."""
     if not pg_stat_statements_available(svc.dsn):
         return "skipped: not available in the embedded Postgres (pgserver)"

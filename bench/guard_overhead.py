@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from harness import Row, Samples, Target, timed
+from harness import BenchError, Row, Samples, Target, timed
 
 from replayable.guards import GuardedPool
 from replayable.stages.extract import Extraction, extract_file
@@ -64,15 +64,15 @@ def run(repeats: int = REPEATS) -> tuple[list[Row], dict[str, Any]]:
             seconds, fresh_got = timed(lambda: _fresh_per_item(paths))
             fresh.append(seconds)
             if fresh_got != expected:
-                raise RuntimeError("a fresh worker extracted different text than in-process")
+                raise BenchError("a fresh worker extracted different text than in-process")
         if not got == cold_got == warm_got == expected:
-            raise RuntimeError("the guarded worker extracted different text than in-process")
+            raise BenchError("the guarded worker extracted different text than in-process")
 
     base = Samples(tuple(inproc))
     label = f"{len(paths)} PDFs in-process"
     rows = [
         Row(
-            "guard overhead: reused pool, warm worker",
+            "guard: reused pool, warm worker",
             label,
             base,
             "GuardedPool, 1 worker",
@@ -80,14 +80,14 @@ def run(repeats: int = REPEATS) -> tuple[list[Row], dict[str, Any]]:
             POOL_TARGET,
         ),
         Row(
-            "guard overhead: reused pool incl. worker start",
+            "guard: reused pool incl. worker start",
             label,
             base,
             "GuardedPool, cold",
             Samples(tuple(cold)),
         ),
         Row(
-            "guard overhead: fresh process per item (contrast)",
+            "guard: fresh process per item",
             label,
             base,
             "new GuardedPool per item",

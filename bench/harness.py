@@ -40,6 +40,10 @@ ALL_TABLES = (*STAGE_TABLES, "extractions", "documents")
 # --- samples and results ------------------------------------------------------------
 
 
+class BenchError(RuntimeError):
+    """A benchmark's own precondition failed, so its figures would mean nothing."""
+
+
 @dataclass(frozen=True)
 class Samples:
     """Repeated measurements of one quantity; the median is the figure, min to max the spread."""

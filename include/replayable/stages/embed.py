@@ -104,7 +104,7 @@ class HttpEmbeddingClient:
             attempt += 1
             return self._request(texts, idempotency_key, attempt, on_call)
 
-        return call_with_retries(once, self.retry, describe=f"embed {idempotency_key[:16]}")
+        return call_with_retries(once, self.retry, describe=f"embed {idempotency_key}")
 
     def _request(
         self,
