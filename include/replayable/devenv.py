@@ -77,29 +77,14 @@ def _embedded_postgres(state: Path) -> tuple[str, str]:
     )
 
 
-def _start_model_server(state: Path, port: int = 0) -> tuple[str, int]:
-    port_file = state / "model.port"
-    port_file.unlink(missing_ok=True)
-    log = open(state / "model-server.log", "ab")  # noqa: SIM115 - handed to the child process
-    cmd = [
-        sys.executable,
-        "-m",
-        "replayable.provider.server",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--port-file",
-        str(port_file),
-    ]
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "include")}
-    proc = subprocess.Popen(cmd, stdout=log, stderr=log, start_new_session=True, env=env)
-    deadline = time.monotonic() + 20
-    while not port_file.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"the model server did not start; see {state / 'model-server.log'}")
-        time.sleep(0.05)
-    return f"http://127.0.0.1:{port_file.read_text().strip()}/v1", proc.pid
+def _start_model_server(state: Path) -> tuple[str, int]:
+    """Start the local model server detached: it outlives this process until ``stop``."""
+    from replayable.provider.server import LocalModelServer
+
+    server = LocalModelServer(
+        port_file=state / "model.port", log_path=state / "model-server.log"
+    ).start()
+    return server.base_url, server.pid
 
 
 def start(state: Path = DEFAULT_STATE, *, model_url: str | None = None) -> Services:
@@ -344,6 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     run_cmd.add_argument("--verbose", action="store_true", help="show Airflow's output")
     sub.add_parser("airflow", help="run Airflow standalone on 127.0.0.1:8080 until Ctrl-C")
     args = parser.parse_args(argv)
+    args.state = args.state.resolve()
 
     if args.command == "start":
         services = start(args.state)

@@ -839,11 +839,12 @@ class LocalModelServer:
             return self
         import httpx
 
-        self._tmpdir = Path(tempfile.mkdtemp(prefix="replayable-local-model-"))
-        port_file = self._port_file or self._tmpdir / "port"
+        if self._port_file is None or self._log_path is None:
+            self._tmpdir = Path(tempfile.mkdtemp(prefix="replayable-local-model-"))
+        port_file = self._port_file or cast(Path, self._tmpdir) / "port"
         # A port file left by an earlier run would point the readiness check at a dead port.
         port_file.unlink(missing_ok=True)
-        log_path = self._log_path or self._tmpdir / "server.log"
+        log_path = self._log_path or cast(Path, self._tmpdir) / "server.log"
         include_dir = Path(__file__).resolve().parents[2]
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(
