@@ -28,10 +28,9 @@ status: install
 	@$(DEVENV) status
 
 # One run of document_pipeline with CONF, e.g. make run CONF='{"source": "/data/pdfs"}'.
-# The services are stopped afterwards, even when the run fails.
+# Services it had to start are stopped afterwards, however the run ends.
 run: install
-	@$(DEVENV) start >/dev/null
-	@$(DEVENV) run --conf '$(CONF)'; status=$$?; $(DEVENV) stop; exit $$status
+	@$(DEVENV) run --conf '$(CONF)'
 
 demo: install
 	@$(MAKE) --no-print-directory run CONF='{"batch_size": 8}'
@@ -49,8 +48,7 @@ bench: install
 
 # Airflow's UI and scheduler on http://127.0.0.1:8080 against the embedded Postgres.
 airflow: install
-	@$(DEVENV) start >/dev/null
-	@PYTHONPATH=include $(PY) -m replayable.devenv --state $(STATE) airflow; $(DEVENV) stop
+	@$(DEVENV) airflow
 
 corpus: install
 	$(PY) tests/corpus.py --out data/samples

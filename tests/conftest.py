@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +112,7 @@ class DagRunner:
         self.runs += 1
         log_path = self.log_dir / f"dags-test-{self.runs}.log"
         airflow = str(Path(sys.executable).with_name("airflow"))
+        started = datetime.now(UTC)
         with open(log_path, "w") as log:
             done = subprocess.run(
                 [airflow, "dags", "test", devenv.DAG_ID, "--conf", json.dumps(conf)],
@@ -121,12 +123,7 @@ class DagRunner:
                 check=False,
                 timeout=900,
             )
-        conn = db.connect(self.dsn)
-        try:
-            rows = db.fetch_all(conn, "latest_report")
-        finally:
-            conn.close()
-        report = rows[0]["report"] if rows else {}
+        report = devenv.latest_report(self.dsn, started) or {}
         report["_returncode"] = done.returncode
         report["_log"] = str(log_path)
         return report

@@ -20,8 +20,11 @@ import subprocess
 import sys
 import time
 import warnings
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
 from pathlib import Path
+from types import FrameType
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlparse
 
@@ -244,26 +247,60 @@ def migrate_airflow(env: dict[str, str]) -> None:
     marker.write_text(env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"])
 
 
-def latest_report(services: Services) -> dict[str, Any] | None:
+def latest_report(dsn: str, since: datetime) -> dict[str, Any] | None:
+    """The newest run report written at or after ``since``."""
     from replayable import db
 
-    conn = db.connect(services.replayable_dsn)
+    conn = db.connect(dsn)
     try:
-        rows = db.fetch_all(conn, "latest_report")
+        rows = db.fetch_all(conn, "latest_report", {"since": since})
     finally:
         conn.close()
     return rows[0]["report"] if rows else None
 
 
+@contextlib.contextmanager
+def running(state: Path) -> Iterator[Services]:
+    """Start the services for the duration of a command; stop them if they were started here.
+
+    SIGTERM and SIGHUP end the command like Ctrl-C does, so the services are stopped on
+    every way out.
+    """
+    started_here = not (state / "services.json").exists()
+
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield start(state)
+    finally:
+        # A second Ctrl-C must not cut the clean-up short.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        if started_here:
+            stop(state)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def run(state: Path, conf: str, *, quiet: bool = True) -> int:
     """Run document_pipeline once through ``airflow dags test``; print and save its report."""
+    try:
+        json.loads(conf)
+    except json.JSONDecodeError as exc:  # reported here, before Airflow starts
+        raise SystemExit(f"CONF is not valid JSON: {exc}") from None
+    with running(state) as services:
+        return _run(state, services, conf, quiet=quiet)
+
+
+def _run(state: Path, services: Services, conf: str, *, quiet: bool) -> int:
     from replayable.pipeline import format_report
 
-    json.loads(conf)  # a typo in CONF is reported here, before Airflow starts
-    services = Services.load(state)
     env = airflow_env(services, state)
     migrate_airflow(env)
     log_path = state / "last_run.log"
+    started = datetime.now(UTC)
     with open(log_path, "w") as log:
         done = _airflow(
             ["dags", "test", DAG_ID, "--conf", conf],
@@ -271,9 +308,11 @@ def run(state: Path, conf: str, *, quiet: bool = True) -> int:
             stdout=log if quiet else None,
             stderr=subprocess.STDOUT,
         )
-    report = latest_report(services)
+    report = latest_report(services.replayable_dsn, started)
     if report is None:
-        print(f"no report was written; see {log_path}", file=sys.stderr)
+        errors = [line for line in log_path.read_text().splitlines() if "Error" in line]
+        print(errors[-1] if errors else "the run wrote no report", file=sys.stderr)
+        print(f"airflow log: {log_path}", file=sys.stderr)
         return done.returncode or 1
     (state / "last_report.json").write_text(json.dumps(report, indent=2))
     print(format_report(report))
@@ -283,7 +322,11 @@ def run(state: Path, conf: str, *, quiet: bool = True) -> int:
 
 def serve_airflow(state: Path, *, api_port: int = 8080) -> int:
     """Run ``airflow standalone`` on 127.0.0.1 in its own process group until interrupted."""
-    services = Services.load(state)
+    with running(state) as services:
+        return _serve_airflow(state, services, api_port)
+
+
+def _serve_airflow(state: Path, services: Services, api_port: int) -> int:
     env = airflow_env(services, state, api_port=api_port)
     migrate_airflow(env)
     airflow = str(Path(sys.executable).with_name("airflow"))

@@ -18,7 +18,7 @@ from replayable.ledger import RunContext
 from replayable.provider.config import settings_from_connection
 from replayable.retry import CallRetry, Classified
 from replayable.runner import BatchResult, Limits, Revival, StageSpec, run_batch
-from replayable.settings import STAGES, PipelineSettings
+from replayable.settings import DEFAULT_MODEL, STAGES, PipelineSettings
 
 
 class BatchIncompleteError(Exception):
@@ -188,21 +188,24 @@ class IdempotentStageOperator(BaseOperator):
             return ExtractSpec(pool=pool, max_bytes=settings.max_bytes)
         if self.stage == "chunk":
             return ChunkSpec(config=settings.chunk_config)
-        model = settings_from_connection(self.model_conn_id)
+        provider = settings_from_connection(self.model_conn_id)
+        # Params win over the connection's defaults; both feed the item keys, so resolve once.
+        model = settings.model or provider.model or DEFAULT_MODEL
+        dimensions = settings.dimensions or provider.dimensions
         client = HttpEmbeddingClient(
-            base_url=model.base_url,
-            model=settings.model,
-            api_key=model.api_key,
-            dimensions=settings.dimensions or model.dimensions,
-            timeout_s=model.timeout_s,
+            base_url=provider.base_url,
+            model=model,
+            api_key=provider.api_key,
+            dimensions=dimensions,
+            timeout_s=provider.timeout_s,
             retry=CallRetry(),
         )
         stack.callback(client.close)
         return EmbedSpec(
             provider=client,
-            model=settings.model,
+            model=model,
             chunker_key=settings.chunk_config.key,
-            dimensions=settings.dimensions,
+            dimensions=dimensions,
             inputs_per_call=settings.embed_inputs_per_call,
         )
 

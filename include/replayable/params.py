@@ -6,7 +6,7 @@ from typing import Any
 
 from airflow.sdk import Param
 
-from replayable.settings import STAGES, PipelineSettings
+from replayable.settings import DEFAULT_MODEL, STAGES, PipelineSettings
 
 _DEFAULTS = PipelineSettings()
 STATUSES = ("pending", "running", "done", "failed", "dead")
@@ -45,10 +45,11 @@ def pipeline_params(default_source: str) -> dict[str, Param]:
             list(STAGES), **stage_list, description="Stages to run; the others are skipped."
         ),
         "model": Param(
-            _DEFAULTS.model,
-            type="string",
+            None,
+            type=["null", "string"],
             minLength=1,
-            description="Embedding model name sent to the provider.",
+            description="Embedding model sent to the provider; default: the connection's "
+            f'extra "model", else {DEFAULT_MODEL}.',
         ),
         "dimensions": Param(
             None,

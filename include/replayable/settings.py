@@ -13,6 +13,7 @@ from typing import Any
 from replayable.stages.chunk import ChunkConfig
 
 STAGES = ("extract", "chunk", "embed")
+DEFAULT_MODEL = "text-embedding-3-small"
 
 
 @dataclass(frozen=True)
@@ -22,7 +23,7 @@ class PipelineSettings:
     source: str = ""
     batch_size: int = 50
     stages: tuple[str, ...] = STAGES
-    model: str = "text-embedding-3-small"
+    model: str | None = None  # None: the connection's extra "model", else DEFAULT_MODEL
     dimensions: int | None = None
     chunk_size: int = 800
     chunk_overlap: int = 100

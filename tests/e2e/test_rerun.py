@@ -107,6 +107,7 @@ def test_a_code_version_bump_reextracts_and_unchanged_text_costs_no_embedding(
     )
     assert third["documents"] == 6
     assert third["model_calls"]["calls"] == 0
+    assert_nothing_lost(conn, one_version=False)
 
 
 def test_redrive_brings_dead_letters_back_and_ignored_ones_stay_out(run_dag, conn, model, tmp_path):

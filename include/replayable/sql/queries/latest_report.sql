@@ -1,1 +1,3 @@
-SELECT report FROM replayable.run_reports ORDER BY created_at DESC LIMIT 1
+SELECT report FROM replayable.run_reports
+WHERE created_at >= %(since)s
+ORDER BY created_at DESC LIMIT 1

@@ -1,0 +1,51 @@
+from datetime import timedelta
+
+import pytest
+from airflow.sdk.definitions.retry_policy import RetryAction
+
+from replayable.operators import (
+    BatchIncompleteError,
+    BatchRetryPolicy,
+    IdempotentStageOperator,
+    SystemicFailureError,
+)
+from replayable.retry import Classified, ErrorKind
+
+POLICY = BatchRetryPolicy()
+
+
+def decide(exc):
+    return POLICY.evaluate(exc, try_number=1, max_tries=4)
+
+
+@pytest.mark.parametrize("status", ["http_401", "http_403"])
+def test_auth_failures_fail_the_task_without_retrying(status):
+    decision = decide(SystemicFailureError(Classified(status, ErrorKind.SYSTEMIC, "no")))
+    assert decision.action is RetryAction.FAIL
+
+
+def test_the_retry_waits_for_the_largest_retry_after():
+    decision = decide(BatchIncompleteError("2 failed", retry_after_s=42.0))
+    assert (decision.action, decision.retry_delay) == (RetryAction.RETRY, timedelta(seconds=42))
+
+
+def test_a_provider_outage_retries_after_its_retry_after():
+    error = Classified("provider_unavailable", ErrorKind.SYSTEMIC, "down", retry_after_s=30)
+    decision = decide(SystemicFailureError(error))
+    assert (decision.action, decision.retry_delay) == (RetryAction.RETRY, timedelta(seconds=30))
+
+
+def test_without_retry_after_the_task_keeps_its_own_retry_delay():
+    assert decide(BatchIncompleteError("1 failed")).action is RetryAction.DEFAULT
+    assert decide(RuntimeError("bug")).action is RetryAction.DEFAULT
+
+
+def test_an_unknown_stage_is_rejected_naming_it():
+    with pytest.raises(ValueError, match="ocr"):
+        IdempotentStageOperator(task_id="x", stage="ocr", batch=[])
+
+
+def test_the_operator_brings_its_retry_policy():
+    op = IdempotentStageOperator(task_id="x", stage="chunk", batch={"doc_ids": ["a"]})
+    assert isinstance(op.retry_policy, BatchRetryPolicy)
+    assert op.doc_ids == ["a"]
