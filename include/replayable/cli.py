@@ -32,6 +32,7 @@ from rich.table import Table
 from rich.text import Text
 
 from replayable import db, devenv
+from replayable.pipeline import rerun_params
 from replayable.settings import STAGES
 
 ENV_DSN = "REPLAYABLE_DATABASE_URL"
@@ -478,18 +479,6 @@ def rerun_conf(
     }
     rerun.update({key: value for key, value in optional.items() if value is not None})
     return {"rerun": rerun}
-
-
-def rerun_params(rerun: dict[str, Any]) -> dict[str, Any]:
-    """The values bound to select_rerun_docs.sql, as pipeline.select_documents binds them."""
-    return {
-        "stage": rerun["stage"],
-        "statuses": rerun.get("status"),
-        "error_classes": rerun.get("error_class"),
-        "code_version_lt": rerun.get("code_version_lt"),
-        "since": rerun.get("since"),
-        "doc_ids": rerun.get("doc_ids"),
-    }
 
 
 def rerun_data(conn: db.Connection, conf: dict[str, Any]) -> dict[str, Any]:

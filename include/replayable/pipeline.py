@@ -5,7 +5,7 @@ from __future__ import annotations
 import glob
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,22 +42,22 @@ def discover(conn: Connection, source: str) -> list[str]:
     return sorted(rows)
 
 
+def rerun_params(rerun: Mapping[str, Any]) -> dict[str, Any]:
+    """The values a ``rerun`` conf binds to ``select_rerun_docs.sql`` (None: any)."""
+    return {
+        "stage": rerun["stage"],
+        "statuses": rerun.get("status"),
+        "error_classes": rerun.get("error_class"),
+        "code_version_lt": rerun.get("code_version_lt"),
+        "since": rerun.get("since"),
+        "doc_ids": rerun.get("doc_ids"),
+    }
+
+
 def select_documents(conn: Connection, settings: PipelineSettings, *, by: str) -> list[str]:
     """The documents of a partial re-run or a redrive, chosen by a bound query over the ledger."""
     if settings.rerun:
-        rerun = settings.rerun
-        found = fetch_all(
-            conn,
-            "select_rerun_docs",
-            {
-                "stage": rerun["stage"],
-                "statuses": rerun.get("status"),
-                "error_classes": rerun.get("error_class"),
-                "code_version_lt": rerun.get("code_version_lt"),
-                "since": rerun.get("since"),
-                "doc_ids": rerun.get("doc_ids"),
-            },
-        )
+        found = fetch_all(conn, "select_rerun_docs", rerun_params(settings.rerun))
     elif settings.redrive:
         redrive = settings.redrive
         found = fetch_all(

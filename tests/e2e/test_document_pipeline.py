@@ -76,6 +76,7 @@ def test_a_bad_request_dead_letters_the_item_after_one_attempt(run_dag, conn, mo
 def test_an_auth_error_fails_the_task_without_dead_lettering(run_dag, conn, model, tmp_path):
     model.set_faults(status_always=401)
     report = run_dag({"source": str(subset(tmp_path, 6)), "batch_size": 3})
+    assert report["_returncode"] != 0  # the run fails: its items are left to do
     assert report["stages"]["embed"]["failed"] == 6
     assert report["stages"]["embed"]["dead"] == 0
     assert scalar(conn, "SELECT count(*) FROM replayable.dead_letters") == 0
