@@ -7,9 +7,7 @@ from pathlib import Path
 
 from airflow.sdk import dag, task, task_group
 
-from replayable import dag_tasks
-from replayable.operators import IdempotentStageOperator
-from replayable.params import pipeline_params
+from replayable import IdempotentStageOperator, dag_tasks, pipeline_params
 
 SAMPLES = Path(__file__).resolve().parents[1] / "data" / "samples"
 LABEL = "{{ task.batch['label'] }}"

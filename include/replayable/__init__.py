@@ -1,0 +1,30 @@
+"""Replayable: idempotent, replayable AI document pipelines on Apache Airflow 3.3.
+
+What DAG files use is exported here. The exports load lazily, so that processes which only
+need the library (the local model server, guarded workers, the terminal CLI) do not pay for
+importing Airflow.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from replayable.operators import IdempotentStageOperator
+    from replayable.params import pipeline_params
+    from replayable.settings import PipelineSettings
+
+__all__ = ["IdempotentStageOperator", "PipelineSettings", "pipeline_params"]
+
+_HOMES = {
+    "IdempotentStageOperator": "replayable.operators",
+    "PipelineSettings": "replayable.settings",
+    "pipeline_params": "replayable.params",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOMES:
+        raise AttributeError(f"module 'replayable' has no attribute {name!r}")
+    return getattr(importlib.import_module(_HOMES[name]), name)
