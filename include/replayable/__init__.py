@@ -13,11 +13,18 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from replayable.operators import IdempotentStageOperator
     from replayable.params import pipeline_params
+    from replayable.sensors import DeadLetterGrowthSensor
     from replayable.settings import PipelineSettings
 
-__all__ = ["IdempotentStageOperator", "PipelineSettings", "pipeline_params"]
+__all__ = [
+    "DeadLetterGrowthSensor",
+    "IdempotentStageOperator",
+    "PipelineSettings",
+    "pipeline_params",
+]
 
 _HOMES = {
+    "DeadLetterGrowthSensor": "replayable.sensors",
     "IdempotentStageOperator": "replayable.operators",
     "PipelineSettings": "replayable.settings",
     "pipeline_params": "replayable.params",

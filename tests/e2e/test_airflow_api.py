@@ -241,3 +241,14 @@ def test_clearing_a_failed_map_index_redoes_only_its_unfinished_items(
     assert all(n == 1 for (task, i), n in tries.items() if task.startswith("batch.") and i != index)
     assert done_first_time and not (done_first_time & unfinished)
     assert_nothing_lost(conn)
+
+
+def test_the_ui_plugin_is_mounted_behind_airflow_auth(airflow):
+    root = str(airflow.http.base_url).removesuffix("/").removesuffix("/api/v2")
+    assert httpx.get(f"{root}/replayable/").status_code == 401
+    page = httpx.get(f"{root}/replayable/", headers=airflow.http.headers)
+    assert page.status_code == 200
+    assert "Dead letters" in page.text or "dead letters" in page.text
+    listed = airflow.http.get("/plugins").json()["plugins"]
+    views = [v for p in listed if p["name"] == "replayable" for v in p["external_views"]]
+    assert views and views[0]["url_route"] == "replayable"

@@ -1,0 +1,506 @@
+"""The UI app through FastAPI's TestClient: real Airflow auth dependencies, real Postgres.
+
+Authentication is Airflow's own ``get_user`` dependency, exercised for real by the anonymous
+tests. The authenticated tests override exactly that one dependency with a
+SimpleAuthManagerUser (a real JWT would need Airflow's metadata database for the revocation
+check); authorisation still asks Airflow's configured auth manager, and the database is the
+real test Postgres.
+"""
+
+from __future__ import annotations
+
+import html
+import importlib.util
+import re
+from pathlib import Path
+from typing import Any, get_args
+
+import psycopg2.extensions
+import pytest
+from airflow.api_fastapi.app import RESERVED_URL_PREFIXES, create_auth_manager
+from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
+from airflow.api_fastapi.core_api.datamodels.plugins import ExternalViewResponse
+from airflow.api_fastapi.core_api.security import get_user
+from fastapi import FastAPI
+from fastapi.routing import APIRoute
+from fastapi.testclient import TestClient
+
+from conftest import ROOT
+from replayable import devenv
+from replayable.settings import STAGES
+from replayable.web import create_app
+from replayable.web.app import Stage
+
+HOSTILE = "<script>alert(1)</script>"
+ORIGIN = "http://testserver"  # TestClient's host: what a browser sends for this page's forms
+A, B, C, D = "a" * 64, "b" * 64, "c" * 64, "d" * 64
+
+
+def _insert(conn: Any, sql: str, rows: list[tuple[Any, ...]]) -> None:
+    with conn.cursor() as cur:
+        for row in rows:
+            cur.execute(sql, row)
+    conn.commit()
+
+
+def _letter(conn: Any, letter_id: int) -> dict[str, Any]:
+    with conn.cursor() as cur:
+        cur.execute(
+            "SELECT status, owner, note, resolved_by, resolved_at"
+            " FROM replayable.dead_letters WHERE id = %s",
+            (letter_id,),
+        )
+        status, owner, note, resolved_by, resolved_at = cur.fetchone()
+    conn.commit()
+    return {
+        "status": status,
+        "owner": owner,
+        "note": note,
+        "resolved_by": resolved_by,
+        "resolved_at": resolved_at,
+    }
+
+
+@pytest.fixture
+def ledger(conn: Any) -> dict[str, int]:
+    """Four documents over three stages; three dead letters (two open); hostile text in places.
+
+    Returns the dead-letter ids by name.
+    """
+    _insert(
+        conn,
+        "INSERT INTO replayable.documents (doc_id, uri, size_bytes) VALUES (%s, %s, 10)",
+        [(A, "/data/a.pdf"), (B, "/data/b.pdf"), (C, "/data/c.pdf"), (D, "/data/d.pdf")],
+    )
+    _insert(
+        conn,
+        "INSERT INTO replayable.stage_runs (stage, item_key, doc_id, status, attempts,"
+        " error_class, last_error, code_version, config_hash, run_id, map_index, updated_at)"
+        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, 'cfg', %s, %s,"
+        " now() - make_interval(mins => %s))",
+        [
+            # A's older extract row failed; its newer one is done and is the one that counts.
+            ("extract", "ea-old", A, "failed", 1, "http_503", "superseded", "1.0", "r1", 0, 120),
+            ("extract", "ea", A, "done", 1, None, None, "1.1", "r1", 0, 60),
+            ("extract", "eb", B, "failed", 1, "http_503", HOSTILE, "1.1", "r1", 1, 30),
+            ("extract", "ec", C, "dead", 3, "encrypted", "locked", "1.1", "r2", 0, 10),
+            ("extract", "ed", D, "pending", 0, None, None, "1.1", "r2", 1, 10),
+            ("chunk", "ca", A, "running", 1, None, None, "1.1", "r1", 0, 5),
+            ("embed", "ma", A, "failed", 2, "http_429", "429 slow down", "2.0", "r1", 3, 1),
+        ],
+    )
+    with conn.cursor() as cur:
+        cur.execute(
+            "INSERT INTO replayable.dead_letters (stage, item_key, doc_id, error_class,"
+            " error_kind, error, traceback, attempts, code_version, run_id, map_index, status,"
+            " owner, note, created_at)"
+            " VALUES"
+            " ('extract', 'ec', %(c)s, 'encrypted', 'terminal', %(h)s, %(h)s, 3, '1.1', 'r2',"
+            "  0, 'open', NULL, %(h)s, now() - interval '3 minutes'),"
+            " ('embed', 'mb', %(b)s, 'http_400', 'terminal', 'bad input', NULL, 1, '2.0', 'r1',"
+            "  1, 'open', 'alice', 'looking', now() - interval '2 minutes'),"
+            " ('embed', 'm-old', %(a)s, 'http_500', 'retryable', 'boom', 'Traceback...', 3,"
+            "  '1.0', 'r1', 2, 'redriven', NULL, 'redriven by r3', now() - interval '1 minute')"
+            " RETURNING id",
+            {"a": A, "b": B, "c": C, "h": HOSTILE},
+        )
+        ids = [row[0] for row in cur.fetchall()]
+    conn.commit()
+    return dict(zip(("encrypted", "bad_input", "redriven"), ids, strict=True))
+
+
+@pytest.fixture(scope="module")
+def auth_manager() -> Any:
+    """Airflow's configured auth manager, created as the API server creates it."""
+    return create_auth_manager()
+
+
+@pytest.fixture
+def app(dsn: str, auth_manager: Any) -> FastAPI:
+    return create_app(dsn_provider=lambda: dsn)
+
+
+def _mounted(app: FastAPI) -> FastAPI:
+    """A root app with ours at /replayable, as Airflow's init_plugins mounts it."""
+    root = FastAPI()
+    root.mount("/replayable", app)
+    return root
+
+
+@pytest.fixture
+def anonymous(app: FastAPI) -> TestClient:
+    return TestClient(_mounted(app))
+
+
+def _as(app: FastAPI, user: SimpleAuthManagerUser) -> TestClient:
+    # Only Airflow's identity dependency is replaced (see the module docstring).
+    app.dependency_overrides[get_user] = lambda: user
+    return TestClient(_mounted(app), headers={"Origin": ORIGIN}, follow_redirects=False)
+
+
+@pytest.fixture
+def client(app: FastAPI) -> TestClient:
+    """Logged in as the viewer "carol", posting from the page's own origin."""
+    return _as(app, SimpleAuthManagerUser(username="carol", role="VIEWER"))
+
+
+def test_the_stage_literal_lists_the_pipeline_stages() -> None:
+    assert get_args(Stage) == STAGES
+
+
+def test_every_route_refuses_anonymous_requests(app: FastAPI, anonymous: TestClient) -> None:
+    routes = [r for r in app.routes if isinstance(r, APIRoute)]
+    assert len(routes) == 8
+    for route in routes:
+        path = "/replayable" + route.path.replace("{letter_id}", "1")
+        for method in route.methods:
+            response = anonymous.request(method, path, headers={"Origin": ORIGIN})
+            assert response.status_code == 401, (method, path)
+
+
+def test_there_are_no_anonymous_docs_routes(anonymous: TestClient) -> None:
+    for path in ("/docs", "/redoc", "/openapi.json"):
+        assert anonymous.get("/replayable" + path).status_code == 404
+
+
+def test_an_invalid_token_is_refused(anonymous: TestClient) -> None:
+    anonymous.cookies.set("_token", "not-a-jwt")
+    response = anonymous.get("/replayable/")
+    assert response.status_code == 403  # Airflow's own verdict on a malformed JWT
+
+
+def test_a_user_without_a_role_is_forbidden(app: FastAPI, ledger: dict[str, int]) -> None:
+    nobody = _as(app, SimpleAuthManagerUser(username="nobody", role=None))
+    assert nobody.get("/replayable/").status_code == 403
+    letter = ledger["encrypted"]
+    posted = nobody.post(f"/replayable/dead-letters/{letter}/assign", data={"owner": "x"})
+    assert posted.status_code == 403
+
+
+def test_overview_counts_items_by_newest_status_per_stage(
+    client: TestClient, ledger: dict[str, int]
+) -> None:
+    data = client.get("/replayable/api/summary").json()
+    stages = {s["stage"]: s for s in data["stages"]}
+    assert [s["stage"] for s in data["stages"]] == list(STAGES)
+    assert stages["extract"] == {
+        "stage": "extract",
+        "pending": 1,
+        "running": 0,
+        "done": 1,
+        "failed": 1,
+        "dead": 1,
+        "total": 4,
+        "open_dead_letters": 1,
+    }
+    assert stages["chunk"]["running"] == 1 and stages["chunk"]["total"] == 1
+    assert stages["embed"]["failed"] == 1 and stages["embed"]["open_dead_letters"] == 1
+    assert data["open_dead_letters"] == 2
+
+    page = client.get("/replayable/")
+    assert page.status_code == 200
+    assert "failed?stage=extract" in page.text and "dead-letters?stage=embed" in page.text
+
+
+def test_failed_list_shows_only_items_whose_newest_status_is_failed(
+    client: TestClient, ledger: dict[str, int]
+) -> None:
+    data = client.get("/replayable/api/failed").json()
+    assert data["matched"] == 2
+    assert [(i["stage"], i["item_key"]) for i in data["items"]] == [
+        ("embed", "ma"),
+        ("extract", "eb"),
+    ]
+    embed = data["items"][0]
+    assert (embed["run_id"], embed["map_index"], embed["attempts"]) == ("r1", 3, 2)
+
+    page = client.get("/replayable/failed").text
+    assert "b.pdf" in page and "a.pdf" in page and "superseded" not in page
+
+
+@pytest.mark.parametrize(
+    ("query", "keys"),
+    [
+        ("stage=extract", ["eb"]),
+        ("error_class=http_429", ["ma"]),
+        ("error_class=http_429&error_class=http_503", ["ma", "eb"]),
+        ("error_class=http_429,+http_503", ["ma", "eb"]),  # as the page shows a filter
+        ("stage=embed&error_class=http_503", []),
+        ("stage=&error_class=", ["ma", "eb"]),  # what the filter form sends for "any"
+        ("limit=1", ["ma"]),
+    ],
+)
+def test_failed_list_filters_by_stage_error_class_and_limit(
+    client: TestClient, ledger: dict[str, int], query: str, keys: list[str]
+) -> None:
+    data = client.get(f"/replayable/api/failed?{query}").json()
+    assert [i["item_key"] for i in data["items"]] == keys
+    assert client.get(f"/replayable/failed?{query}").status_code == 200
+
+
+def test_dead_letter_list_defaults_to_open_letters(
+    client: TestClient, ledger: dict[str, int]
+) -> None:
+    data = client.get("/replayable/api/dead-letters").json()
+    assert [d["id"] for d in data["dead_letters"]] == [ledger["bad_input"], ledger["encrypted"]]
+    assert {d["status"] for d in data["dead_letters"]} == {"open"}
+
+    page = client.get("/replayable/dead-letters").text
+    assert "m-old" not in page and "<details>" in page
+
+
+def test_dead_letter_list_filters_by_status_and_stage(
+    client: TestClient, ledger: dict[str, int]
+) -> None:
+    every = client.get("/replayable/api/dead-letters?status=all").json()
+    assert every["matched"] == 3
+    redriven = client.get("/replayable/api/dead-letters?status=redriven&stage=embed").json()
+    assert [d["id"] for d in redriven["dead_letters"]] == [ledger["redriven"]]
+    none = client.get("/replayable/api/dead-letters?status=ignored").json()
+    assert none == {"matched": 0, "dead_letters": []}
+
+
+def test_hostile_values_are_escaped_in_every_page(
+    client: TestClient, ledger: dict[str, int]
+) -> None:
+    for path in ("/replayable/failed", "/replayable/dead-letters"):
+        page = client.get(path).text
+        assert "<script" not in page, path
+        assert html.escape(HOSTILE) in page, path  # shown, as text
+    # The note also sits in an input's value attribute: the quote must not close it.
+    client.post(
+        f"/replayable/dead-letters/{ledger['bad_input']}/assign",
+        data={"owner": '"><script>x</script>', "note": "n"},
+    )
+    page = client.get("/replayable/dead-letters").text
+    assert "<script" not in page
+    assert 'value="&#34;&gt;&lt;script&gt;x&lt;/script&gt;"' in page
+
+
+def test_pages_forbid_scripts_and_foreign_framing(client: TestClient, ledger: Any) -> None:
+    policy = client.get("/replayable/").headers["content-security-policy"]
+    assert "default-src 'none'" in policy and "frame-ancestors 'self'" in policy
+
+
+def test_pages_use_only_relative_urls(client: TestClient, ledger: dict[str, int]) -> None:
+    """The page is served under /replayable/ and framed at /plugin/replayable."""
+    for path in ("/replayable/", "/replayable/failed", "/replayable/dead-letters"):
+        urls = re.findall(r'(?:href|action)="([^"]*)"', client.get(path).text)
+        assert urls, path
+        assert not [u for u in urls if u.startswith(("/", "http:", "https:"))], path
+
+
+def test_ignore_resolves_an_open_letter_as_the_user_with_the_reason(
+    client: TestClient, conn: Any, ledger: dict[str, int]
+) -> None:
+    letter = ledger["encrypted"]
+    response = client.post(
+        f"/replayable/dead-letters/{letter}/ignore",
+        data={"note": "  known encrypted sample  ", "stage": "extract", "status": "open"},
+    )
+    assert response.status_code == 303
+    target = response.url.join(response.headers["location"])
+    assert target.path == "/replayable/dead-letters"
+    assert dict(target.params) == {"stage": "extract", "status": "open", "limit": "100"}
+    state = _letter(conn, letter)
+    assert state["status"] == "ignored"
+    assert state["resolved_by"] == "carol"
+    assert state["note"] == "known encrypted sample"
+    assert state["resolved_at"] is not None
+    assert client.get(str(target)).status_code == 200
+
+
+def test_ignore_without_a_reason_is_422(
+    client: TestClient, conn: Any, ledger: dict[str, int]
+) -> None:
+    letter = ledger["encrypted"]
+    for data in ({}, {"note": "   "}):
+        assert (
+            client.post(f"/replayable/dead-letters/{letter}/ignore", data=data).status_code == 422
+        )
+    assert _letter(conn, letter)["status"] == "open"
+
+
+def test_assign_sets_owner_and_note_and_blanks_clear_them(
+    client: TestClient, conn: Any, ledger: dict[str, int]
+) -> None:
+    letter = ledger["bad_input"]
+    url = f"/replayable/dead-letters/{letter}/assign"
+    assert client.post(url, data={"owner": "bob", "note": "mine now"}).status_code == 303
+    state = _letter(conn, letter)
+    assert (state["status"], state["owner"], state["note"]) == ("open", "bob", "mine now")
+    assert state["resolved_by"] is None
+    assert client.post(url, data={"owner": " ", "note": ""}).status_code == 303
+    state = _letter(conn, letter)
+    assert (state["owner"], state["note"]) == (None, None)
+
+
+@pytest.mark.parametrize("action", ["ignore", "assign"])
+def test_changing_a_letter_that_is_not_open_is_409(
+    client: TestClient, conn: Any, ledger: dict[str, int], action: str
+) -> None:
+    letter = ledger["redriven"]
+    response = client.post(
+        f"/replayable/dead-letters/{letter}/{action}", data={"owner": "x", "note": "why"}
+    )
+    assert response.status_code == 409
+    assert "redriven" in response.json()["detail"]
+    assert _letter(conn, letter)["note"] == "redriven by r3"
+
+
+@pytest.mark.parametrize("action", ["ignore", "assign"])
+def test_changing_a_missing_letter_is_404(
+    client: TestClient, ledger: dict[str, int], action: str
+) -> None:
+    missing = max(ledger.values()) + 1000
+    response = client.post(f"/replayable/dead-letters/{missing}/{action}", data={"note": "n"})
+    assert response.status_code == 404
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"Origin": "http://evil.example"},
+        {"Origin": "http://testserver.evil.example"},
+        {"Origin": "null"},
+        {"Origin": "", "Referer": "http://evil.example/page"},
+        {"Origin": ""},  # neither header: a client that hides where it posts from
+    ],
+)
+def test_a_cross_origin_post_is_refused(
+    client: TestClient, conn: Any, ledger: dict[str, int], headers: dict[str, str]
+) -> None:
+    letter = ledger["encrypted"]
+    response = client.post(
+        f"/replayable/dead-letters/{letter}/ignore", data={"note": "csrf"}, headers=headers
+    )
+    assert response.status_code == 403
+    assert _letter(conn, letter)["status"] == "open"
+
+
+def test_a_same_origin_referer_is_enough_without_origin(
+    client: TestClient, conn: Any, ledger: dict[str, int]
+) -> None:
+    letter = ledger["encrypted"]
+    response = client.post(
+        f"/replayable/dead-letters/{letter}/assign",
+        data={"owner": "dan"},
+        headers={"Origin": "", "Referer": f"{ORIGIN}/replayable/dead-letters"},
+    )
+    assert response.status_code == 303
+    assert _letter(conn, letter)["owner"] == "dan"
+
+
+def test_a_bearer_token_post_needs_no_origin(
+    client: TestClient, conn: Any, ledger: dict[str, int]
+) -> None:
+    """Browsers never attach a bearer token by themselves, so it cannot be forged cross-site."""
+    letter = ledger["encrypted"]
+    # get_user is overridden here, so the token is not checked; only its presence matters.
+    response = client.post(
+        f"/replayable/dead-letters/{letter}/assign",
+        data={"owner": "script"},
+        headers={"Origin": "", "Authorization": "Bearer token"},
+    )
+    assert response.status_code == 303
+    assert _letter(conn, letter)["owner"] == "script"
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "/api/failed?stage=summarise",
+        "/failed?stage=EXTRACT",
+        "/failed?limit=0",
+        "/api/failed?limit=501",
+        "/api/dead-letters?limit=x",
+        "/dead-letters?status=closed",
+        "/api/dead-letters?stage=chunk;drop",
+    ],
+)
+def test_invalid_stage_status_or_limit_is_422(
+    client: TestClient, ledger: dict[str, int], query: str
+) -> None:
+    assert client.get("/replayable" + query).status_code == 422
+
+
+def test_json_api_shapes(client: TestClient, ledger: dict[str, int]) -> None:
+    summary = client.get("/replayable/api/summary").json()
+    assert set(summary) == {"stages", "open_dead_letters"}
+    failed = client.get("/replayable/api/failed").json()
+    assert set(failed) == {"matched", "items"}
+    assert set(failed["items"][0]) == {
+        "stage",
+        "item_key",
+        "doc_id",
+        "uri",
+        "attempts",
+        "error_class",
+        "last_error",
+        "code_version",
+        "dag_id",
+        "run_id",
+        "map_index",
+        "updated_at",
+    }
+    letters = client.get("/replayable/api/dead-letters").json()
+    assert set(letters) == {"matched", "dead_letters"}
+    letter = letters["dead_letters"][-1]
+    assert letter["error"] == HOSTILE and letter["traceback"] == HOSTILE  # JSON is not HTML
+    assert {"id", "owner", "note", "status", "run_id", "map_index", "resolved_by"} <= set(letter)
+
+
+def test_an_unreachable_database_is_503_without_the_dsn(auth_manager: Any) -> None:
+    unreachable = "postgresql://u:hunter2@127.0.0.1:1/replayable?connect_timeout=2"
+    client = _as(create_app(lambda: unreachable), SimpleAuthManagerUser(username="c", role="ADMIN"))
+    response = client.get("/replayable/api/summary")
+    assert response.status_code == 503
+    assert "hunter2" not in response.text and "replayable_db" in response.text
+
+
+def test_a_database_without_the_schema_is_503(dsn: str, auth_manager: Any) -> None:
+    other = psycopg2.extensions.make_dsn(dsn, dbname="postgres")
+    client = _as(create_app(lambda: other), SimpleAuthManagerUser(username="c", role="ADMIN"))
+    response = client.get("/replayable/api/summary")
+    assert response.status_code == 503
+    assert "schema" in response.json()["detail"]
+
+
+def test_the_default_dsn_comes_from_the_airflow_connection(
+    services: devenv.Services,
+    state_dir: Path,
+    ledger: dict[str, int],
+    auth_manager: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    conn_json = devenv.airflow_env(services, state_dir)["AIRFLOW_CONN_REPLAYABLE_DB"]
+    monkeypatch.setenv("AIRFLOW_CONN_REPLAYABLE_DB", conn_json)
+    client = _as(create_app(), SimpleAuthManagerUser(username="c", role="VIEWER"))
+    assert client.get("/replayable/api/summary").json()["open_dead_letters"] == 2
+
+
+def test_the_plugin_mounts_the_app_at_replayable_with_a_browse_view() -> None:
+    spec = importlib.util.spec_from_file_location(
+        "replayable_plugin", ROOT / "plugins" / "replayable_plugin.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    plugin = module.ReplayablePlugin
+
+    [entry] = plugin.fastapi_apps
+    assert isinstance(entry["app"], FastAPI)
+    assert (entry["url_prefix"], entry["name"]) == ("/replayable", "Replayable")
+    assert not entry["url_prefix"].startswith(tuple(RESERVED_URL_PREFIXES))
+
+    [view] = plugin.external_views
+    # Validated with the model that GET /api/v2/plugins answers with.
+    parsed = ExternalViewResponse.model_validate(view)
+    assert (parsed.name, parsed.href, parsed.url_route) == (
+        "Replayable",
+        "/replayable/",
+        "replayable",
+    )
+    assert (parsed.destination, parsed.category) == ("nav", "browse")
+    # The plugin's app is as protected as the one the tests build.
+    assert TestClient(_mounted(entry["app"])).get("/replayable/").status_code == 401
