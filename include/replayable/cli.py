@@ -365,7 +365,7 @@ def failed_data(
 ) -> dict[str, Any]:
     """Items whose newest status is failed, newest first, and how many match in all."""
     rows = db.fetch_all(
-        conn, "cli_failed", {"stage": stage, "error_classes": error_classes, "limit": limit}
+        conn, "failed_items", {"stage": stage, "error_classes": error_classes, "limit": limit}
     )
     return {"matched": _matched(rows), "items": rows}
 
@@ -408,7 +408,7 @@ def dead_letters_data(
     """Dead letters (``status`` "all" for every status), newest first."""
     rows = db.fetch_all(
         conn,
-        "cli_dead_letters",
+        "list_dead_letters",
         {"stage": stage, "status": None if status == "all" else status, "limit": limit},
     )
     return {"matched": _matched(rows), "dead_letters": rows}

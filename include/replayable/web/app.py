@@ -168,7 +168,7 @@ def failed_items(
 ) -> FailedList:
     """Items whose newest status is failed, newest first."""
     rows = db.fetch_all(
-        conn, "web_failed", {"stage": stage, "error_classes": error_classes, "limit": limit}
+        conn, "failed_items", {"stage": stage, "error_classes": error_classes, "limit": limit}
     )
     return FailedList(matched=_matched(rows), items=[FailedItem(**row) for row in rows])
 
@@ -182,7 +182,7 @@ def dead_letters(
         "status": None if letter_status == "all" else letter_status,
         "limit": limit,
     }
-    rows = db.fetch_all(conn, "web_dead_letters", params)
+    rows = db.fetch_all(conn, "list_dead_letters", params)
     return DeadLetterList(matched=_matched(rows), dead_letters=[DeadLetter(**r) for r in rows])
 
 

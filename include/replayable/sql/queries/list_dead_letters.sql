@@ -1,4 +1,4 @@
--- The UI's dead-letter list, newest first, with the full error and traceback and the
+-- Dead letters for the UI and the CLI, newest first, with the full error, traceback and
 -- resolution; a NULL status means every status.
 SELECT dl.id, dl.stage, dl.item_key, dl.doc_id, d.uri, dl.error_class, dl.error_kind,
        dl.error, dl.traceback, dl.attempts, dl.code_version, dl.dag_id, dl.run_id,

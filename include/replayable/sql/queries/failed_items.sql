@@ -1,6 +1,6 @@
--- The UI's failed list: items whose newest row in a stage is failed (retryable, under the
--- attempt cap), with the run and map index that last touched them. `matched` counts every
--- match, so a page cut by the limit can say how much it left out.
+-- Failed items, for the UI and the CLI: items whose newest row in a stage is failed
+-- (retryable, under the attempt cap), with the run and map index that last touched them.
+-- `matched` counts every match, so a page cut by the limit can say how much it left out.
 SELECT s.stage, s.item_key, s.doc_id, d.uri, s.attempts, s.error_class, s.last_error,
        s.code_version, s.dag_id, s.run_id, s.map_index, s.updated_at,
        count(*) OVER () AS matched
