@@ -326,29 +326,44 @@ def serve_airflow(state: Path, *, api_port: int = 8080) -> int:
         return _serve_airflow(state, services, api_port)
 
 
+def start_standalone(env: dict[str, str], **popen: Any) -> subprocess.Popen[bytes]:
+    """Start ``airflow standalone`` with ``env`` in its own process group (stop the group)."""
+    airflow = str(Path(sys.executable).with_name("airflow"))
+    return subprocess.Popen(
+        [airflow, "standalone"], env={**os.environ, **env}, start_new_session=True, **popen
+    )
+
+
+def wait_until_up(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 300) -> bool:
+    """Wait for the API server at ``url`` to answer; False if Airflow exited or timed out."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if httpx.get(f"{url}/api/v2/monitor/health", timeout=2).status_code == 200:
+                return True
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    return False
+
+
+def admin_password(env: dict[str, str]) -> str | None:
+    """The password ``airflow standalone`` generated for its admin user, once it exists."""
+    passwords = Path(env["AIRFLOW_HOME"]) / "simple_auth_manager_passwords.json.generated"
+    return json.loads(passwords.read_text()).get("admin") if passwords.exists() else None
+
+
 def _serve_airflow(state: Path, services: Services, api_port: int) -> int:
     env = airflow_env(services, state, api_port=api_port)
     migrate_airflow(env)
-    airflow = str(Path(sys.executable).with_name("airflow"))
-    proc = subprocess.Popen(
-        [airflow, "standalone"], env={**os.environ, **env}, start_new_session=True
-    )
-    passwords = Path(env["AIRFLOW_HOME"]) / "simple_auth_manager_passwords.json.generated"
+    proc = start_standalone(env)
     url = f"http://127.0.0.1:{api_port}"
     try:
-        for _ in range(600):
-            if proc.poll() is not None:
-                return proc.returncode
-            try:
-                if httpx.get(f"{url}/api/v2/monitor/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        login = json.loads(passwords.read_text()) if passwords.exists() else {}
+        if not wait_until_up(url, proc):
+            return proc.poll() or 1
         print(
-            f"\nAirflow is up: {url}  (user: admin, password: {login.get('admin', '?')};"
-            f" stored in {passwords})\nCtrl-C stops it.",
+            f"\nAirflow is up: {url}  (user: admin, password: {admin_password(env)};"
+            f" stored in {env['AIRFLOW_HOME']})\nCtrl-C stops it.",
             flush=True,
         )
         return proc.wait()

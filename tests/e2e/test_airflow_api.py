@@ -63,28 +63,12 @@ def airflow(services: devenv.Services, state_dir: Path, tmp_path_factory) -> Ite
     env = devenv.airflow_env(services, state_dir, api_port=port)
     devenv.migrate_airflow(env)
     log = tmp_path_factory.mktemp("standalone") / "standalone.log"
-    airflow_bin = str(Path(sys.executable).with_name("airflow"))
-    proc = subprocess.Popen(
-        [airflow_bin, "standalone"],
-        env={**os.environ, **env},
-        stdout=log.open("wb"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    proc = devenv.start_standalone(env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 180
-        passwords = Path(env["AIRFLOW_HOME"]) / "simple_auth_manager_passwords.json.generated"
-        while True:
-            assert proc.poll() is None, f"airflow standalone exited; see {log}"
-            assert time.monotonic() < deadline, f"airflow did not come up; see {log}"
-            try:
-                if httpx.get(f"{url}/api/v2/monitor/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(1)
-        password = json.loads(passwords.read_text())["admin"]
+        assert devenv.wait_until_up(url, proc, timeout_s=180), f"airflow did not come up; see {log}"
+        password = devenv.admin_password(env)
         token = httpx.post(
             f"{url}/auth/token", json={"username": "admin", "password": password}
         ).json()["access_token"]
