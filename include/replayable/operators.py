@@ -40,6 +40,10 @@ class SystemicFailureError(Exception):
     def is_auth(self) -> bool:
         return self.error.error_class in ("http_401", "http_403")
 
+    @property
+    def retry_after_s(self) -> float | None:
+        return self.error.retry_after_s
+
 
 class BatchRetryPolicy(RetryPolicy):
     """Fail fast on auth errors; otherwise retry after the largest Retry-After seen."""
@@ -56,8 +60,6 @@ class BatchRetryPolicy(RetryPolicy):
                 reason=f"provider refused credentials ({exception.error.error_class})"
             )
         retry_after = getattr(exception, "retry_after_s", None)
-        if isinstance(exception, SystemicFailureError):
-            retry_after = exception.error.retry_after_s
         if retry_after:
             return RetryDecision.retry(
                 delay=timedelta(seconds=retry_after),

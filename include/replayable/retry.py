@@ -170,33 +170,30 @@ def call_with_retries(
     """
     started = time.monotonic()
 
-    def wait(state: tenacity.RetryCallState) -> float:
+    def last_error(state: tenacity.RetryCallState) -> Classified:
         exc = state.outcome.exception() if state.outcome else None
-        classified = classify(exc) if exc else None
-        if classified is not None and classified.retry_after_s is not None:
-            delay = classified.retry_after_s
-        else:
-            delay = full_jitter(state.attempt_number - 1, base_s=policy.base_s, cap_s=policy.cap_s)
-        return delay
+        assert exc is not None  # tenacity only waits, stops or logs after a failure here
+        return classify(exc)
+
+    def wait(state: tenacity.RetryCallState) -> float:
+        retry_after = last_error(state).retry_after_s
+        if retry_after is not None:
+            return retry_after
+        return full_jitter(state.attempt_number - 1, base_s=policy.base_s, cap_s=policy.cap_s)
 
     def give_up(state: tenacity.RetryCallState) -> bool:
         if state.attempt_number >= policy.max_attempts:
             return True
-        return time.monotonic() - started + wait_preview(state) > policy.max_total_s
-
-    def wait_preview(state: tenacity.RetryCallState) -> float:
-        exc = state.outcome.exception() if state.outcome else None
-        retry_after = classify(exc).retry_after_s if exc else None
-        return retry_after or 0.0
+        # Only a Retry-After is known in advance; a jitter draw is at most cap_s.
+        waiting = last_error(state).retry_after_s or 0.0
+        return time.monotonic() - started + waiting > policy.max_total_s
 
     def log_retry(state: tenacity.RetryCallState) -> None:
-        exc = state.outcome.exception() if state.outcome else None
-        classified = classify(exc) if exc else None
         log.warning(
             "retrying %s: attempt %d failed with %s; waiting %.2fs",
             describe,
             state.attempt_number,
-            classified.error_class if classified else "?",
+            last_error(state).error_class,
             state.upcoming_sleep,
         )
 

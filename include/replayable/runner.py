@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 from replayable.db import Connection, execute
 from replayable.keys import config_hash
-from replayable.ledger import Ledger, RunContext
+from replayable.ledger import ItemState, Ledger, RunContext
 from replayable.retry import Classified, ErrorKind, classify
 from replayable.stages.embed import CallRecord
 
@@ -258,10 +258,9 @@ class _Batch:
         held_elsewhere: list[WorkItem] = []
         for position, item in enumerate(todo):
             attempt = self.ledger.claim(item.item_key)
-            if attempt is None:
+            if attempt is None or not self._process_one(item, attempt):
                 held_elsewhere.append(item)
                 continue
-            self._process_one(item, attempt)
             if self.result.systemic is not None:
                 self._park(todo[position + 1 :] + held_elsewhere)
                 return []
@@ -277,20 +276,24 @@ class _Batch:
             states = self.ledger.states([item.item_key for item in items])
             still: list[WorkItem] = []
             for item in items:
-                state = states[item.item_key]
-                if state.status in ("done", "dead", "failed"):
-                    getattr(self.result, state.status).append(item.doc_id)
-                elif state.status == "running" and state.lease_live:
+                if not self._settle(item, states[item.item_key]):
                     still.append(item)
-                elif (attempt := self.ledger.claim(item.item_key)) is not None:
-                    self._process_one(item, attempt)
-                    if self.result.systemic is not None:
-                        return
-                else:
-                    still.append(item)
+                if self.result.systemic is not None:
+                    return
             items = still
 
-    def _process_one(self, item: WorkItem, attempt: int) -> None:
+    def _settle(self, item: WorkItem, state: ItemState) -> bool:
+        """Take the outcome another worker reached, or the item itself once its lease is gone."""
+        if state.status in ("done", "dead", "failed"):
+            getattr(self.result, state.status).append(item.doc_id)
+            return True
+        if state.status == "running" and state.lease_live:
+            return False
+        attempt = self.ledger.claim(item.item_key)
+        return attempt is not None and self._process_one(item, attempt)
+
+    def _process_one(self, item: WorkItem, attempt: int) -> bool:
+        """Process a claimed item; False if its lease was lost and another worker owns it."""
         self.result.processed += 1
         self.leases.hold(item.item_key)
 
@@ -311,26 +314,25 @@ class _Batch:
 
         try:
             self.spec.process(self.work, item, record)
-            if self.ledger.complete(item.item_key, conn=self.work):
+            kept_lease = self.ledger.complete(item.item_key, conn=self.work)
+            if kept_lease:
                 self.work.commit()
                 self.result.done.append(item.doc_id)
                 self.provider_failures_in_a_row = 0
             else:
-                # Our lease expired and another worker took the item: its result stands.
                 self.work.rollback()
-                log.warning(
-                    "%s: lease on %s lost; leaving it to its new owner",
-                    self.spec.name,
-                    item.item_key,
-                )
-                self._wait_for([item])
         except Exception as exc:
             self.work.rollback()
-            self._failed(item, exc)
+            kept_lease = self._failed(item, attempt, exc)
         finally:
             self.leases.hold(None)
+        if not kept_lease:
+            # Our lease expired and another worker took the item over: its outcome stands.
+            log.warning("%s: lease on %s lost to another worker", self.spec.name, item.item_key)
+        return kept_lease
 
-    def _failed(self, item: WorkItem, exc: Exception) -> None:
+    def _failed(self, item: WorkItem, attempt: int, exc: Exception) -> bool:
+        """Record a failure; False if the lease was lost before it could be recorded."""
         error = classify(exc)
         if error.kind is ErrorKind.SYSTEMIC:
             log.error(
@@ -342,13 +344,16 @@ class _Batch:
             self.ledger.release(item.item_key, error)
             self.result.failed.append(item.doc_id)
             self.result.systemic = error
-            return
+            return True
         status = self.ledger.fail(item.item_key, error, traceback.format_exc())
+        if status is None:
+            return False
         log.warning(
-            "%s: %s %s on attempt with %s: %s",
+            "%s: %s is %s after attempt %d (%s): %s",
             self.spec.name,
             item.item_key,
             status,
+            attempt,
             error.error_class,
             error.message,
         )
@@ -370,6 +375,7 @@ class _Batch:
                 )
         else:
             self.provider_failures_in_a_row = 0
+        return True
 
     def _park(self, items: list[WorkItem]) -> None:
         """Mark the items a stopped batch never reached as failed, without spending attempts."""
