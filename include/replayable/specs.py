@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -158,33 +158,13 @@ class EmbedSpec:
         ]
 
     def process(self, conn: Connection, item: WorkItem, calls: CallSink) -> None:
-        candidates = self._missing(conn, item.payload)
-        mine = [cid for cid in candidates if self._try_lock(conn, cid)]
-        self._embed(conn, item.item_key, mine, calls)
-        others = [cid for cid in candidates if cid not in set(mine)]
-        if others:
-            self._after_peers(conn, item.item_key, others, calls)
-
-    def _missing(self, conn: Connection, chunk_ids: Sequence[str]) -> list[str]:
-        rows = fetch_all(
-            conn, "chunks_missing_embedding", {"chunk_ids": list(chunk_ids), "model": self.model}
-        )
-        return [row["chunk_id"] for row in rows]
-
-    def _try_lock(self, conn: Connection, chunk_id: str) -> bool:
-        rows = fetch_all(conn, "try_lock_chunk", {"chunk_id": chunk_id, "model": self.model})
-        return bool(rows[0]["locked"])
-
-    def _after_peers(
-        self, conn: Connection, key: str, chunk_ids: list[str], calls: CallSink
-    ) -> None:
-        """Chunks another worker is embedding right now: wait for it, then fill any gap."""
+        """Embed the item's chunks that no one has embedded; wait out chunks a peer holds."""
         deadline = time.monotonic() + self.wait_for_peer_s
-        pending = chunk_ids
+        pending = [row["chunk_id"] for row in self._missing(conn, item.payload)]
         while pending:
-            locked = [cid for cid in pending if self._try_lock(conn, cid)]
-            self._embed(conn, key, locked, calls)
-            pending = [cid for cid in pending if cid not in set(locked)]
+            locked = self._lock(conn, pending)
+            self._embed(conn, item, locked, calls)
+            pending = [cid for cid in pending if cid not in locked]
             if pending and time.monotonic() > deadline:
                 raise ItemError(
                     "chunk_busy",
@@ -194,32 +174,55 @@ class EmbedSpec:
             if pending:
                 time.sleep(0.2)
 
-    def _embed(self, conn: Connection, key: str, chunk_ids: list[str], calls: CallSink) -> None:
-        # Re-check under the locks: a peer may have committed since the first look.
-        todo = (
-            fetch_all(
-                conn, "chunks_missing_embedding", {"chunk_ids": chunk_ids, "model": self.model}
-            )
-            if chunk_ids
-            else []
+    def _missing(self, conn: Connection, chunk_ids: Iterable[str]) -> list[dict[str, Any]]:
+        """The chunks (id and text) with no embedding under this model yet."""
+        return fetch_all(
+            conn, "chunks_missing_embedding", {"chunk_ids": sorted(chunk_ids), "model": self.model}
         )
+
+    def _lock(self, conn: Connection, chunk_ids: Sequence[str]) -> set[str]:
+        """Take the chunks no other worker holds, in one query; the locks last until commit."""
+        rows = fetch_all(
+            conn, "lock_free_chunks", {"chunk_ids": list(chunk_ids), "model": self.model}
+        )
+        return {row["chunk_id"] for row in rows}
+
+    def _embed(
+        self, conn: Connection, item: WorkItem, chunk_ids: set[str], calls: CallSink
+    ) -> None:
+        # Re-check under the locks: a peer may have committed since the first look.
+        todo = self._missing(conn, chunk_ids) if chunk_ids else []
         groups = [
             todo[i : i + self.inputs_per_call] for i in range(0, len(todo), self.inputs_per_call)
         ]
-        for n, group in enumerate(groups):
-            idem = key if len(groups) == 1 else f"{key}-{n}"
+        for group in groups:
+            ids = [row["chunk_id"] for row in group]
             result = self.provider.embed(
-                [row["text"] for row in group], idempotency_key=idem, on_call=calls
+                [row["text"] for row in group],
+                idempotency_key=_idempotency_key(item, ids),
+                on_call=calls,
             )
             execute_values(
                 conn,
                 "insert_embeddings",
                 [
-                    (row["chunk_id"], self.model, len(vec), _vector_literal(vec))
-                    for row, vec in zip(group, result.vectors, strict=True)
+                    (cid, self.model, len(vec), _vector_literal(vec))
+                    for cid, vec in zip(ids, result.vectors, strict=True)
                 ],
                 template="(%s, %s, %s, %s::vector)",
             )
+
+
+def _idempotency_key(item: WorkItem, chunk_ids: Sequence[str]) -> str:
+    """The item key for a request that carries the item's whole input, as most do.
+
+    A request with part of it (a long document, or chunks a peer already embedded) gets the
+    item key plus a hash of its chunk ids: a provider that de-duplicates by key must never
+    answer one request with another's vectors.
+    """
+    if set(chunk_ids) == set(item.payload):
+        return item.item_key
+    return f"{item.item_key}-{sha256_bytes(','.join(sorted(chunk_ids)).encode())[:16]}"
 
 
 def _vector_literal(vector: Sequence[float]) -> str:

@@ -236,3 +236,30 @@ def test_a_long_item_keeps_its_lease_while_it_runs(conn, dsn):
     assert other.claim(f"slow-{doc_id}") is None
     thread.join(timeout=30)
     assert outcome["result"].done == [doc_id]
+
+
+def test_each_request_carries_its_own_idempotency_key(conn, dsn, model, chunked):
+    """One request for a whole item uses the item key; parts of an item get keys of their own."""
+    spec = embed_spec(model.base_url)
+    spec.inputs_per_call = 1000
+    whole = run(spec, dsn, chunked[:1])
+    assert whole.done == chunked[:1]
+    (key,) = model.stats()["idempotency_keys"]
+    item_keys = {
+        k
+        for (k,) in _rows(conn, "SELECT item_key FROM replayable.stage_runs WHERE stage = 'embed'")
+    }
+    assert key in item_keys
+
+    run(embed_spec(model.base_url), dsn, chunked[1:])  # 8 inputs per request: several per item
+    stats = model.stats()
+    assert len(stats["idempotency_keys"]) == stats["requests"]
+    assert set(stats["idempotency_keys"].values()) == {1}
+
+
+def _rows(conn, sql):
+    with conn.cursor() as cur:
+        cur.execute(sql)
+        found = cur.fetchall()
+    conn.commit()
+    return found
