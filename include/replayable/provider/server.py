@@ -5,14 +5,100 @@ input's words, not semantic embeddings: texts that share words land close togeth
 synonyms, paraphrases and other languages do not. Never use it to judge retrieval quality.
 
 It speaks enough of the OpenAI API (``POST /v1/embeddings``) for the pipeline's provider
-client, binds loopback only, and can inject faults at runtime (error statuses at a rate,
-``Retry-After``, latency, hangs, poison inputs, outages) so retry and replay behaviour can
-be exercised without a network or a paid account. Control endpoints:
+client, binds loopback only, and behaves like a careful paid provider: it charges each
+successful request, remembers it per ``Idempotency-Key`` and can inject faults at runtime
+(error statuses, ``Retry-After``, latency, hangs, poison inputs, lost responses, a
+concurrency limit, slow or padded bodies) so retry and replay behaviour can be exercised
+without a network or a paid account. It also receives "document ready" webhooks, standing
+in for a downstream system.
+
+Idempotency keys
+    A successful ``/v1/embeddings`` response is remembered under its ``Idempotency-Key``
+    header together with a fingerprint of the request (model, inputs, dimensions,
+    encoding). A later request with the same key and the same fingerprint gets the
+    remembered body again and is counted as ``deduplicated``, not charged; with a different
+    fingerprint it gets 422 ``idempotency_key_reused``. Failed requests are not remembered,
+    so their retry is served and charged normally. Requests with one key that are in
+    flight at the same time are neither blocked nor refused: the charge is taken
+    atomically when a request has embedded its inputs, so the first to get there is
+    charged and every other one is answered with the first one's body, exactly as if it
+    had waited for it. (A 409 would be terminal to a client that treats other 4xx as
+    final, and waiting would tie a retry to a first attempt held by a hang fault.) The
+    memory keeps the most recently used :data:`IDEMPOTENCY_MAX_KEYS` keys and at most
+    :data:`IDEMPOTENCY_MAX_BYTES` of bodies; a key evicted from it, or whose body alone is
+    larger than that, is charged again. ``POST /stats/reset`` forgets every key.
+
+Control endpoints (no API key needed):
 
 - ``GET /healthz``: liveness;
-- ``GET /stats``, ``POST /stats/reset``: request counters, including how many successful
-  responses embedded each input and each ``Idempotency-Key``;
-- ``GET /faults``, ``PUT``/``POST /faults``, ``DELETE /faults``: the fault configuration.
+- ``GET /stats``: counters since the last reset, as a JSON object:
+
+  - ``requests``: ``/v1/embeddings`` requests received; ``succeeded`` + ``failed`` of
+    them have finished, the rest are ``in_flight``;
+  - ``succeeded`` = ``charged`` + ``deduplicated``: 200 responses, newly embedded and
+    charged or replayed from an idempotency key;
+  - ``failed``: every other response (injected faults, 4xx, 422 key reuse, concurrency
+    429s); ``by_status``: responses per status, lost ones included under ``"200"``;
+  - ``inputs_embedded`` and ``input_success_counts`` (sha256 of an input's text -> times it
+    was charged) count charged inputs only;
+  - ``idempotency_keys``: each key seen -> how many times a response under it was charged;
+  - ``would_deduplicate``: charged requests whose key had been charged before (whatever
+    the body) and was still remembered; non-zero only with ``"dedupe": false``, it is
+    what the keys would have saved;
+  - ``lost_responses``: 200 responses dropped instead of sent (``lose_response_rate``);
+  - ``rejected_concurrency``: 429s from ``max_concurrency``;
+  - ``in_flight``: requests being served now (a live gauge, kept by a reset);
+    ``peak_in_flight``: the most at once since the last reset, limit or not;
+  - ``webhooks``: ``received`` = ``stored`` + ``deduplicated`` + ``failed`` webhook
+    deliveries.
+
+- ``POST /stats/reset``: zero the counters, forget remembered idempotency keys and drop
+  every stored webhook event; requests that began before it are not counted when they
+  finish;
+- ``GET /faults``, ``PUT``/``POST /faults`` (replace), ``DELETE /faults`` (clear, which also
+  releases requests held by latency, hangs or trickling): the fault configuration;
+- ``POST /webhooks/NAME``: a webhook receiver; NAME is 1-100 of ``A-Z a-z 0-9 . _ -``. The
+  body must be JSON and an ``Idempotency-Key`` header is required (400 without one). The
+  first delivery with a key is stored and answered 200 (or the 2xx the fault config says)
+  with ``{"ok": true, "name", "key", "event"}``, ``event`` being its position in NAME's
+  list; a later delivery with the same key gets that same status and body and is not
+  stored again, whatever its body. Failed deliveries are not remembered. Events are kept
+  in memory until the next reset, every one, so a test can count them;
+- ``GET /webhooks/NAME``: ``{"name", "events": [{"key", "body", "received_at"}]}``, stored
+  events in arrival order, ``received_at`` an ISO 8601 UTC timestamp.
+
+Fault config keys (``PUT /faults`` with a JSON object; unknown keys and bad values get 400
+naming the key; every key is optional and the default injects nothing):
+
+- ``status_rates``: ``{"503": 0.3, "429": 0.1}``, the share of ``/v1`` requests failing
+  with each status (at most 1 in total);
+- ``retry_after``: seconds or an HTTP-date sent as ``Retry-After`` on injected 429 and 503
+  responses, webhooks included;
+- ``latency_ms``: delay before a ``/v1`` request is handled;
+- ``hang_rate``, ``hang_s`` (default 600): the share of requests held ``hang_s`` seconds
+  (or until the faults are cleared) before they go on;
+- ``fail_inputs_containing``: ``{"POISON": 400}``, the status for a request with an input
+  containing the substring;
+- ``status_always``: fail every ``/v1`` request with this status;
+- ``seed``: reseed the fault draws, so a config gives the same sequence every time;
+- ``dedupe`` (default true): replay repeated idempotency keys; false charges every
+  repeat, answers no 422, and counts ``would_deduplicate``;
+- ``lose_response_rate``: the share of 200 responses that are dropped after the work is
+  done: the request is charged (or replayed) and its key remembered as usual, then the
+  connection is shut down without a response, so the client sees the server disconnect;
+- ``max_concurrency``: answer 429 at once, with ``Retry-After:
+  concurrency_retry_after`` (seconds, default 1), to an embeddings request that arrives
+  while this many are in flight (null: no limit);
+- ``trickle_bytes_per_s``: send 200 bodies at about this rate, in pieces of a tenth of it
+  (at least one byte), so from 10 bytes/s up a piece arrives every tenth of a second: a
+  per-read timeout does not fire while a deadline on the whole response does (0: at once);
+- ``pad_response_bytes``: add a ``"padding"`` field of this many characters to 200
+  bodies (at most :data:`MAX_PAD_BYTES`), for a client's response-size cap;
+- ``webhook_statuses``: ``[503, 503, 200]``, statuses answered to webhook deliveries one
+  per delivery, in order, before they succeed normally; 4xx/5xx fail the delivery, a 2xx
+  stores it and is the status it and its replays get. Setting the faults restarts the
+  list;
+- ``webhook_status_always``: fail every webhook delivery with this status.
 
 The server itself uses the standard library only, so it starts fast anywhere.
 :class:`LocalModelServer` runs it as a subprocess for tests and demos; it imports ``httpx``
@@ -47,8 +133,10 @@ import tempfile
 import threading
 import time
 import traceback
+from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import FrameType, TracebackType
@@ -63,8 +151,12 @@ MAX_DIM = 8192
 MAX_BODY_BYTES = 16 * 1024 * 1024
 API_KEY_ENV = "REPLAYABLE_LOCAL_API_KEY"
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+IDEMPOTENCY_MAX_KEYS = 100_000
+IDEMPOTENCY_MAX_BYTES = 64 * 1024 * 1024
+MAX_PAD_BYTES = 64 * 1024 * 1024
 
 _TOKEN_RE = re.compile(r"\w+")
+_WEBHOOK_NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,100}")
 _FAULT_FIELDS = frozenset(
     {
         "status_rates",
@@ -75,8 +167,25 @@ _FAULT_FIELDS = frozenset(
         "fail_inputs_containing",
         "status_always",
         "seed",
+        "dedupe",
+        "lose_response_rate",
+        "max_concurrency",
+        "concurrency_retry_after",
+        "trickle_bytes_per_s",
+        "pad_response_bytes",
+        "webhook_statuses",
+        "webhook_status_always",
     }
 )
+
+
+def _webhook_path(name: str) -> str:
+    """Return the path of webhook receiver ``name``; raise ``ValueError`` if it is invalid."""
+    if not _WEBHOOK_NAME_RE.fullmatch(name):
+        raise ValueError(
+            f"invalid webhook name {name!r}: use 1 to 100 of A-Z, a-z, 0-9, '.', '_', '-'"
+        )
+    return f"/webhooks/{name}"
 
 
 def require_loopback(host: str) -> str:
@@ -152,9 +261,37 @@ def _error_status(value: object, key: str) -> int:
     return value
 
 
+def _webhook_status(value: object, key: str) -> int:
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or not (200 <= value <= 299 or 400 <= value <= 599)
+    ):
+        raise ValueError(f"{key} must be an HTTP status between 200 and 299 or 400 and 599")
+    return value
+
+
+def _whole_number(raw: Mapping[str, object], key: str, low: int, high: int) -> int | None:
+    value = raw.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ValueError(f"{key} must be an integer between {low} and {high}")
+    return value
+
+
+def _seconds_header(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else str(value)
+
+
 @dataclass(frozen=True)
 class FaultConfig:
-    """Faults the server injects into ``/v1`` requests; the default injects none."""
+    """Faults the server injects, and whether it de-duplicates; the default injects none.
+
+    The module docstring describes each field under its JSON key.
+    """
 
     status_rates: tuple[tuple[int, float], ...] = ()
     retry_after: str | int | float | None = None
@@ -164,6 +301,14 @@ class FaultConfig:
     fail_inputs_containing: tuple[tuple[str, int], ...] = ()
     status_always: int | None = None
     seed: int | None = None
+    dedupe: bool = True
+    lose_response_rate: float = 0.0
+    max_concurrency: int | None = None
+    concurrency_retry_after: float = 1.0
+    trickle_bytes_per_s: float = 0.0
+    pad_response_bytes: int = 0
+    webhook_statuses: tuple[int, ...] = ()
+    webhook_status_always: int | None = None
 
     @classmethod
     def from_json(cls, raw: object) -> FaultConfig:
@@ -213,6 +358,22 @@ class FaultConfig:
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
             raise ValueError("seed must be an integer")
 
+        dedupe = raw.get("dedupe", True)
+        if not isinstance(dedupe, bool):
+            raise ValueError("dedupe must be true or false")
+
+        webhook_raw = raw.get("webhook_statuses") or []
+        if not isinstance(webhook_raw, list):
+            raise ValueError("webhook_statuses must be a list like [503, 200]")
+        webhook_statuses = tuple(
+            _webhook_status(status, f"webhook_statuses[{index}]")
+            for index, status in enumerate(webhook_raw)
+        )
+
+        webhook_status_always = raw.get("webhook_status_always")
+        if webhook_status_always is not None:
+            webhook_status_always = _error_status(webhook_status_always, "webhook_status_always")
+
         return cls(
             status_rates=rates,
             retry_after=retry_after,
@@ -222,6 +383,16 @@ class FaultConfig:
             fail_inputs_containing=poison,
             status_always=status_always,
             seed=seed,
+            dedupe=dedupe,
+            lose_response_rate=_probability(
+                raw.get("lose_response_rate", 0.0), "lose_response_rate"
+            ),
+            max_concurrency=_whole_number(raw, "max_concurrency", 1, 1_000_000),
+            concurrency_retry_after=_finite_number(raw, "concurrency_retry_after", 1.0, 0.0),
+            trickle_bytes_per_s=_finite_number(raw, "trickle_bytes_per_s", 0.0, 0.0),
+            pad_response_bytes=_whole_number(raw, "pad_response_bytes", 0, MAX_PAD_BYTES) or 0,
+            webhook_statuses=webhook_statuses,
+            webhook_status_always=webhook_status_always,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -235,6 +406,14 @@ class FaultConfig:
             "fail_inputs_containing": dict(self.fail_inputs_containing),
             "status_always": self.status_always,
             "seed": self.seed,
+            "dedupe": self.dedupe,
+            "lose_response_rate": self.lose_response_rate,
+            "max_concurrency": self.max_concurrency,
+            "concurrency_retry_after": self.concurrency_retry_after,
+            "trickle_bytes_per_s": self.trickle_bytes_per_s,
+            "pad_response_bytes": self.pad_response_bytes,
+            "webhook_statuses": list(self.webhook_statuses),
+            "webhook_status_always": self.webhook_status_always,
         }
 
     def retry_after_header(self) -> str | None:
@@ -242,66 +421,231 @@ class FaultConfig:
         value = self.retry_after
         if value is None or isinstance(value, str):
             return value
-        return str(int(value)) if float(value).is_integer() else str(value)
+        return _seconds_header(value)
+
+
+@dataclass(frozen=True)
+class _Remembered:
+    fingerprint: str
+    body: bytes
+
+
+class _IdempotencyMemory:
+    """Successful response bodies by ``Idempotency-Key``; the least recently used go first.
+
+    Bounded by a number of keys and by bytes (keys, fingerprints and bodies); a body larger
+    than the byte bound on its own is not remembered. Not thread-safe by itself: the
+    :class:`_Stats` lock guards it.
+    """
+
+    def __init__(self, max_keys: int, max_bytes: int) -> None:
+        if max_keys < 1 or max_bytes < 1:
+            raise ValueError(f"idempotency memory bounds must be >= 1, got {max_keys}, {max_bytes}")
+        self._max_keys = max_keys
+        self._max_bytes = max_bytes
+        self._entries: OrderedDict[str, _Remembered] = OrderedDict()
+        self._bytes = 0
+
+    @staticmethod
+    def _size(key: str, entry: _Remembered) -> int:
+        return len(key) + len(entry.fingerprint) + len(entry.body)
+
+    def get(self, key: str) -> _Remembered | None:
+        """Return what ``key`` remembers, marking it most recently used; None if nothing."""
+        entry = self._entries.get(key)
+        if entry is not None:
+            self._entries.move_to_end(key)
+        return entry
+
+    def remember(self, key: str, entry: _Remembered) -> None:
+        """Remember ``entry`` under a new ``key``, evicting the least recently used to fit."""
+        size = self._size(key, entry)
+        if size > self._max_bytes:
+            return
+        self._entries[key] = entry
+        self._bytes += size
+        while len(self._entries) > self._max_keys or self._bytes > self._max_bytes:
+            evicted_key, evicted = self._entries.popitem(last=False)
+            self._bytes -= self._size(evicted_key, evicted)
+
+    def clear(self) -> None:
+        """Forget every key."""
+        self._entries.clear()
+        self._bytes = 0
+
+
+@dataclass(frozen=True)
+class _Ticket:
+    """An embeddings request's stats generation, and whether the concurrency limit let it in."""
+
+    generation: int
+    admitted: bool
+
+
+@dataclass(frozen=True)
+class _WebhookReply:
+    status: int
+    payload: dict[str, Any]
 
 
 class _Stats:
-    """Thread-safe counters behind ``GET /stats``."""
+    """Thread-safe counters behind ``GET /stats``, with the idempotency and webhook memory.
 
-    def __init__(self) -> None:
+    One lock guards all of it, so a charge and the memory that prevents the next one change
+    together. Nothing sleeps or does I/O while holding it.
+    """
+
+    def __init__(
+        self,
+        idempotency_max_keys: int = IDEMPOTENCY_MAX_KEYS,
+        idempotency_max_bytes: int = IDEMPOTENCY_MAX_BYTES,
+    ) -> None:
         self._lock = threading.Lock()
         # A reset bumps the generation; requests that began before it are not counted when
         # they finish, so a request left hanging by one test cannot leak into the next.
         self._generation = 0
         self._in_flight = 0
+        self._memory = _IdempotencyMemory(idempotency_max_keys, idempotency_max_bytes)
         self._zero()
 
     def _zero(self) -> None:
         self._requests = 0
         self._succeeded = 0
+        self._charged = 0
+        self._deduplicated = 0
+        self._would_deduplicate = 0
         self._failed = 0
+        self._lost_responses = 0
+        self._rejected_concurrency = 0
+        self._peak_in_flight = self._in_flight
         self._by_status: dict[str, int] = {}
         self._inputs_embedded = 0
         self._input_success_counts: dict[str, int] = {}
         self._idempotency_keys: dict[str, int] = {}
+        self._memory.clear()
+        self._webhooks = dict.fromkeys(("received", "stored", "deduplicated", "failed"), 0)
+        self._webhook_events: dict[str, list[dict[str, Any]]] = {}
+        self._webhook_replies: dict[tuple[str, str], _WebhookReply] = {}
 
-    def begin(self, idempotency_key: str | None) -> int:
-        """Count a request as started and in flight; return the generation it belongs to."""
+    def _count_status(self, status: int) -> None:
+        key = str(status)
+        self._by_status[key] = self._by_status.get(key, 0) + 1
+
+    def begin(self, idempotency_key: str | None, max_concurrency: int | None) -> _Ticket:
+        """Count a request as started and admit it, unless ``max_concurrency`` are in flight.
+
+        A refused request is counted as a failed 429 here and is never in flight.
+        """
         with self._lock:
             self._requests += 1
-            self._in_flight += 1
             if idempotency_key is not None:
                 self._idempotency_keys.setdefault(idempotency_key, 0)
-            return self._generation
-
-    def record(
-        self, generation: int, status: int, inputs: Sequence[str], idempotency_key: str | None
-    ) -> None:
-        """Count the response a request got, unless stats were reset since it began."""
-        with self._lock:
-            if generation != self._generation:
-                return
-            key = str(status)
-            self._by_status[key] = self._by_status.get(key, 0) + 1
-            if status != 200:
+            if max_concurrency is not None and self._in_flight >= max_concurrency:
+                self._rejected_concurrency += 1
                 self._failed += 1
-                return
-            self._succeeded += 1
-            self._inputs_embedded += len(inputs)
-            for text in inputs:
-                digest = hashlib.sha256(text.encode()).hexdigest()
-                self._input_success_counts[digest] = self._input_success_counts.get(digest, 0) + 1
-            if idempotency_key is not None:
-                count = self._idempotency_keys.get(idempotency_key, 0)
-                self._idempotency_keys[idempotency_key] = count + 1
+                self._count_status(429)
+                return _Ticket(self._generation, admitted=False)
+            self._in_flight += 1
+            self._peak_in_flight = max(self._peak_in_flight, self._in_flight)
+            return _Ticket(self._generation, admitted=True)
 
-    def end(self) -> None:
-        """Count a request as no longer in flight."""
+    def fail(self, ticket: _Ticket, status: int) -> None:
+        """Count an error response, unless stats were reset since the request began."""
+        with self._lock:
+            if ticket.generation != self._generation:
+                return
+            self._failed += 1
+            self._count_status(status)
+
+    def settle(
+        self,
+        ticket: _Ticket,
+        idempotency_key: str | None,
+        fingerprint: str,
+        input_digests: Sequence[str],
+        body: bytes,
+        *,
+        dedupe: bool,
+        lost: bool,
+    ) -> bytes | None:
+        """Charge a request that embedded its inputs, or replay what its key remembers.
+
+        Return the body to answer with: ``body`` when the request is charged, the first
+        response's body when it is replayed, or None when the key was charged for a request
+        with another fingerprint (the caller answers 422 and counts it with :meth:`fail`).
+        With ``dedupe`` off every request is charged. ``lost`` counts the response as
+        dropped. A request begun before a reset is neither counted nor remembered.
+        """
+        with self._lock:
+            if ticket.generation != self._generation:
+                return body
+            remembered = self._memory.get(idempotency_key) if idempotency_key else None
+            if dedupe and remembered is not None:
+                if remembered.fingerprint != fingerprint:
+                    return None
+                self._deduplicated += 1
+                body = remembered.body
+            else:
+                self._charged += 1
+                self._inputs_embedded += len(input_digests)
+                for digest in input_digests:
+                    self._input_success_counts[digest] = (
+                        self._input_success_counts.get(digest, 0) + 1
+                    )
+                if idempotency_key is not None:
+                    count = self._idempotency_keys.get(idempotency_key, 0)
+                    self._idempotency_keys[idempotency_key] = count + 1
+                    if remembered is None:
+                        self._memory.remember(idempotency_key, _Remembered(fingerprint, body))
+                    else:
+                        self._would_deduplicate += 1
+            self._succeeded += 1
+            self._count_status(200)
+            if lost:
+                self._lost_responses += 1
+            return body
+
+    def end(self, ticket: _Ticket) -> None:
+        """Count an admitted request as no longer in flight."""
+        if not ticket.admitted:
+            return
         with self._lock:
             self._in_flight -= 1
 
+    def store_webhook(self, name: str, key: str, event: object, status: int) -> _WebhookReply:
+        """Store a webhook event under ``(name, key)`` once; return the reply for its key.
+
+        The first delivery with a key is stored and answered ``status``; later ones get the
+        first delivery's reply and are not stored.
+        """
+        received_at = datetime.now(UTC).isoformat().replace("+00:00", "Z")
+        with self._lock:
+            self._webhooks["received"] += 1
+            reply = self._webhook_replies.get((name, key))
+            if reply is not None:
+                self._webhooks["deduplicated"] += 1
+                return reply
+            events = self._webhook_events.setdefault(name, [])
+            events.append({"key": key, "body": event, "received_at": received_at})
+            payload = {"ok": True, "name": name, "key": key, "event": len(events)}
+            reply = self._webhook_replies[(name, key)] = _WebhookReply(status, payload)
+            self._webhooks["stored"] += 1
+            return reply
+
+    def fail_webhook(self) -> None:
+        """Count a webhook delivery that got an error response."""
+        with self._lock:
+            self._webhooks["received"] += 1
+            self._webhooks["failed"] += 1
+
+    def webhook_events(self, name: str) -> list[dict[str, Any]]:
+        """Return the events stored for webhook ``name``, in arrival order."""
+        with self._lock:
+            # Stored events are never changed, so a shallow copy is a consistent snapshot.
+            return list(self._webhook_events.get(name, ()))
+
     def reset(self) -> None:
-        """Zero every counter except the live ``in_flight`` gauge."""
+        """Zero every counter except the live ``in_flight`` gauge and forget all memory."""
         with self._lock:
             self._generation += 1
             self._zero()
@@ -312,12 +656,19 @@ class _Stats:
             return {
                 "requests": self._requests,
                 "succeeded": self._succeeded,
+                "charged": self._charged,
+                "deduplicated": self._deduplicated,
+                "would_deduplicate": self._would_deduplicate,
                 "failed": self._failed,
+                "lost_responses": self._lost_responses,
+                "rejected_concurrency": self._rejected_concurrency,
                 "by_status": dict(self._by_status),
                 "inputs_embedded": self._inputs_embedded,
                 "input_success_counts": dict(self._input_success_counts),
                 "idempotency_keys": dict(self._idempotency_keys),
                 "in_flight": self._in_flight,
+                "peak_in_flight": self._peak_in_flight,
+                "webhooks": dict(self._webhooks),
             }
 
 
@@ -325,6 +676,15 @@ class _Stats:
 class _FaultDraw:
     config: FaultConfig
     release: threading.Event
+
+
+@dataclass(frozen=True)
+class _Draw:
+    """What the fault dice decided for one request."""
+
+    hang: bool
+    status: int | None
+    lose: bool
 
 
 class _HttpError(Exception):
@@ -381,6 +741,22 @@ def _parse_embeddings_request(body: bytes, default_dim: int) -> _EmbeddingsReque
     return _EmbeddingsRequest(model, inputs, dim, cast("str", encoding_format))
 
 
+def _fingerprint(request: _EmbeddingsRequest) -> str:
+    """Return what identifies a request for its idempotency key: what it asks, not its bytes."""
+    canonical = json.dumps(
+        [request.model, request.inputs, request.dim, request.encoding_format],
+        separators=(",", ":"),
+    )
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _padded(body: bytes, size: int) -> bytes:
+    """Return the JSON object ``body`` with a ``padding`` field of ``size`` characters added."""
+    if size <= 0:
+        return body
+    return b"".join((body[:-1], b',"padding":"', b"x" * size, b'"}'))
+
+
 def _embeddings_response(request: _EmbeddingsRequest) -> dict[str, Any]:
     data: list[dict[str, Any]] = []
     for index, text in enumerate(request.inputs):
@@ -401,7 +777,11 @@ def _embeddings_response(request: _EmbeddingsRequest) -> dict[str, Any]:
 
 
 class EmbeddingServer(ThreadingHTTPServer):
-    """A threading HTTP server for the embeddings API; binds loopback hosts only."""
+    """A threading HTTP server for the embeddings API; binds loopback hosts only.
+
+    ``idempotency_max_keys`` and ``idempotency_max_bytes`` bound the memory of responses
+    kept for repeated ``Idempotency-Key`` headers.
+    """
 
     # Hung requests sleep in their own threads; neither shutdown nor exit may wait for them.
     daemon_threads = True
@@ -415,6 +795,8 @@ class EmbeddingServer(ThreadingHTTPServer):
         dim: int = DEFAULT_DIM,
         api_key: str | None = None,
         verbose: bool = False,
+        idempotency_max_keys: int = IDEMPOTENCY_MAX_KEYS,
+        idempotency_max_bytes: int = IDEMPOTENCY_MAX_BYTES,
     ) -> None:
         require_loopback(host)
         if not 1 <= dim <= MAX_DIM:
@@ -424,9 +806,10 @@ class EmbeddingServer(ThreadingHTTPServer):
         self.dim = dim
         self.api_key = api_key or None
         self.verbose = verbose
-        self.stats = _Stats()
+        self.stats = _Stats(idempotency_max_keys, idempotency_max_bytes)
         self._faults_lock = threading.Lock()
         self._faults = FaultConfig()
+        self._webhook_statuses: deque[int] = deque()
         self._rng = random.Random(0)  # noqa: S311 - fault draws must be reproducible
         self._release = threading.Event()
         super().__init__((host, port), _Handler)
@@ -451,9 +834,10 @@ class EmbeddingServer(ThreadingHTTPServer):
             return self._faults
 
     def set_faults(self, config: FaultConfig) -> None:
-        """Replace the fault config; reseed the fault RNG when it carries a seed."""
+        """Replace the fault config and restart its webhook statuses; reseed if it has a seed."""
         with self._faults_lock:
             self._faults = config
+            self._webhook_statuses = deque(config.webhook_statuses)
             if config.seed is not None:
                 self._rng.seed(config.seed)
 
@@ -461,6 +845,7 @@ class EmbeddingServer(ThreadingHTTPServer):
         """Remove every fault and release requests held by injected latency or hangs."""
         with self._faults_lock:
             self._faults = FaultConfig()
+            self._webhook_statuses = deque()
             self._release.set()
             self._release = threading.Event()
 
@@ -469,19 +854,33 @@ class EmbeddingServer(ThreadingHTTPServer):
         with self._faults_lock:
             return _FaultDraw(self._faults, self._release)
 
-    def draw(self, config: FaultConfig) -> tuple[bool, int | None]:
-        """Draw whether a request hangs and which status, if any, it fails with."""
+    def draw(self, config: FaultConfig) -> _Draw:
+        """Draw whether a request hangs, which status it fails with, if any, and if it is lost."""
+        # Each draw is taken only when its rate is set, so adding a fault kind leaves the
+        # sequences that existing seeds give unchanged.
         with self._faults_lock:
             hang = config.hang_rate > 0 and self._rng.random() < config.hang_rate
-            if not config.status_rates:
-                return hang, None
-            draw = self._rng.random()
-        cumulative = 0.0
-        for status, rate in config.status_rates:
-            cumulative += rate
-            if draw < cumulative:
-                return hang, status
-        return hang, None
+            status_draw = self._rng.random() if config.status_rates else None
+            lose = config.lose_response_rate > 0 and self._rng.random() < config.lose_response_rate
+        status = None
+        if status_draw is not None:
+            cumulative = 0.0
+            for candidate, rate in config.status_rates:
+                cumulative += rate
+                if status_draw < cumulative:
+                    status = candidate
+                    break
+        return _Draw(hang, status, lose)
+
+    def next_webhook_status(self) -> tuple[FaultConfig, int | None]:
+        """Return the fault config and the status it sets for the next webhook, if any."""
+        with self._faults_lock:
+            config = self._faults
+            if config.webhook_status_always is not None:
+                return config, config.webhook_status_always
+            if self._webhook_statuses:
+                return config, self._webhook_statuses.popleft()
+            return config, None
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -523,6 +922,9 @@ class _Handler(BaseHTTPRequestHandler):
                 self._embeddings()
                 return
             body = self._read_body()
+            if path.startswith("/webhooks/"):
+                self._webhook(path.removeprefix("/webhooks/"), body)
+                return
             if path == "/v1" or path.startswith("/v1/"):
                 self._wait_latency(self._srv.snapshot_faults())
                 self._check_auth()
@@ -541,28 +943,38 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _embeddings(self) -> None:
         srv = self._srv
-        key = self.headers.get("Idempotency-Key")
-        generation = srv.stats.begin(key)
+        key = self.headers.get("Idempotency-Key") or None
+        faults = srv.snapshot_faults()
+        config = faults.config
+        ticket = srv.stats.begin(key, config.max_concurrency)
         try:
+            if not ticket.admitted:
+                self._refuse_over_limit(config)
+                return
             try:
-                request, payload = self._embed()
+                body, lost = self._embed(ticket, faults, key)
             except _HttpError as exc:
-                srv.stats.record(generation, exc.status, (), key)
+                srv.stats.fail(ticket, exc.status)
                 self._send_error(exc)
             except Exception:
                 traceback.print_exc(file=sys.stderr)
-                srv.stats.record(generation, 500, (), key)
+                srv.stats.fail(ticket, 500)
                 self._send_error(_HttpError(500, "internal error in the local model server"))
             else:
-                srv.stats.record(generation, 200, request.inputs, key)
-                self._send_json(200, payload)
+                if lost:
+                    self._drop_connection()
+                else:
+                    body = _padded(body, config.pad_response_bytes)
+                    self._send_body(
+                        200, body, trickle=config.trickle_bytes_per_s, release=faults.release
+                    )
         finally:
-            srv.stats.end()
+            srv.stats.end(ticket)
 
-    def _embed(self) -> tuple[_EmbeddingsRequest, dict[str, Any]]:
+    def _embed(self, ticket: _Ticket, faults: _FaultDraw, key: str | None) -> tuple[bytes, bool]:
+        """Serve one embeddings request; return the body to answer with and if it is lost."""
         srv = self._srv
         body = self._read_body()
-        faults = srv.snapshot_faults()
         config = faults.config
         self._wait_latency(faults)
         self._check_auth()
@@ -572,12 +984,81 @@ class _Handler(BaseHTTPRequestHandler):
         for needle, poison_status in config.fail_inputs_containing:
             if any(needle in text for text in request.inputs):
                 raise self._injected(config, poison_status, f"an input contains {needle!r}")
-        hang, status = srv.draw(config)
-        if hang:
+        draw = srv.draw(config)
+        if draw.hang:
             faults.release.wait(config.hang_s)
-        if status is not None:
-            raise self._injected(config, status, "random failure")
-        return request, _embeddings_response(request)
+        if draw.status is not None:
+            raise self._injected(config, draw.status, "random failure")
+        response = json.dumps(_embeddings_response(request), separators=(",", ":")).encode()
+        digests = [hashlib.sha256(text.encode()).hexdigest() for text in request.inputs]
+        answer = srv.stats.settle(
+            ticket,
+            key,
+            _fingerprint(request),
+            digests,
+            response,
+            dedupe=config.dedupe,
+            lost=draw.lose,
+        )
+        if answer is None:
+            raise _HttpError(
+                422,
+                f"Idempotency-Key {key!r} was already used for a different request; "
+                "send a new key with a new request",
+                code="idempotency_key_reused",
+            )
+        return answer, draw.lose
+
+    def _refuse_over_limit(self, config: FaultConfig) -> None:
+        # The body is read even though it is refused, to keep the connection usable.
+        with contextlib.suppress(_HttpError):
+            self._read_body()
+        self._send_error(
+            _HttpError(
+                429,
+                f"too many concurrent requests: at most {config.max_concurrency} at once",
+                code="concurrency_limit_exceeded",
+                headers={"Retry-After": _seconds_header(config.concurrency_retry_after)},
+            )
+        )
+
+    def _drop_connection(self) -> None:
+        # No status line, just the end of the stream: what a client sees when a provider or
+        # a proxy fails after the work was done and billed.
+        self.close_connection = True
+        with contextlib.suppress(OSError):
+            self.connection.shutdown(socket.SHUT_RDWR)
+
+    def _webhook(self, name: str, body: bytes) -> None:
+        srv = self._srv
+        if not _WEBHOOK_NAME_RE.fullmatch(name):
+            raise _HttpError(404, f"unknown endpoint /webhooks/{name}")
+        if self.command == "GET":
+            events = srv.stats.webhook_events(name)
+            self._send_json(200, {"name": name, "events": events})
+            return
+        if self.command != "POST":
+            raise _HttpError(
+                405, f"use GET, POST on /webhooks/{name}", headers={"Allow": "GET, POST"}
+            )
+        try:
+            key = self.headers.get("Idempotency-Key")
+            if not key:
+                raise _HttpError(
+                    400, "an Idempotency-Key header is required", code="missing_idempotency_key"
+                )
+            try:
+                event = json.loads(body)
+            except (ValueError, RecursionError) as exc:
+                raise _HttpError(400, f"request body is not valid JSON: {exc}") from None
+            config, status = srv.next_webhook_status()
+            if status is not None and status >= 400:
+                raise self._injected(config, status, "webhook delivery")
+            reply = srv.stats.store_webhook(name, key, event, status or 200)
+        except _HttpError:
+            srv.stats.fail_webhook()
+            raise
+        self._send_json(reply.status, reply.payload)
 
     def _injected(self, config: FaultConfig, status: int, reason: str) -> _HttpError:
         headers: dict[str, str] = {}
@@ -634,7 +1115,17 @@ class _Handler(BaseHTTPRequestHandler):
     def _send_json(
         self, status: int, payload: object, headers: Mapping[str, str] | None = None
     ) -> None:
-        data = json.dumps(payload, separators=(",", ":")).encode()
+        self._send_body(status, json.dumps(payload, separators=(",", ":")).encode(), headers)
+
+    def _send_body(
+        self,
+        status: int,
+        data: bytes,
+        headers: Mapping[str, str] | None = None,
+        *,
+        trickle: float = 0.0,
+        release: threading.Event | None = None,
+    ) -> None:
         try:
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
@@ -644,10 +1135,25 @@ class _Handler(BaseHTTPRequestHandler):
             if self.close_connection:
                 self.send_header("Connection", "close")
             self.end_headers()
-            self.wfile.write(data)
-        except (BrokenPipeError, ConnectionResetError):
+            if trickle > 0 and release is not None:
+                self._write_slowly(data, trickle, release)
+            else:
+                self.wfile.write(data)
+        except (ConnectionError, TimeoutError):
             # The client gave up, e.g. on a hung request; nothing is left to tell it.
             self.close_connection = True
+
+    def _write_slowly(self, data: bytes, rate: float, release: threading.Event) -> None:
+        # A tenth of a second's worth per piece keeps every read short, so only a deadline
+        # on the whole response notices how long it takes. Clearing the faults sends the rest
+        # at once.
+        piece = max(1, int(rate / 10))
+        pause = piece / rate
+        view = memoryview(data)
+        for start in range(0, len(view), piece):
+            if start and not release.is_set():
+                release.wait(pause)
+            self.wfile.write(view[start : start + piece])
 
     def _healthz(self, body: bytes) -> tuple[int, object]:
         return 200, {"ok": True}
@@ -946,7 +1452,10 @@ class LocalModelServer:
         return cast("dict[str, Any]", self._control("GET", "/stats"))
 
     def reset_stats(self) -> None:
-        """Zero the server's counters (``in_flight`` is a live gauge and stays)."""
+        """Zero the counters, forget idempotency keys and drop webhook events.
+
+        ``in_flight`` is a live gauge and stays.
+        """
         self._control("POST", "/stats/reset")
 
     def faults(self) -> dict[str, Any]:
@@ -964,8 +1473,17 @@ class LocalModelServer:
         return cast("dict[str, Any]", self._control("PUT", "/faults", merged))
 
     def clear_faults(self) -> None:
-        """Remove every fault and release requests held by injected latency or hangs."""
+        """Remove every fault and release requests held by latency, hangs or trickling."""
         self._control("DELETE", "/faults")
+
+    def webhook_url(self, name: str) -> str:
+        """Return the URL of webhook receiver ``name``; raise ``ValueError`` if it is invalid."""
+        return f"{self.root_url}{_webhook_path(name)}"
+
+    def webhook_events(self, name: str) -> list[dict[str, Any]]:
+        """Return the events webhook ``name`` stored, oldest first: key, body, received_at."""
+        response = self._control("GET", _webhook_path(name))
+        return cast("list[dict[str, Any]]", response["events"])
 
 
 if __name__ == "__main__":

@@ -4,18 +4,28 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import math
 import os
+import re
 import struct
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from replayable.provider.server import LocalModelServer, embed_text, serve
+from replayable.provider.server import (
+    MAX_PAD_BYTES,
+    EmbeddingServer,
+    LocalModelServer,
+    embed_text,
+    serve,
+)
 
 API_KEY = "test-key-123"
 
@@ -57,8 +67,31 @@ def client(server: LocalModelServer) -> Iterator[httpx.Client]:
         yield http
 
 
-def embed(client: httpx.Client, inputs: str | list[str], **extra: Any) -> httpx.Response:
-    return client.post("/embeddings", json={"model": "local-hash", "input": inputs, **extra})
+@pytest.fixture
+def root(server: LocalModelServer) -> Iterator[httpx.Client]:
+    """A client for the server's root, where the webhooks and control endpoints live."""
+    with httpx.Client(base_url=server.root_url, trust_env=False, timeout=10.0) as http:
+        yield http
+
+
+def embed(
+    client: httpx.Client, inputs: str | list[str], key: str | None = None, **extra: Any
+) -> httpx.Response:
+    headers = {"Idempotency-Key": key} if key is not None else {}
+    return client.post(
+        "/embeddings", json={"model": "local-hash", "input": inputs, **extra}, headers=headers
+    )
+
+
+def sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.02)
 
 
 def vectors(response: httpx.Response) -> list[list[float]]:
@@ -267,6 +300,8 @@ def test_clearing_faults_releases_hung_requests(
 def test_stats_count_successes_per_idempotency_key_and_input(
     client: httpx.Client, server: LocalModelServer
 ) -> None:
+    """With de-duplication off, every success is charged to its key and to each input."""
+    server.set_faults(dedupe=False)
     client.post(
         "/embeddings", json={"model": "m", "input": ["a", "b"]}, headers={"Idempotency-Key": "k1"}
     )
@@ -318,3 +353,370 @@ def test_stop_leaves_no_process_and_is_idempotent(tmp_path: Path) -> None:
     with pytest.raises(ProcessLookupError):
         os.killpg(pgid, 0)
     assert not (tmp_path / "port").exists()
+
+
+# Idempotency keys
+
+
+def test_repeated_key_returns_the_first_body_and_is_charged_once(
+    client: httpx.Client, server: LocalModelServer
+) -> None:
+    first = embed(client, ["alpha", "beta"], key="k1")
+    again = embed(client, ["alpha", "beta"], key="k1")
+    assert first.status_code == again.status_code == 200
+    assert again.content == first.content
+    stats = server.stats()
+    assert stats["charged"] == 1
+    assert stats["deduplicated"] == 1
+    assert stats["succeeded"] == 2
+    assert stats["inputs_embedded"] == 2
+    assert stats["input_success_counts"] == {sha("alpha"): 1, sha("beta"): 1}
+    assert stats["idempotency_keys"] == {"k1": 1}
+    assert stats["by_status"] == {"200": 2}
+
+
+def test_repeat_is_recognised_by_what_it_asks_not_its_bytes(
+    client: httpx.Client, server: LocalModelServer
+) -> None:
+    embed(client, "alpha", key="k1")
+    reordered = b'{"dimensions": 64, "input": "alpha", "model": "local-hash"}'
+    response = client.post("/embeddings", content=reordered, headers={"Idempotency-Key": "k1"})
+    assert response.status_code == 200
+    assert server.stats()["deduplicated"] == 1
+
+
+def test_key_reused_for_a_different_request_gets_422_and_is_not_charged(
+    client: httpx.Client, server: LocalModelServer
+) -> None:
+    assert embed(client, "alpha", key="k1").status_code == 200
+    reused = embed(client, "something else", key="k1")
+    assert reused.status_code == 422
+    assert reused.json()["error"]["code"] == "idempotency_key_reused"
+    assert "k1" in reused.json()["error"]["message"]
+    stats = server.stats()
+    assert (stats["charged"], stats["deduplicated"], stats["failed"]) == (1, 0, 1)
+    assert stats["input_success_counts"] == {sha("alpha"): 1}
+    assert stats["by_status"] == {"200": 1, "422": 1}
+
+
+def test_failed_request_is_not_remembered_so_its_retry_is_charged(
+    client: httpx.Client, server: LocalModelServer
+) -> None:
+    server.set_faults(status_always=503)
+    assert embed(client, "alpha", key="k1").status_code == 503
+    server.clear_faults()
+    assert embed(client, "alpha", key="k1").status_code == 200
+    stats = server.stats()
+    assert (stats["charged"], stats["deduplicated"]) == (1, 0)
+    assert stats["idempotency_keys"] == {"k1": 1}
+
+
+def test_with_dedupe_off_every_repeat_is_charged_and_counted_as_would_deduplicate(
+    client: httpx.Client, server: LocalModelServer
+) -> None:
+    server.set_faults(dedupe=False)
+    bodies = [embed(client, "alpha", key="k1").content for _ in range(3)]
+    embed(client, "beta", key="k2")
+    assert bodies[0] == bodies[1] == bodies[2]
+    stats = server.stats()
+    assert stats["charged"] == 4
+    assert stats["deduplicated"] == 0
+    assert stats["would_deduplicate"] == 2
+    assert stats["input_success_counts"] == {sha("alpha"): 3, sha("beta"): 1}
+    assert stats["idempotency_keys"] == {"k1": 3, "k2": 1}
+
+
+def test_concurrent_requests_with_one_key_are_charged_once(
+    client: httpx.Client, server: LocalModelServer
+) -> None:
+    # The latency keeps all of them in flight at once.
+    server.set_faults(latency_ms=300)
+    with ThreadPoolExecutor(8) as pool:
+        responses = list(pool.map(lambda _: embed(client, "alpha", key="k1"), range(8)))
+    assert {r.status_code for r in responses} == {200}
+    assert len({r.content for r in responses}) == 1
+    stats = server.stats()
+    assert (stats["charged"], stats["deduplicated"]) == (1, 7)
+    assert stats["input_success_counts"] == {sha("alpha"): 1}
+
+
+def test_reset_forgets_idempotency_keys(client: httpx.Client, server: LocalModelServer) -> None:
+    embed(client, "alpha", key="k1")
+    server.reset_stats()
+    embed(client, "alpha", key="k1")
+    assert server.stats()["charged"] == 1
+
+
+def test_least_recently_used_key_is_forgotten_beyond_the_memory_bound() -> None:
+    running = EmbeddingServer(idempotency_max_keys=2)
+    thread = threading.Thread(target=running.serve_forever, kwargs={"poll_interval": 0.05})
+    thread.start()
+    try:
+        with httpx.Client(base_url=f"{running.url}/v1", trust_env=False, timeout=10) as http:
+            # k1 is used again before k3 arrives, so k2 is the one evicted.
+            for key in ("k1", "k2", "k1", "k3", "k1", "k2"):
+                assert embed(http, "alpha", key=key).status_code == 200
+    finally:
+        running.shutdown()
+        running.server_close()
+        thread.join()
+    stats = running.stats.snapshot()
+    assert stats["idempotency_keys"] == {"k1": 1, "k2": 2, "k3": 1}
+    assert stats["deduplicated"] == 2
+
+
+# Lost responses
+
+
+def test_lost_response_is_charged_then_replayed_uncharged_on_retry_with_same_key(
+    client: httpx.Client, server: LocalModelServer
+) -> None:
+    server.set_faults(lose_response_rate=1.0)
+    with pytest.raises((httpx.RemoteProtocolError, httpx.ReadError)):
+        embed(client, "alpha", key="k1")
+    stats = server.stats()
+    assert (stats["charged"], stats["lost_responses"], stats["in_flight"]) == (1, 1, 0)
+    server.clear_faults()
+    retry = embed(client, "alpha", key="k1")
+    assert vectors(retry) == [pytest.approx(embed_text("alpha", 64))]
+    stats = server.stats()
+    assert (stats["charged"], stats["deduplicated"], stats["lost_responses"]) == (1, 1, 1)
+    assert stats["input_success_counts"] == {sha("alpha"): 1}
+
+
+# Concurrency limit
+
+
+def test_beyond_max_concurrency_the_server_answers_429_with_retry_after(
+    client: httpx.Client, server: LocalModelServer
+) -> None:
+    # Hung requests hold the two slots until the faults are cleared.
+    server.set_faults(max_concurrency=2, concurrency_retry_after=3, hang_rate=1.0, hang_s=60)
+    with ThreadPoolExecutor(2) as pool:
+        held = [pool.submit(embed, client, f"held {i}") for i in range(2)]
+        wait_until(lambda: server.stats()["in_flight"] == 2)
+        refused = embed(client, "one too many")
+        server.clear_faults()
+        assert [future.result().status_code for future in held] == [200, 200]
+    assert refused.status_code == 429
+    assert refused.headers["Retry-After"] == "3"
+    assert refused.json()["error"]["type"] == "rate_limit_error"
+    stats = server.stats()
+    assert stats["rejected_concurrency"] == 1
+    assert stats["peak_in_flight"] == 2
+    assert stats["by_status"] == {"200": 2, "429": 1}
+    assert (stats["charged"], stats["failed"]) == (2, 1)
+
+
+def test_peak_in_flight_never_exceeds_the_limit_under_load(
+    client: httpx.Client, server: LocalModelServer
+) -> None:
+    server.set_faults(max_concurrency=3, latency_ms=200)
+    with ThreadPoolExecutor(12) as pool:
+        statuses = list(pool.map(lambda i: embed(client, f"doc {i}").status_code, range(12)))
+    assert set(statuses) <= {200, 429}
+    stats = server.stats()
+    assert stats["charged"] == statuses.count(200)
+    assert stats["rejected_concurrency"] == statuses.count(429)
+    assert 1 <= stats["peak_in_flight"] <= 3
+
+
+def test_peak_in_flight_is_measured_without_a_limit(
+    client: httpx.Client, server: LocalModelServer
+) -> None:
+    server.set_faults(hang_rate=1.0, hang_s=60)
+    with ThreadPoolExecutor(3) as pool:
+        held = [pool.submit(embed, client, f"held {i}") for i in range(3)]
+        wait_until(lambda: server.stats()["in_flight"] == 3)
+        server.clear_faults()
+        assert [future.result().status_code for future in held] == [200, 200, 200]
+    stats = server.stats()
+    assert (stats["peak_in_flight"], stats["in_flight"]) == (3, 0)
+    server.reset_stats()
+    assert server.stats()["peak_in_flight"] == 0
+
+
+# Slow and large responses
+
+
+def read_within(client: httpx.Client, deadline_s: float, text: str) -> bytes:
+    """Read a whole embeddings response, giving up once ``deadline_s`` has passed."""
+    started = time.monotonic()
+    chunks = []
+    request = {"model": "local-hash", "input": text}
+    with client.stream("POST", "/embeddings", json=request) as response:
+        for chunk in response.iter_raw():
+            if time.monotonic() - started > deadline_s:
+                raise TimeoutError(f"response not read within {deadline_s} s")
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def test_trickled_response_passes_a_read_timeout_but_fails_a_total_deadline(
+    server: LocalModelServer,
+) -> None:
+    # About 2.3 kB at 2 kB/s: over a second in all, but a piece every tenth of a second.
+    server.set_faults(trickle_bytes_per_s=2000, pad_response_bytes=2000)
+    timeout = httpx.Timeout(10.0, read=2.0)
+    with httpx.Client(base_url=server.base_url, trust_env=False, timeout=timeout) as http:
+        body = read_within(http, 60.0, "alpha")
+        assert json.loads(body)["data"][0]["embedding"] == pytest.approx(embed_text("alpha"))
+        with pytest.raises(TimeoutError):
+            read_within(http, 0.25, "alpha")
+
+
+def test_pad_response_bytes_adds_a_padding_field_of_that_size(
+    client: httpx.Client, server: LocalModelServer
+) -> None:
+    plain = embed(client, "alpha")
+    server.set_faults(pad_response_bytes=100_000)
+    padded = embed(client, "alpha")
+    assert len(padded.content) >= len(plain.content) + 100_000
+    body = padded.json()
+    assert len(body.pop("padding")) == 100_000
+    assert body == plain.json()
+
+
+# Webhooks
+
+
+def post_webhook(root: httpx.Client, name: str, event: object, key: str | None) -> httpx.Response:
+    headers = {"Idempotency-Key": key} if key is not None else {}
+    return root.post(f"/webhooks/{name}", json=event, headers=headers)
+
+
+def test_webhook_stores_each_key_once_and_replays_the_first_response(
+    root: httpx.Client, server: LocalModelServer
+) -> None:
+    first = post_webhook(root, "ready", {"doc": "d1"}, key="e1")
+    again = post_webhook(root, "ready", {"doc": "d1", "retry": True}, key="e1")
+    other = post_webhook(root, "ready", {"doc": "d2"}, key="e2")
+    assert first.status_code == again.status_code == other.status_code == 200
+    assert first.json() == {"ok": True, "name": "ready", "key": "e1", "event": 1}
+    assert again.content == first.content
+    events = server.webhook_events("ready")
+    assert [(e["key"], e["body"]) for e in events] == [("e1", {"doc": "d1"}), ("e2", {"doc": "d2"})]
+    assert all(re.fullmatch(r"\d{4}-\d\d-\d\dT[\d:.]+Z", e["received_at"]) for e in events)
+    webhooks = server.stats()["webhooks"]
+    assert webhooks == {"received": 3, "stored": 2, "deduplicated": 1, "failed": 0}
+
+
+def test_webhook_events_are_kept_per_name(root: httpx.Client, server: LocalModelServer) -> None:
+    post_webhook(root, "a", {"n": 1}, key="same")
+    post_webhook(root, "b", {"n": 2}, key="same")
+    assert [e["body"] for e in server.webhook_events("a")] == [{"n": 1}]
+    assert [e["body"] for e in server.webhook_events("b")] == [{"n": 2}]
+    assert server.webhook_events("never-used") == []
+
+
+@pytest.mark.parametrize(
+    ("content", "headers", "message"),
+    [
+        (b'{"doc": "d1"}', {}, "Idempotency-Key header is required"),
+        (b"{not json", {"Idempotency-Key": "e1"}, "not valid JSON"),
+    ],
+)
+def test_webhook_without_key_or_json_body_gets_400_and_is_not_stored(
+    root: httpx.Client,
+    server: LocalModelServer,
+    content: bytes,
+    headers: dict[str, str],
+    message: str,
+) -> None:
+    response = root.post("/webhooks/ready", content=content, headers=headers)
+    assert response.status_code == 400
+    assert message in response.json()["error"]["message"]
+    assert server.webhook_events("ready") == []
+    assert server.stats()["webhooks"] == {
+        "received": 1,
+        "stored": 0,
+        "deduplicated": 0,
+        "failed": 1,
+    }
+
+
+def test_webhook_statuses_are_answered_in_order_before_success(
+    root: httpx.Client, server: LocalModelServer
+) -> None:
+    server.set_faults(webhook_statuses=[503, 429, 202], retry_after=2)
+    statuses = [post_webhook(root, "ready", {"doc": "d1"}, key="e1") for _ in range(4)]
+    assert [r.status_code for r in statuses] == [503, 429, 202, 202]
+    assert statuses[0].headers["Retry-After"] == statuses[1].headers["Retry-After"] == "2"
+    assert statuses[3].content == statuses[2].content
+    assert len(server.webhook_events("ready")) == 1
+    webhooks = server.stats()["webhooks"]
+    assert webhooks == {"received": 4, "stored": 1, "deduplicated": 1, "failed": 2}
+
+
+def test_webhook_status_always_fails_every_delivery_and_stores_nothing(
+    root: httpx.Client, server: LocalModelServer
+) -> None:
+    server.set_faults(webhook_status_always=400, webhook_statuses=[200])
+    statuses = [post_webhook(root, "ready", {}, key=f"e{i}").status_code for i in range(3)]
+    assert statuses == [400, 400, 400]
+    assert server.webhook_events("ready") == []
+    assert server.stats()["webhooks"]["failed"] == 3
+
+
+def test_reset_drops_webhook_events_and_keys(root: httpx.Client, server: LocalModelServer) -> None:
+    post_webhook(root, "ready", {"doc": "d1"}, key="e1")
+    server.reset_stats()
+    assert server.webhook_events("ready") == []
+    assert server.stats()["webhooks"] == {
+        "received": 0,
+        "stored": 0,
+        "deduplicated": 0,
+        "failed": 0,
+    }
+    post_webhook(root, "ready", {"doc": "d1"}, key="e1")
+    assert len(server.webhook_events("ready")) == 1
+
+
+def test_invalid_webhook_name_is_refused(root: httpx.Client, server: LocalModelServer) -> None:
+    assert server.webhook_url("ready") == f"{server.root_url}/webhooks/ready"
+    with pytest.raises(ValueError, match="invalid webhook name"):
+        server.webhook_url("a/b")
+    assert post_webhook(root, "a/b", {}, key="e1").status_code == 404
+    assert root.delete("/webhooks/ready").status_code == 405
+
+
+# Fault config
+
+
+@pytest.mark.parametrize(
+    ("config", "key"),
+    [
+        ({"dedupe": "no"}, "dedupe"),
+        ({"lose_response_rate": 1.5}, "lose_response_rate"),
+        ({"max_concurrency": 0}, "max_concurrency"),
+        ({"max_concurrency": 2.5}, "max_concurrency"),
+        ({"concurrency_retry_after": -1}, "concurrency_retry_after"),
+        ({"trickle_bytes_per_s": -5}, "trickle_bytes_per_s"),
+        ({"pad_response_bytes": -1}, "pad_response_bytes"),
+        ({"pad_response_bytes": MAX_PAD_BYTES + 1}, "pad_response_bytes"),
+        ({"webhook_statuses": 503}, "webhook_statuses"),
+        ({"webhook_statuses": [503, 302]}, "webhook_statuses[1]"),
+        ({"webhook_status_always": 200}, "webhook_status_always"),
+    ],
+)
+def test_invalid_new_fault_values_are_refused_naming_the_key(
+    server: LocalModelServer, config: dict[str, Any], key: str
+) -> None:
+    with pytest.raises(ValueError, match=re.escape(key)):
+        server.set_faults(config)
+
+
+def test_new_fault_keys_read_back_and_round_trip(server: LocalModelServer) -> None:
+    config = {
+        "dedupe": False,
+        "lose_response_rate": 0.2,
+        "max_concurrency": 4,
+        "concurrency_retry_after": 2.5,
+        "trickle_bytes_per_s": 500.0,
+        "pad_response_bytes": 10,
+        "webhook_statuses": [503, 200],
+        "webhook_status_always": 400,
+    }
+    shown = server.set_faults(config)
+    assert {key: shown[key] for key in config} == config
+    assert server.set_faults(server.faults()) == shown
