@@ -7,6 +7,7 @@ parses untrusted bytes, so a stall or a blow-up here must cost one item, not the
 from __future__ import annotations
 
 import io
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,25 +16,61 @@ from pypdf.errors import FileNotDecryptedError, LimitReachedError, PdfReadError,
 
 from replayable.retry import ErrorKind, ItemError
 
+# Sanitising left this at 1.0: it only alters text that Postgres refused before, so no
+# stored extraction changes; documents that died on such text come back with a redrive.
 VERSION = "1.0"
 
 # PDF 1.7 §7.5.2: the header may follow up to 1024 bytes of junk.
 _HEADER_WINDOW = 1024
 
+# pypdf 7.1 decodes /ToUnicode maps and UTF-16 strings with errors="surrogatepass": a map
+# that names a surrogate leaves it in the text, and no UTF-8 encoder accepts one.
+_SURROGATE_PAIR = re.compile("[\ud800-\udbff][\udc00-\udfff]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
 
 @dataclass(frozen=True)
 class Extraction:
-    """Text and page count of one document."""
+    """Text and page count of one document.
+
+    ``removed_chars`` counts the characters of pypdf's text that Postgres could not
+    store and that were dropped or replaced (see ``sanitize_text``).
+    """
 
     page_count: int
     text: str
+    removed_chars: int = 0
+
+
+def _join_pair(match: re.Match[str]) -> str:
+    """Return the one character that a UTF-16 surrogate pair stands for."""
+    return match.group().encode("utf-16-be", "surrogatepass").decode("utf-16-be")
+
+
+def sanitize_text(text: str) -> tuple[str, int]:
+    """Return ``text`` as Postgres ``text`` stores it, and how many characters were changed.
+
+    A UTF-8 Postgres database refuses NUL, and no driver can encode a lone UTF-16
+    surrogate; every other Python character is stored as it is. So NUL characters are
+    dropped (pdfTeX's T1-encoded bitmap fonts put one wherever a grave accent has no
+    precomposed glyph), a surrogate pair is joined into its character, and a lone
+    surrogate becomes U+FFFD. The count covers the dropped and replaced characters.
+    """
+    removed = text.count("\x00")
+    if removed:
+        text = text.replace("\x00", "")
+    if _SURROGATE.search(text):
+        text = _SURROGATE_PAIR.sub(_join_pair, text)
+        text, replaced = _SURROGATE.subn("\ufffd", text)
+        removed += replaced
+    return text, removed
 
 
 def extract_pdf(data: bytes) -> Extraction:
     """Extract the text of every page of the PDF in ``data``.
 
-    Raises ItemError (terminal) with class ``not_pdf``, ``encrypted``, ``malformed`` or
-    ``empty_text``.
+    The text is sanitised for Postgres (see ``sanitize_text``). Raises ItemError
+    (terminal) with class ``not_pdf``, ``encrypted``, ``malformed`` or ``empty_text``.
     """
     if b"%PDF-" not in data[:_HEADER_WINDOW]:
         raise ItemError("not_pdf", f"no PDF header in the first {_HEADER_WINDOW} bytes")
@@ -49,10 +86,14 @@ def extract_pdf(data: bytes) -> Extraction:
         raise ItemError("malformed", f"pypdf limit: {exc}") from exc
     except (PdfReadError, PyPdfError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ItemError("malformed", f"{type(exc).__name__}: {exc}") from exc
+    removed = 0
+    for number, page in enumerate(pages):
+        pages[number], changed = sanitize_text(page)
+        removed += changed
     text = "\n\n".join(page.strip() for page in pages).strip()
     if not text:
         raise ItemError("empty_text", f"no text on {len(pages)} page(s)")
-    return Extraction(page_count=len(pages), text=text)
+    return Extraction(page_count=len(pages), text=text, removed_chars=removed)
 
 
 def extract_file(path: str) -> Extraction:

@@ -1,12 +1,66 @@
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
 
 import corpus
+from replayable import db
 from replayable.retry import ErrorKind, ItemError
-from replayable.stages.extract import extract_file, extract_pdf
+from replayable.stages.extract import extract_file, extract_pdf, sanitize_text
 
 SAMPLES = Path(__file__).resolve().parents[3] / "data" / "samples"
+
+
+def _text_pdf(shown: bytes, to_unicode: Mapping[int, str] | None = None) -> bytes:
+    """Return a one-page PDF that shows the string ``shown`` in Helvetica.
+
+    With ``to_unicode`` the font carries a /ToUnicode map from single-byte codes to UTF-16
+    code units, given as a str (surrogates included), the way broken real-world maps do.
+    """
+    font = b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica /Encoding /WinAnsiEncoding"
+    objects = [
+        b"<< /Type /Catalog /Pages 2 0 R >>",
+        b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+        b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792]"
+        b" /Resources << /Font << /F1 5 0 R >> >> /Contents 4 0 R >>",
+        b"BT /F1 12 Tf 72 720 Td (" + shown + b") Tj ET",
+    ]
+    if to_unicode:
+        lines = [
+            b"<%02X> <%s>" % (code, text.encode("utf-16-be", "surrogatepass").hex().encode())
+            for code, text in to_unicode.items()
+        ]
+        cmap = b"\n".join(
+            [
+                b"/CIDInit /ProcSet findresource begin 12 dict begin begincmap",
+                b"/CMapName /Test def /CMapType 2 def",
+                b"1 begincodespacerange <00> <FF> endcodespacerange",
+                b"%d beginbfchar" % len(lines),
+                *lines,
+                b"endbfchar endcmap CMapName currentdict /CMap defineresource pop end end",
+            ]
+        )
+        objects += [font + b" /ToUnicode 6 0 R >>", cmap]
+    else:
+        objects.append(font + b" >>")
+    # The content stream and the CMap are objects 4 and 6: give them their stream framing.
+    for number in (4, 6):
+        if number <= len(objects):
+            data = objects[number - 1]
+            objects[number - 1] = b"<< /Length %d >>\nstream\n%s\nendstream" % (len(data), data)
+    out = bytearray(b"%PDF-1.7\n")
+    offsets = []
+    for number, body in enumerate(objects, start=1):
+        offsets.append(len(out))
+        out += b"%d 0 obj\n%s\nendobj\n" % (number, body)
+    xref = len(out)
+    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
+    out += b"".join(b"%010d 00000 n \n" % offset for offset in offsets)
+    out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (
+        len(objects) + 1,
+        xref,
+    )
+    return bytes(out)
 
 
 def test_a_sample_gives_its_pages_and_text():
@@ -57,3 +111,78 @@ def test_a_vanished_file_is_missing_file(tmp_path):
     with pytest.raises(ItemError) as info:
         extract_file(str(tmp_path / "gone.pdf"))
     assert info.value.error_class == "missing_file"
+
+
+def test_nul_characters_from_the_text_layer_are_dropped_and_counted(tmp_path):
+    """Code 0 of a simple font extracts as NUL, as pdfTeX's T1 grave accent does."""
+    path = tmp_path / "grave.pdf"
+    path.write_bytes(_text_pdf(b"Welsh \\000w and \\000y, a lone \\000 grave."))
+    result = extract_file(str(path))
+    assert result.text == "Welsh w and y, a lone  grave."
+    assert result.removed_chars == 3
+
+
+def test_a_lone_surrogate_becomes_a_replacement_character_and_a_split_pair_is_joined():
+    data = _text_pdf(b"AxBCy", {0x41: "\ud800", 0x42: "\ud83d", 0x43: "\udcc4"})
+    result = extract_pdf(data)
+    assert result.text == "\ufffdx\U0001f4c4y"
+    assert result.removed_chars == 1
+
+
+def test_clean_text_reports_no_removed_characters():
+    result = extract_pdf(sorted(SAMPLES.glob("*.pdf"))[0].read_bytes())
+    assert result.removed_chars == 0
+
+
+def test_a_page_of_nothing_but_nul_is_empty_text():
+    with pytest.raises(ItemError) as info:
+        extract_pdf(_text_pdf(b"\\000\\000\\000"))
+    assert info.value.error_class == "empty_text"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "plain text\twith\nwhitespace",
+        "control \x01\x07\x1b\x1f\x7f\x85 characters pdfTeX ligatures become",
+        "non-BMP \U0001f4c4 \U0001d49c and noncharacters \ufffe \uffff \U0010ffff",
+        "already replaced \ufffd and CJK \u4e00",
+    ],
+)
+def test_sanitize_keeps_every_character_postgres_stores(text):
+    assert sanitize_text(text) == (text, 0)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected", "removed"),
+    [
+        ("a\x00b\x00\x00c", "abc", 3),
+        ("\x00", "", 1),
+        ("high \ud800 alone", "high \ufffd alone", 1),
+        ("low \udc00 alone", "low \ufffd alone", 1),
+        ("ends high \udbff", "ends high \ufffd", 1),
+        ("two lows \udc00\udc00", "two lows \ufffd\ufffd", 2),
+        ("reversed pair \udcc4\ud83d", "reversed pair \ufffd\ufffd", 2),
+        ("split pair \ud83d\udcc4", "split pair \U0001f4c4", 0),
+        ("both \x00\ud83d\udcc4\ud800", "both \U0001f4c4\ufffd", 2),
+    ],
+)
+def test_sanitize_drops_nul_and_replaces_lone_surrogates(text, expected, removed):
+    assert sanitize_text(text) == (expected, removed)
+
+
+def test_postgres_text_refuses_nul_and_stores_sanitised_text_unchanged(dsn):
+    """What sanitize_text keeps round-trips through a text column; NUL is refused."""
+    raw = "a\x00b \x01\x1b\x7f \U0001f4c4 \ufffe\uffff\U0010ffff \ud800 \ud83d\udcc4"
+    text, removed = sanitize_text(raw)
+    assert removed == 2
+    conn = db.connect(dsn)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT %s::text", (text,))
+            assert cur.fetchone()[0] == text
+            with pytest.raises(ValueError, match="NUL"):
+                cur.execute("SELECT %s::text", ("a\x00b",))
+    finally:
+        conn.close()
