@@ -76,6 +76,18 @@ def call_exit() -> None:
     sys.exit(3)
 
 
+def spin() -> None:
+    while True:
+        pass
+
+
+def spin_cpu_for(seconds: float) -> float:
+    end = time.process_time() + seconds
+    while time.process_time() < end:
+        pass
+    return seconds
+
+
 class ItemError(Exception):
     """A custom exception with an extra init argument, made picklable by passing it on."""
 
@@ -261,6 +273,126 @@ def test_check_size_rejects_a_fifo(tmp_path: Path) -> None:
     with pytest.raises(GuardError) as caught:
         check_size(fifo, 10**6)
     assert caught.value.error_class == "oversize"
+
+
+def test_cpu_limit_is_passed_on_in_whole_seconds() -> None:
+    """cpu_s defaults to twice timeout_s and is rounded up to whole seconds, as RLIMIT_CPU is."""
+    assert GuardedPool(timeout_s=2.5, memory_mb=None).cpu_s == 5
+    assert GuardedPool(timeout_s=0.2, memory_mb=None).cpu_s == 1
+    assert GuardedPool(timeout_s=60, memory_mb=None, cpu_s=1.5).cpu_s == 2
+    with pytest.raises(ValueError, match="cpu_s"):
+        GuardedPool(timeout_s=1, memory_mb=None, cpu_s=0)
+
+
+def test_spinning_item_is_timeout_by_cpu_limit_before_wall_clock() -> None:
+    """An item spinning past cpu_s is ended by the kernel (SIGXCPU) long before timeout_s."""
+    with GuardedPool(timeout_s=120, memory_mb=MEMORY_MB, cpu_s=1) as guarded:
+        started = time.monotonic()
+        with pytest.raises(GuardError) as caught:
+            guarded.run(spin)
+        assert caught.value.error_class == "timeout"
+        assert "SIGXCPU" in str(caught.value)
+        assert time.monotonic() - started < 60
+        assert guarded.run(add, 5, 5) == 10
+
+
+def test_cpu_limit_is_per_item_not_per_worker() -> None:
+    """Items that together use more than cpu_s on one worker all finish: each gets its own."""
+    with GuardedPool(timeout_s=120, memory_mb=MEMORY_MB, cpu_s=1) as guarded:
+        first = guarded.run(worker_pid)
+        assert [guarded.run(spin_cpu_for, 0.4) for _ in range(5)] == [0.4] * 5
+        assert guarded.run(worker_pid) == first
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie waiting to be reaped."""
+    try:
+        stat_line = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return stat_line.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+def _descendants(root: int) -> set[int]:
+    """Pids of every living process below ``root``, from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        children.setdefault(int(fields[1]), []).append(int(entry.name))
+    found: set[int] = set()
+    pending = [root]
+    while pending:
+        for child in children.get(pending.pop(), []):
+            if child not in found:
+                found.add(child)
+                pending.append(child)
+    return found
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signal is Linux")
+def test_workers_die_with_the_process_that_owns_the_pool(tmp_path: Path) -> None:
+    """SIGKILL the task process while its workers are stuck: no worker nor forkserver lives on.
+
+    One worker sleeps and one spins, with wall-clock and CPU limits far away, so only the
+    parent-death chain can end them.
+    """
+    (tmp_path / "stuck.py").write_text(
+        "import os, time\n"
+        "def sleep(marker):\n"
+        "    open(marker + '/' + str(os.getpid()), 'w').close()\n"
+        "    time.sleep(600)\n"
+        "def spin(marker):\n"
+        "    open(marker + '/' + str(os.getpid()), 'w').close()\n"
+        "    while True:\n"
+        "        pass\n"
+    )
+    (tmp_path / "owner.py").write_text(
+        "import os, sys, threading, time\n"
+        "import stuck\n"
+        "from replayable.guards import GuardedPool\n"
+        "marker = sys.argv[1]\n"
+        "pool = GuardedPool(timeout_s=600, memory_mb=None, workers=2)\n"
+        "for item in (stuck.sleep, stuck.spin):\n"
+        "    threading.Thread(target=pool.run, args=(item, marker), daemon=True).start()\n"
+        "while len(os.listdir(marker)) < 2:\n"
+        "    time.sleep(0.05)\n"
+        "print('stuck', flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    marker = tmp_path / "started"
+    marker.mkdir()
+    include = Path(__file__).resolve().parents[2] / "include"
+    owner = subprocess.Popen(
+        [sys.executable, str(tmp_path / "owner.py"), str(marker)],
+        env={**os.environ, "PYTHONPATH": f"{include}{os.pathsep}{tmp_path}"},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    below: set[int] = set()
+    try:
+        assert owner.stdout is not None
+        assert owner.stdout.readline().strip() == "stuck"
+        below = _descendants(owner.pid)
+        workers = {int(name) for name in os.listdir(marker)}
+        assert workers <= below  # the two stuck workers, the forkserver, its helpers
+        assert len(below) >= 3
+        owner.kill()
+        owner.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while any(_alive(pid) for pid in below) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert [pid for pid in below if _alive(pid)] == []
+    finally:
+        owner.kill()
+        owner.wait(timeout=10)
+        for pid in below:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
 
 
 def test_workers_do_not_rerun_the_callers_main_script(tmp_path: Path) -> None:
