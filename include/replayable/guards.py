@@ -62,8 +62,10 @@ for when the caller is killed, frozen or stuck:
 
 A worker failing to start, or a return value the caller cannot unpickle, breaks the pebble
 pool: ``run`` then re-raises pebble's ``BrokenProcessPool`` (a setup fault, not the item's)
-and starts a fresh pool on the next call. pebble keeps a worker's last return value alive
-until its next item finishes, so ``memory_mb`` has to hold two results at once.
+and starts a fresh pool on the next call. pebble also gives up on its pool when a worker
+dies between items (killed from outside, or with its forkserver); no item hears of that,
+and the next ``run`` starts a fresh pool too. pebble keeps a worker's last return value
+alive until its next item finishes, so ``memory_mb`` has to hold two results at once.
 """
 
 from __future__ import annotations
@@ -176,17 +178,33 @@ def check_size(path: str | os.PathLike[str], max_bytes: int) -> int:
 # --- worker side ----------------------------------------------------------------------
 
 
+# Set while an item runs. Samples matter only when a worker dies running an item, so the
+# sampler waits on this between items and an idle worker costs no CPU.
+_item_running = threading.Event()
+# This worker's (pid, address-space bytes) pair in the shared array, set by _init_worker.
+_usage: Any = None
+_usage_slot = 0
+
+
 def _sample_address_space(usage: Any, slot: int) -> None:
-    """Keep writing this process's current address-space size into ``usage[slot + 1]``."""
+    """While an item runs, keep writing this process's address-space size into ``usage``."""
     page = os.sysconf("SC_PAGE_SIZE")
     try:
         fd = os.open("/proc/self/statm", os.O_RDONLY)
     except OSError:
         return  # no procfs: deaths near the limit are then reported as plain crashes
     while True:
+        _item_running.wait()
         with contextlib.suppress(OSError, ValueError, IndexError):
             usage[slot + 1] = int(os.pread(fd, 128, 0).split()[0]) * page
         time.sleep(_SAMPLE_INTERVAL_S)
+
+
+def _start_sampling() -> None:
+    """Wake the sampler for an item, forgetting the last item's sample."""
+    if _usage is not None:
+        _usage[_usage_slot + 1] = 0
+        _item_running.set()
 
 
 def _tune_malloc() -> None:
@@ -258,7 +276,7 @@ def _lift_cpu_limit() -> None:
 
 def _init_worker(limit_bytes: int | None, usage: Any, cpu_budget_s: int) -> None:
     """Set up the worker's guards and start sampling its address space; runs once per worker."""
-    global _cpu_budget_s, _cpu_hard_limit
+    global _cpu_budget_s, _cpu_hard_limit, _usage, _usage_slot
     # A segfaulting item then leaves a Python traceback in the task log, not just "-11".
     faulthandler.enable()
     _die_with_owner()
@@ -275,6 +293,7 @@ def _init_worker(limit_bytes: int | None, usage: Any, cpu_budget_s: int) -> None
         slot = 2 * (os.getpid() % _USAGE_SLOTS)
         usage[slot] = os.getpid()
         usage[slot + 1] = 0
+        _usage, _usage_slot = usage, slot
         # A small stack: the default 8 MiB reservation would count against RLIMIT_AS.
         previous = threading.stack_size(_SAMPLER_STACK_BYTES)
         try:
@@ -327,6 +346,7 @@ def _release_frames(error: BaseException) -> None:
 def _call(fn: Callable[..., T], args: tuple[Any, ...]) -> T:
     """Run ``fn(*args)`` in the worker under its CPU limit; make sure what it raises gets back."""
     _arm_cpu_limit()
+    _start_sampling()
     try:
         return fn(*args)
     except BaseException as error:
@@ -337,6 +357,7 @@ def _call(fn: Callable[..., T], args: tuple[Any, ...]) -> T:
         # The remote traceback text that reaches the caller then still shows the original.
         raise replacement from error
     finally:
+        _item_running.clear()
         _lift_cpu_limit()
 
 
@@ -537,10 +558,15 @@ class GuardedPool:
             _restore_script_main()
 
     def _live_pool(self) -> ProcessPool:
-        """Return the current pebble pool, creating it on first use."""
+        """Return the current pebble pool, creating it on first use or when it broke."""
+        broken = None
         with self._lock:
             if self._closed:
                 raise RuntimeError("GuardedPool is closed")
+            # pebble stops a pool for good when a worker dies while no item is running
+            # ("All workers expired"), which no running item hears of.
+            if self._pool is not None and not self._pool.active:
+                broken, self._pool = self._pool, None
             if self._pool is None:
                 _hide_script_main()
                 self._pool = ProcessPool(
@@ -550,18 +576,25 @@ class GuardedPool:
                     initargs=(self._limit_bytes, self._usage, self.cpu_s),
                     context=self._context,
                 )
-            return self._pool
+            pool = self._pool
+        if broken is not None:
+            self._stop(broken)
+        return pool
 
     def _discard(self, pool: ProcessPool) -> None:
-        """Drop ``pool`` if it is still the current one and stop its workers."""
+        """Drop ``pool`` and stop its workers, unless another thread already replaced it."""
         with self._lock:
-            current = self._pool is pool
-            if current:
-                self._pool = None
+            if self._pool is not pool:
+                return
+            self._pool = None
+        self._stop(pool)
+
+    @staticmethod
+    def _stop(pool: ProcessPool) -> None:
+        """Stop a pool that is no longer current, without waiting for its items."""
         pool.stop()  # type: ignore[no-untyped-call]  # pebble leaves it unannotated
         pool.join()
-        if current:
-            _restore_script_main()
+        _restore_script_main()
 
     def _classify_death(self, error: ProcessExpired, oom_kills: int | None) -> tuple[str, str]:
         """Return (error_class, reason) for a worker that died while running an item."""

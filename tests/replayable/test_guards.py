@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import ctypes
+import mmap
 import os
 import pickle
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -64,6 +68,20 @@ def segfault() -> None:
     ctypes.string_at(0)
 
 
+def sigsegv_at_once() -> None:
+    # Unlike a ctypes call, this keeps the GIL: no other thread runs before the death.
+    os.kill(os.getpid(), signal.SIGSEGV)
+
+
+def map_near_limit(limit_mb: int) -> int:
+    statm = Path("/proc/self/statm").read_text().split()
+    used = int(statm[0]) * os.sysconf("SC_PAGE_SIZE")
+    # Mapped but never touched, so that unmapping it at the end takes no time at all.
+    with mmap.mmap(-1, int(limit_mb * 2**20 * 0.95) - used) as ballast:
+        time.sleep(0.1)  # long enough for the worker's address-space sampler to see it
+        return len(ballast)
+
+
 def segfault_near_limit(limit_mb: int) -> None:
     statm = Path("/proc/self/statm").read_text().split()
     used = int(statm[0]) * os.sysconf("SC_PAGE_SIZE")
@@ -86,6 +104,13 @@ def spin_cpu_for(seconds: float) -> float:
     while time.process_time() < end:
         pass
     return seconds
+
+
+def hold(seconds: float) -> tuple[int, float, float]:
+    """Sleep in a worker; return its pid and when the item started and ended (wall clock)."""
+    started = time.time()
+    time.sleep(seconds)
+    return os.getpid(), started, time.time()
 
 
 class ItemError(Exception):
@@ -205,6 +230,16 @@ def test_segfault_near_memory_limit_is_memory(pool: GuardedPool) -> None:
     with pytest.raises(GuardError) as caught:
         pool.run(segfault_near_limit, MEMORY_MB)
     assert caught.value.error_class == "memory"
+
+
+def test_crash_right_after_a_memory_hungry_item_is_crash(pool: GuardedPool) -> None:
+    """The previous item's address-space sample does not make the next item's crash 'memory'."""
+    first = pool.run(worker_pid)
+    assert pool.run(map_near_limit, MEMORY_MB) > 0
+    with pytest.raises(GuardError) as caught:
+        pool.run(sigsegv_at_once)
+    assert caught.value.error_class == "crash"
+    assert pool.run(worker_pid) != first
 
 
 def test_system_exit_is_crash_and_does_not_exit_caller(pool: GuardedPool) -> None:
@@ -393,6 +428,106 @@ def test_workers_die_with_the_process_that_owns_the_pool(tmp_path: Path) -> None
         for pid in below:
             if _alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_pool_recovers_when_an_idle_worker_is_killed() -> None:
+    """A worker killed between items (pebble then gives up on its pool) costs no later item."""
+    with GuardedPool(timeout_s=TIMEOUT_S, memory_mb=None) as guarded:
+        idle = guarded.run(worker_pid)
+        os.kill(idle, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while _alive(idle) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)  # pebble's pool manager looks at its workers every 0.1 s
+        assert guarded.run(add, 1, 2) == 3
+        assert guarded.run(worker_pid) != idle
+
+
+WORKERS = 3
+HOLD_S = 0.5
+
+
+def _parallel_round(
+    guarded: GuardedPool, threads: ThreadPoolExecutor
+) -> list[tuple[int, float, float]]:
+    """Run WORKERS holding items from WORKERS threads at once; return (pid, start, end) each."""
+    return list(threads.map(lambda _: guarded.run(hold, HOLD_S), range(WORKERS)))
+
+
+def _full_round(guarded: GuardedPool, threads: ThreadPoolExecutor) -> set[int]:
+    """Return the worker pids of a parallel round once all WORKERS workers are up and take one."""
+    deadline = time.monotonic() + 20
+    while True:
+        pids = {pid for pid, _start, _end in _parallel_round(guarded, threads)}
+        if len(pids) == WORKERS or time.monotonic() > deadline:
+            return pids
+
+
+def test_items_from_threads_run_at_once_on_distinct_workers() -> None:
+    """run from WORKERS threads runs WORKERS items at the same time, each on its own worker."""
+    with (
+        GuardedPool(timeout_s=30, memory_mb=MEMORY_MB, workers=WORKERS) as guarded,
+        ThreadPoolExecutor(max_workers=WORKERS) as threads,
+    ):
+        _full_round(guarded, threads)  # every worker up and warm
+        items = _parallel_round(guarded, threads)
+    assert len({pid for pid, _start, _end in items}) == WORKERS
+    assert os.getpid() not in {pid for pid, _start, _end in items}
+    # One instant at which every item was running.
+    assert max(start for _pid, start, _end in items) < min(end for _pid, _start, end in items)
+
+
+POISONS: list[tuple[str, Callable[..., Any], tuple[Any, ...], str, int]] = [
+    # id, fn, args, error class, workers it kills
+    ("timeout", sleep_for, (30,), "timeout", 1),
+    ("memory-error", allocate_mb, (8 * MEMORY_MB,), "memory", 0),
+    ("memory-death", segfault_near_limit, (MEMORY_MB,), "memory", 1),
+    ("sigkill", kill_self, (), "crash", 1),
+    ("segfault", segfault, (), "crash", 1),
+]
+
+
+@pytest.mark.parametrize(
+    ("fn", "args", "error_class", "killed"),
+    [poison[1:] for poison in POISONS],
+    ids=[poison[0] for poison in POISONS],
+)
+def test_poison_item_under_parallel_load_costs_only_its_own_worker(
+    fn: Callable[..., Any], args: tuple[Any, ...], error_class: str, killed: int
+) -> None:
+    """A poison item among parallel items fails alone; the others succeed; the pool refills."""
+    with (
+        GuardedPool(timeout_s=TIMEOUT_S, memory_mb=MEMORY_MB, workers=WORKERS) as guarded,
+        ThreadPoolExecutor(max_workers=WORKERS) as threads,
+    ):
+        before = _full_round(guarded, threads)
+        assert len(before) == WORKERS
+        poison_done = threading.Event()
+
+        def neighbour() -> int:
+            # Items on the other workers while the poison item runs, and a few after it.
+            items = 0
+            while not poison_done.is_set():
+                guarded.run(hold, 0.1)
+                items += 1
+            for _ in range(3):
+                guarded.run(hold, 0.1)
+            return items + 3
+
+        neighbours = [threads.submit(neighbour) for _ in range(WORKERS - 1)]
+        time.sleep(0.2)  # the neighbours are at work
+        try:
+            with pytest.raises(GuardError) as caught:
+                guarded.run(fn, *args)
+        finally:
+            poison_done.set()
+        assert caught.value.error_class == error_class
+        for done in neighbours:
+            assert done.result() > 3  # re-raises if any neighbour item failed
+
+        after = _full_round(guarded, threads)
+    assert len(after) == WORKERS
+    assert len(before - after) == killed
 
 
 def test_workers_do_not_rerun_the_callers_main_script(tmp_path: Path) -> None:
