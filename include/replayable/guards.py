@@ -5,7 +5,9 @@ the interpreter. ``GuardedPool`` runs each item in a reusable worker process (a 
 ``ProcessPool``) with a wall-clock timeout and an address-space limit, and turns every way
 an item can break the worker into a ``GuardError`` whose ``error_class`` names it:
 
-- ``timeout``: the item ran past ``timeout_s``; pebble killed the worker and started a new one.
+- ``timeout``: the item ran past ``timeout_s``, and pebble killed the worker and started a new
+  one; or the item used more than ``cpu_s`` seconds of CPU, and the kernel ended the worker
+  with SIGXCPU (its RLIMIT_CPU, see below).
 - ``memory``: the item raised ``MemoryError`` under the worker's RLIMIT_AS (or an exception
   caused by one), or the worker died in a way that looks like running out of memory: killed
   by the kernel OOM killer, or dead while its address space was within 10 % of the limit.
@@ -31,10 +33,39 @@ each later one, including each replacement after a timeout or crash, 55-75 ms (`
 the item function's module (pypdf: about 100 ms) happens once per worker, before the
 item's clock starts.
 
+The wall-clock timeout is watched by threads in the caller. Two guards hold without them,
+for when the caller is killed, frozen or stuck:
+
+- **CPU.** While an item runs, its worker's soft RLIMIT_CPU is its CPU time so far plus
+  ``cpu_s`` (default ``2 * timeout_s``: the wall clock normally fires first, the CPU limit
+  is the backstop), so the kernel ends a spinning worker with SIGXCPU, reported as
+  ``timeout``. Between items the soft limit is lifted again: the limit counts a process's
+  whole life, and an idle worker must not die of what its earlier items used. The hard
+  limit is left as inherited (an unprivileged process could never raise it again); a
+  finite one keeps the soft limit a second below it, so the CPU limit ends a worker with
+  SIGXCPU, not with the kernel's SIGKILL at the hard limit (which only an item that
+  catches or ignores SIGXCPU can reach, and is then reported as ``crash``). Workers dump
+  no core: SIGXCPU's default action would otherwise write a copy of the worker's memory,
+  the untrusted document included, into the task's working directory.
+- **Parent death.** A worker is a child of the forkserver, not of the task process, so
+  ``PR_SET_PDEATHSIG`` alone would tie it to the wrong process: when the task process is
+  SIGKILLed, the forkserver lives on as long as any process holds the write end of its
+  "alive" pipe, and multiprocessing hands that to every worker. So each worker, once its
+  parent-death signal (SIGKILL) is set, closes its copy. Then the task process is the
+  only holder: when it dies, the forkserver reads EOF and exits, and the kernel SIGKILLs
+  every worker, whatever it is stuck in. The forkserver gets no death signal of its own:
+  it is started from whichever caller thread came first, and the signal fires when that
+  *thread* exits. Limits: a forkserver child that is not a GuardedPool worker (another
+  library's pool in the same task process) keeps the forkserver, and with it these
+  workers, alive until it exits too; on a system without ``prctl`` (not Linux) workers
+  only stop when their item ends.
+
 A worker failing to start, or a return value the caller cannot unpickle, breaks the pebble
 pool: ``run`` then re-raises pebble's ``BrokenProcessPool`` (a setup fault, not the item's)
-and starts a fresh pool on the next call. pebble keeps a worker's last return value alive
-until its next item finishes, so ``memory_mb`` has to hold two results at once.
+and starts a fresh pool on the next call. pebble also gives up on its pool when a worker
+dies between items (killed from outside, or with its forkserver); no item hears of that,
+and the next ``run`` starts a fresh pool too. pebble keeps a worker's last return value
+alive until its next item finishes, so ``memory_mb`` has to hold two results at once.
 """
 
 from __future__ import annotations
@@ -42,6 +73,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import faulthandler
+import math
 import multiprocessing
 import os
 import pickle
@@ -55,6 +87,7 @@ import traceback
 import types
 from collections.abc import Callable
 from concurrent.futures.process import BrokenProcessPool
+from multiprocessing import forkserver
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Final, TypeVar, cast
@@ -78,6 +111,10 @@ _SAMPLER_STACK_BYTES: Final = 256 * 1024
 # mallopt parameter numbers from glibc's <malloc.h>.
 _M_MMAP_THRESHOLD: Final = -3
 _M_ARENA_MAX: Final = -8
+# From <linux/prctl.h>.
+_PR_SET_PDEATHSIG: Final = 1
+# Default CPU allowance of one item, in multiples of its wall-clock timeout.
+_CPU_PER_TIMEOUT: Final = 2
 
 
 class GuardError(Exception):
@@ -141,17 +178,33 @@ def check_size(path: str | os.PathLike[str], max_bytes: int) -> int:
 # --- worker side ----------------------------------------------------------------------
 
 
+# Set while an item runs. Samples matter only when a worker dies running an item, so the
+# sampler waits on this between items and an idle worker costs no CPU.
+_item_running = threading.Event()
+# This worker's (pid, address-space bytes) pair in the shared array, set by _init_worker.
+_usage: Any = None
+_usage_slot = 0
+
+
 def _sample_address_space(usage: Any, slot: int) -> None:
-    """Keep writing this process's current address-space size into ``usage[slot + 1]``."""
+    """While an item runs, keep writing this process's address-space size into ``usage``."""
     page = os.sysconf("SC_PAGE_SIZE")
     try:
         fd = os.open("/proc/self/statm", os.O_RDONLY)
     except OSError:
         return  # no procfs: deaths near the limit are then reported as plain crashes
     while True:
+        _item_running.wait()
         with contextlib.suppress(OSError, ValueError, IndexError):
             usage[slot + 1] = int(os.pread(fd, 128, 0).split()[0]) * page
         time.sleep(_SAMPLE_INTERVAL_S)
+
+
+def _start_sampling() -> None:
+    """Wake the sampler for an item, forgetting the last item's sample."""
+    if _usage is not None:
+        _usage[_usage_slot + 1] = 0
+        _item_running.set()
 
 
 def _tune_malloc() -> None:
@@ -169,10 +222,70 @@ def _tune_malloc() -> None:
     mallopt(_M_MMAP_THRESHOLD, 128 * 1024)
 
 
-def _init_worker(limit_bytes: int | None, usage: Any) -> None:
-    """Cap the worker's address space and start sampling it; runs once per worker process."""
+def _die_with_owner() -> None:
+    """Have the kernel SIGKILL this worker when the task process that owns its pool dies.
+
+    See the module docstring: the death signal follows the forkserver, and closing the
+    inherited end of its alive pipe makes the forkserver follow the task process.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    parent = os.getppid()
+    status = libc.prctl(
+        ctypes.c_int(_PR_SET_PDEATHSIG),
+        ctypes.c_ulong(signal.SIGKILL),
+        ctypes.c_ulong(0),
+        ctypes.c_ulong(0),
+        ctypes.c_ulong(0),
+    )
+    if status != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"prctl(PR_SET_PDEATHSIG): {os.strerror(errno)}")
+    if os.getppid() != parent:
+        # The forkserver died before the signal was set, so it will never come.
+        os.kill(os.getpid(), signal.SIGKILL)
+    # Only now: until this worker lets go of the pipe, the forkserver cannot exit, so it
+    # cannot die before the signal above is in place.
+    server = forkserver._forkserver
+    alive_fd = getattr(server, "_forkserver_alive_fd", None)
+    if isinstance(alive_fd, int):
+        os.close(alive_fd)
+        # Were this worker ever to start processes with forkserver, it would start its own.
+        server._forkserver_alive_fd = None  # type: ignore[attr-defined]  # private, untyped
+
+
+# The CPU allowance of one item and the inherited hard RLIMIT_CPU, set by _init_worker.
+_cpu_budget_s = 0
+_cpu_hard_limit = resource.RLIM_INFINITY
+
+
+def _arm_cpu_limit() -> None:
+    """Have the kernel send SIGXCPU once this worker has used its item's CPU allowance."""
+    soft = math.ceil(time.process_time()) + _cpu_budget_s
+    if _cpu_hard_limit != resource.RLIM_INFINITY:
+        # SIGXCPU must come first: at the hard limit the kernel sends SIGKILL instead.
+        soft = max(0, min(soft, _cpu_hard_limit - 1))
+    resource.setrlimit(resource.RLIMIT_CPU, (soft, _cpu_hard_limit))
+
+
+def _lift_cpu_limit() -> None:
+    """Lift the soft CPU limit between items; the limit counts a process's whole life."""
+    resource.setrlimit(resource.RLIMIT_CPU, (_cpu_hard_limit, _cpu_hard_limit))
+
+
+def _init_worker(limit_bytes: int | None, usage: Any, cpu_budget_s: int) -> None:
+    """Set up the worker's guards and start sampling its address space; runs once per worker."""
+    global _cpu_budget_s, _cpu_hard_limit, _usage, _usage_slot
     # A segfaulting item then leaves a Python traceback in the task log, not just "-11".
     faulthandler.enable()
+    _die_with_owner()
+    _soft, hard = resource.getrlimit(resource.RLIMIT_CORE)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, hard))
+    # Ending the process is SIGXCPU's default action; make sure nothing inherited changed it.
+    signal.signal(signal.SIGXCPU, signal.SIG_DFL)
+    _cpu_budget_s = cpu_budget_s
+    _cpu_hard_limit = resource.getrlimit(resource.RLIMIT_CPU)[1]
     if limit_bytes is None:
         return
     _tune_malloc()
@@ -180,6 +293,7 @@ def _init_worker(limit_bytes: int | None, usage: Any) -> None:
         slot = 2 * (os.getpid() % _USAGE_SLOTS)
         usage[slot] = os.getpid()
         usage[slot + 1] = 0
+        _usage, _usage_slot = usage, slot
         # A small stack: the default 8 MiB reservation would count against RLIMIT_AS.
         previous = threading.stack_size(_SAMPLER_STACK_BYTES)
         try:
@@ -230,7 +344,9 @@ def _release_frames(error: BaseException) -> None:
 
 
 def _call(fn: Callable[..., T], args: tuple[Any, ...]) -> T:
-    """Run ``fn(*args)`` in the worker, making sure whatever it raises can reach the caller."""
+    """Run ``fn(*args)`` in the worker under its CPU limit; make sure what it raises gets back."""
+    _arm_cpu_limit()
+    _start_sampling()
     try:
         return fn(*args)
     except BaseException as error:
@@ -240,6 +356,9 @@ def _call(fn: Callable[..., T], args: tuple[Any, ...]) -> T:
             raise
         # The remote traceback text that reaches the caller then still shows the original.
         raise replacement from error
+    finally:
+        _item_running.clear()
+        _lift_cpu_limit()
 
 
 def _transportable(error: BaseException) -> BaseException:
@@ -338,15 +457,24 @@ def _restore_script_main() -> None:
 
 
 class GuardedPool:
-    """A reusable pool of worker processes with a per-item wall-clock timeout and memory limit.
+    """A reusable pool of worker processes with per-item wall-clock, CPU and memory limits.
 
-    The workers are a pebble ``ProcessPool``; the limit is each worker's RLIMIT_AS.
-    ``run`` is thread-safe: with ``workers > 1``, calls from several threads run in
-    parallel. Workers live until ``close`` (or until an item kills its worker, which is
-    then replaced), so per-process start-up and imports are paid once per worker.
+    The workers are a pebble ``ProcessPool``; the memory limit is each worker's RLIMIT_AS,
+    the CPU limit its RLIMIT_CPU (``cpu_s`` seconds per item, by default twice
+    ``timeout_s``). ``run`` is thread-safe: with ``workers > 1``, calls from several
+    threads run in parallel, one item per worker. Workers live until ``close`` (or until an
+    item kills its worker, which is then replaced), so per-process start-up and imports
+    are paid once per worker; they die with the process that owns the pool.
     """
 
-    def __init__(self, *, timeout_s: float, memory_mb: int | None, workers: int = 1) -> None:
+    def __init__(
+        self,
+        *,
+        timeout_s: float,
+        memory_mb: int | None,
+        workers: int = 1,
+        cpu_s: float | None = None,
+    ) -> None:
         """Configure the pool; worker processes start lazily with the first ``run``."""
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be positive, not {timeout_s}")
@@ -354,9 +482,13 @@ class GuardedPool:
             raise ValueError(f"memory_mb must be positive or None, not {memory_mb}")
         if workers < 1:
             raise ValueError(f"workers must be at least 1, not {workers}")
+        if cpu_s is not None and cpu_s <= 0:
+            raise ValueError(f"cpu_s must be positive or None, not {cpu_s}")
         self.timeout_s = timeout_s
         self.memory_mb = memory_mb
         self.workers = workers
+        # RLIMIT_CPU counts whole seconds.
+        self.cpu_s = max(1, math.ceil(_CPU_PER_TIMEOUT * timeout_s if cpu_s is None else cpu_s))
         self._limit_bytes = None if memory_mb is None else memory_mb * 2**20
         self._context = multiprocessing.get_context("forkserver")
         # Shared with the workers: (pid, address-space bytes) pairs written by their samplers.
@@ -426,31 +558,43 @@ class GuardedPool:
             _restore_script_main()
 
     def _live_pool(self) -> ProcessPool:
-        """Return the current pebble pool, creating it on first use."""
+        """Return the current pebble pool, creating it on first use or when it broke."""
+        broken = None
         with self._lock:
             if self._closed:
                 raise RuntimeError("GuardedPool is closed")
+            # pebble stops a pool for good when a worker dies while no item is running
+            # ("All workers expired"), which no running item hears of.
+            if self._pool is not None and not self._pool.active:
+                broken, self._pool = self._pool, None
             if self._pool is None:
                 _hide_script_main()
                 self._pool = ProcessPool(
                     max_workers=self.workers,
                     max_tasks=0,
                     initializer=_init_worker,
-                    initargs=(self._limit_bytes, self._usage),
+                    initargs=(self._limit_bytes, self._usage, self.cpu_s),
                     context=self._context,
                 )
-            return self._pool
+            pool = self._pool
+        if broken is not None:
+            self._stop(broken)
+        return pool
 
     def _discard(self, pool: ProcessPool) -> None:
-        """Drop ``pool`` if it is still the current one and stop its workers."""
+        """Drop ``pool`` and stop its workers, unless another thread already replaced it."""
         with self._lock:
-            current = self._pool is pool
-            if current:
-                self._pool = None
+            if self._pool is not pool:
+                return
+            self._pool = None
+        self._stop(pool)
+
+    @staticmethod
+    def _stop(pool: ProcessPool) -> None:
+        """Stop a pool that is no longer current, without waiting for its items."""
         pool.stop()  # type: ignore[no-untyped-call]  # pebble leaves it unannotated
         pool.join()
-        if current:
-            _restore_script_main()
+        _restore_script_main()
 
     def _classify_death(self, error: ProcessExpired, oom_kills: int | None) -> tuple[str, str]:
         """Return (error_class, reason) for a worker that died while running an item."""
@@ -462,6 +606,9 @@ class GuardedPool:
                 how = f"killed by signal {-exitcode}"
         else:
             how = f"exited with code {exitcode}"
+        if exitcode == -signal.SIGXCPU:
+            # Only RLIMIT_CPU sends SIGXCPU, and it is armed only while an item runs.
+            return "timeout", f"{how}: the item used more than {self.cpu_s} s of CPU"
         if exitcode == -signal.SIGKILL and oom_kills is not None:
             now = _read_oom_kills(self._oom_events)
             if now is not None and now > oom_kills:

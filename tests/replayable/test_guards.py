@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import ctypes
+import mmap
 import os
 import pickle
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -64,6 +68,20 @@ def segfault() -> None:
     ctypes.string_at(0)
 
 
+def sigsegv_at_once() -> None:
+    # Unlike a ctypes call, this keeps the GIL: no other thread runs before the death.
+    os.kill(os.getpid(), signal.SIGSEGV)
+
+
+def map_near_limit(limit_mb: int) -> int:
+    statm = Path("/proc/self/statm").read_text().split()
+    used = int(statm[0]) * os.sysconf("SC_PAGE_SIZE")
+    # Mapped but never touched, so that unmapping it at the end takes no time at all.
+    with mmap.mmap(-1, int(limit_mb * 2**20 * 0.95) - used) as ballast:
+        time.sleep(0.1)  # long enough for the worker's address-space sampler to see it
+        return len(ballast)
+
+
 def segfault_near_limit(limit_mb: int) -> None:
     statm = Path("/proc/self/statm").read_text().split()
     used = int(statm[0]) * os.sysconf("SC_PAGE_SIZE")
@@ -74,6 +92,25 @@ def segfault_near_limit(limit_mb: int) -> None:
 
 def call_exit() -> None:
     sys.exit(3)
+
+
+def spin() -> None:
+    while True:
+        pass
+
+
+def spin_cpu_for(seconds: float) -> float:
+    end = time.process_time() + seconds
+    while time.process_time() < end:
+        pass
+    return seconds
+
+
+def hold(seconds: float) -> tuple[int, float, float]:
+    """Sleep in a worker; return its pid and when the item started and ended (wall clock)."""
+    started = time.time()
+    time.sleep(seconds)
+    return os.getpid(), started, time.time()
 
 
 class ItemError(Exception):
@@ -195,6 +232,16 @@ def test_segfault_near_memory_limit_is_memory(pool: GuardedPool) -> None:
     assert caught.value.error_class == "memory"
 
 
+def test_crash_right_after_a_memory_hungry_item_is_crash(pool: GuardedPool) -> None:
+    """The previous item's address-space sample does not make the next item's crash 'memory'."""
+    first = pool.run(worker_pid)
+    assert pool.run(map_near_limit, MEMORY_MB) > 0
+    with pytest.raises(GuardError) as caught:
+        pool.run(sigsegv_at_once)
+    assert caught.value.error_class == "crash"
+    assert pool.run(worker_pid) != first
+
+
 def test_system_exit_is_crash_and_does_not_exit_caller(pool: GuardedPool) -> None:
     """sys.exit inside fn becomes GuardError('crash') instead of ending the caller."""
     with pytest.raises(GuardError) as caught:
@@ -261,6 +308,226 @@ def test_check_size_rejects_a_fifo(tmp_path: Path) -> None:
     with pytest.raises(GuardError) as caught:
         check_size(fifo, 10**6)
     assert caught.value.error_class == "oversize"
+
+
+def test_cpu_limit_is_passed_on_in_whole_seconds() -> None:
+    """cpu_s defaults to twice timeout_s and is rounded up to whole seconds, as RLIMIT_CPU is."""
+    assert GuardedPool(timeout_s=2.5, memory_mb=None).cpu_s == 5
+    assert GuardedPool(timeout_s=0.2, memory_mb=None).cpu_s == 1
+    assert GuardedPool(timeout_s=60, memory_mb=None, cpu_s=1.5).cpu_s == 2
+    with pytest.raises(ValueError, match="cpu_s"):
+        GuardedPool(timeout_s=1, memory_mb=None, cpu_s=0)
+
+
+def test_spinning_item_is_timeout_by_cpu_limit_before_wall_clock() -> None:
+    """An item spinning past cpu_s is ended by the kernel (SIGXCPU) long before timeout_s."""
+    with GuardedPool(timeout_s=120, memory_mb=MEMORY_MB, cpu_s=1) as guarded:
+        started = time.monotonic()
+        with pytest.raises(GuardError) as caught:
+            guarded.run(spin)
+        assert caught.value.error_class == "timeout"
+        assert "SIGXCPU" in str(caught.value)
+        assert time.monotonic() - started < 60
+        assert guarded.run(add, 5, 5) == 10
+
+
+def test_cpu_limit_is_per_item_not_per_worker() -> None:
+    """Items that together use more than cpu_s on one worker all finish: each gets its own."""
+    with GuardedPool(timeout_s=120, memory_mb=MEMORY_MB, cpu_s=1) as guarded:
+        first = guarded.run(worker_pid)
+        assert [guarded.run(spin_cpu_for, 0.4) for _ in range(5)] == [0.4] * 5
+        assert guarded.run(worker_pid) == first
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie waiting to be reaped."""
+    try:
+        stat_line = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return stat_line.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+def _descendants(root: int) -> set[int]:
+    """Pids of every living process below ``root``, from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        children.setdefault(int(fields[1]), []).append(int(entry.name))
+    found: set[int] = set()
+    pending = [root]
+    while pending:
+        for child in children.get(pending.pop(), []):
+            if child not in found:
+                found.add(child)
+                pending.append(child)
+    return found
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signal is Linux")
+def test_workers_die_with_the_process_that_owns_the_pool(tmp_path: Path) -> None:
+    """SIGKILL the task process while its workers are stuck: no worker nor forkserver lives on.
+
+    One worker sleeps and one spins, with wall-clock and CPU limits far away, so only the
+    parent-death chain can end them.
+    """
+    (tmp_path / "stuck.py").write_text(
+        "import os, time\n"
+        "def sleep(marker):\n"
+        "    open(marker + '/' + str(os.getpid()), 'w').close()\n"
+        "    time.sleep(600)\n"
+        "def spin(marker):\n"
+        "    open(marker + '/' + str(os.getpid()), 'w').close()\n"
+        "    while True:\n"
+        "        pass\n"
+    )
+    (tmp_path / "owner.py").write_text(
+        "import os, sys, threading, time\n"
+        "import stuck\n"
+        "from replayable.guards import GuardedPool\n"
+        "marker = sys.argv[1]\n"
+        "pool = GuardedPool(timeout_s=600, memory_mb=None, workers=2)\n"
+        "for item in (stuck.sleep, stuck.spin):\n"
+        "    threading.Thread(target=pool.run, args=(item, marker), daemon=True).start()\n"
+        "while len(os.listdir(marker)) < 2:\n"
+        "    time.sleep(0.05)\n"
+        "print('stuck', flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    marker = tmp_path / "started"
+    marker.mkdir()
+    include = Path(__file__).resolve().parents[2] / "include"
+    owner = subprocess.Popen(
+        [sys.executable, str(tmp_path / "owner.py"), str(marker)],
+        env={**os.environ, "PYTHONPATH": f"{include}{os.pathsep}{tmp_path}"},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    below: set[int] = set()
+    try:
+        assert owner.stdout is not None
+        assert owner.stdout.readline().strip() == "stuck"
+        below = _descendants(owner.pid)
+        workers = {int(name) for name in os.listdir(marker)}
+        assert workers <= below  # the two stuck workers, the forkserver, its helpers
+        assert len(below) >= 3
+        owner.kill()
+        owner.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while any(_alive(pid) for pid in below) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert [pid for pid in below if _alive(pid)] == []
+    finally:
+        owner.kill()
+        owner.wait(timeout=10)
+        for pid in below:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_pool_recovers_when_an_idle_worker_is_killed() -> None:
+    """A worker killed between items (pebble then gives up on its pool) costs no later item."""
+    with GuardedPool(timeout_s=TIMEOUT_S, memory_mb=None) as guarded:
+        idle = guarded.run(worker_pid)
+        os.kill(idle, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while _alive(idle) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)  # pebble's pool manager looks at its workers every 0.1 s
+        assert guarded.run(add, 1, 2) == 3
+        assert guarded.run(worker_pid) != idle
+
+
+WORKERS = 3
+HOLD_S = 0.5
+
+
+def _parallel_round(
+    guarded: GuardedPool, threads: ThreadPoolExecutor
+) -> list[tuple[int, float, float]]:
+    """Run WORKERS holding items from WORKERS threads at once; return (pid, start, end) each."""
+    return list(threads.map(lambda _: guarded.run(hold, HOLD_S), range(WORKERS)))
+
+
+def _full_round(guarded: GuardedPool, threads: ThreadPoolExecutor) -> set[int]:
+    """Return the worker pids of a parallel round once all WORKERS workers are up and take one."""
+    deadline = time.monotonic() + 20
+    while True:
+        pids = {pid for pid, _start, _end in _parallel_round(guarded, threads)}
+        if len(pids) == WORKERS or time.monotonic() > deadline:
+            return pids
+
+
+def test_items_from_threads_run_at_once_on_distinct_workers() -> None:
+    """run from WORKERS threads runs WORKERS items at the same time, each on its own worker."""
+    with (
+        GuardedPool(timeout_s=30, memory_mb=MEMORY_MB, workers=WORKERS) as guarded,
+        ThreadPoolExecutor(max_workers=WORKERS) as threads,
+    ):
+        _full_round(guarded, threads)  # every worker up and warm
+        items = _parallel_round(guarded, threads)
+    assert len({pid for pid, _start, _end in items}) == WORKERS
+    assert os.getpid() not in {pid for pid, _start, _end in items}
+    # One instant at which every item was running.
+    assert max(start for _pid, start, _end in items) < min(end for _pid, _start, end in items)
+
+
+POISONS: list[tuple[str, Callable[..., Any], tuple[Any, ...], str, int]] = [
+    # id, fn, args, error class, workers it kills
+    ("timeout", sleep_for, (30,), "timeout", 1),
+    ("memory-error", allocate_mb, (8 * MEMORY_MB,), "memory", 0),
+    ("memory-death", segfault_near_limit, (MEMORY_MB,), "memory", 1),
+    ("sigkill", kill_self, (), "crash", 1),
+    ("segfault", segfault, (), "crash", 1),
+]
+
+
+@pytest.mark.parametrize(
+    ("fn", "args", "error_class", "killed"),
+    [poison[1:] for poison in POISONS],
+    ids=[poison[0] for poison in POISONS],
+)
+def test_poison_item_under_parallel_load_costs_only_its_own_worker(
+    fn: Callable[..., Any], args: tuple[Any, ...], error_class: str, killed: int
+) -> None:
+    """A poison item among parallel items fails alone; the others succeed; the pool refills."""
+    with (
+        GuardedPool(timeout_s=TIMEOUT_S, memory_mb=MEMORY_MB, workers=WORKERS) as guarded,
+        ThreadPoolExecutor(max_workers=WORKERS) as threads,
+    ):
+        before = _full_round(guarded, threads)
+        assert len(before) == WORKERS
+        poison_done = threading.Event()
+
+        def neighbour() -> int:
+            # Items on the other workers while the poison item runs, and a few after it.
+            items = 0
+            while not poison_done.is_set():
+                guarded.run(hold, 0.1)
+                items += 1
+            for _ in range(3):
+                guarded.run(hold, 0.1)
+            return items + 3
+
+        neighbours = [threads.submit(neighbour) for _ in range(WORKERS - 1)]
+        time.sleep(0.2)  # the neighbours are at work
+        try:
+            with pytest.raises(GuardError) as caught:
+                guarded.run(fn, *args)
+        finally:
+            poison_done.set()
+        assert caught.value.error_class == error_class
+        for done in neighbours:
+            assert done.result() > 3  # re-raises if any neighbour item failed
+
+        after = _full_round(guarded, threads)
+    assert len(after) == WORKERS
+    assert len(before - after) == killed
 
 
 def test_workers_do_not_rerun_the_callers_main_script(tmp_path: Path) -> None:
