@@ -9,16 +9,23 @@ from __future__ import annotations
 
 import functools
 import logging
+import random
+import time
+from collections.abc import Callable
 from importlib import resources
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg2
+import psycopg2.errors
+import psycopg2.extensions
 import psycopg2.extras
 
 log = logging.getLogger(__name__)
 
 # psycopg2 ships no type information; this alias names what the functions expect.
 Connection = Any
+
+T = TypeVar("T")
 
 # Any fixed number works; it only has to be the same for every migrator.
 _MIGRATION_LOCK = 0x5245504C
@@ -35,6 +42,94 @@ def connect(dsn: str, *, autocommit: bool = False) -> Connection:
 def sql(name: str) -> str:
     """Return the text of ``sql/queries/<name>.sql``."""
     return resources.files("replayable").joinpath("sql", "queries", f"{name}.sql").read_text()
+
+
+class DatabaseUnavailableError(Exception):
+    """The database could not be reached for longer than the outage budget."""
+
+
+def connection_lost(conn: Connection | None, error: BaseException) -> bool:
+    """Whether ``error`` means the connection (or the server) went away, not a bad statement."""
+    if isinstance(error, psycopg2.InterfaceError):
+        return True
+    if not isinstance(error, psycopg2.OperationalError):
+        return False
+    if isinstance(error, psycopg2.errors.QueryCanceled):
+        return False  # statement_timeout: the statement's fault, not the connection's
+    return conn is None or bool(conn.closed) or isinstance(error, psycopg2.errors.AdminShutdown)
+
+
+def _retryable(conn: Connection | None, error: BaseException) -> bool:
+    # A deadlock or serialization failure rolls the transaction back; running it again is
+    # the documented remedy.
+    return connection_lost(conn, error) or isinstance(
+        error, psycopg2.extensions.TransactionRollbackError
+    )
+
+
+class Database:
+    """One connection that outlives a database restart.
+
+    :meth:`transaction` runs a function and commits; when the connection is lost (or a
+    deadlock rolls the transaction back) it reconnects and runs the whole function again,
+    with backoff, until ``outage_s`` has passed, then raises DatabaseUnavailableError. The
+    function must therefore be safe to run twice, as every keyed write here is.
+    """
+
+    def __init__(self, dsn: str, *, outage_s: float = 300.0, autocommit: bool = False) -> None:
+        self.dsn = dsn
+        self.outage_s = outage_s
+        self.autocommit = autocommit
+        self._conn: Connection | None = None
+
+    @property
+    def conn(self) -> Connection:
+        """The live connection, opened on first use (may raise psycopg2 errors)."""
+        if self._conn is None or self._conn.closed:
+            self._conn = connect(self.dsn, autocommit=self.autocommit)
+        return self._conn
+
+    def close(self) -> None:
+        if self._conn is not None and not self._conn.closed:
+            self._conn.close()
+        self._conn = None
+
+    def transaction(self, fn: Callable[[Connection], T], *, describe: str = "statement") -> T:
+        """Return ``fn(conn)`` after committing it; retried whole across lost connections."""
+        started = time.monotonic()
+        tries = 0
+        while True:
+            conn: Connection | None = None
+            try:
+                conn = self.conn
+                result = fn(conn)
+                if not conn.autocommit:
+                    conn.commit()
+                return result
+            except Exception as error:
+                if conn is not None and not conn.closed:
+                    try:
+                        conn.rollback()
+                    except psycopg2.Error:
+                        self.close()
+                if not _retryable(conn, error):
+                    raise
+                self.close()
+                tries += 1
+                elapsed = time.monotonic() - started
+                if elapsed > self.outage_s:
+                    raise DatabaseUnavailableError(
+                        f"{describe}: the database was unreachable for {elapsed:.0f} s "
+                        f"(last error: {type(error).__name__}: {str(error).strip()})"
+                    ) from error
+                wait = random.uniform(0, min(5.0, 0.1 * 2**tries))  # noqa: S311 - jitter
+                log.warning(
+                    "%s: database connection lost (%s); retrying in %.1f s",
+                    describe,
+                    type(error).__name__,
+                    wait,
+                )
+                time.sleep(wait)
 
 
 def fetch_all(conn: Connection, query: str, params: Any = None) -> list[dict[str, Any]]:

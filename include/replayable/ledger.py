@@ -1,19 +1,21 @@
-"""Per-item, per-stage state in ``replayable.stage_runs``: register, check, claim, finish.
+"""Per-item, per-stage state in ``replayable.stage_runs``: claim and finish whole batches.
 
 Statuses move ``pending → running → done | failed | dead``. ``running`` always carries a
 lease (owner and expiry): a live lease held by someone else is skipped, an expired one may
 be taken over. Only the lease holder can finish an item, so a worker whose lease was taken
-over cannot overwrite the new owner's result.
+over cannot overwrite the new owner's result. A batch costs two round trips of bookkeeping:
+one to claim every item (registering new ones) and one to finish them, in the transaction
+that writes their outputs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from replayable.db import Connection, execute, execute_values, fetch_all
-from replayable.retry import Classified, ErrorKind
+from replayable.db import Connection, Database, fetch_all
+from replayable.retry import Classified
 
 
 @dataclass(frozen=True)
@@ -29,29 +31,58 @@ class RunContext:
 
 @dataclass(frozen=True)
 class ItemState:
-    """The ledger's view of one item."""
+    """The ledger's view of one item; ``mine`` when this worker holds its lease."""
 
+    item_key: str
+    doc_id: str
     status: str
     attempts: int
-    lease_owner: str | None
+    mine: bool
     lease_live: bool
+
+    @property
+    def settled(self) -> bool:
+        return self.status in ("done", "failed", "dead")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How one claimed item ended: ``done``, ``failed`` (with its error) or ``release``."""
+
+    item_key: str
+    outcome: str
+    error: Classified | None = None
+    traceback: str | None = None
+
+    @classmethod
+    def done(cls, item_key: str) -> Outcome:
+        return cls(item_key, "done")
+
+
+@dataclass(frozen=True)
+class Revival:
+    """A run that reopens dead items: who asked and why, recorded on their dead letters."""
+
+    by: str
+    reason: str
 
 
 @dataclass
 class Ledger:
     """The state rows of one stage, at one code version and config."""
 
-    conn: Connection
+    db: Database
     stage: str
     code_version: str
     config_hash: str
+    spec_hash: str
     ctx: RunContext
     lease_s: float = 300.0
     max_attempts: int = 3
-    _params: dict[str, Any] = field(init=False)
 
-    def __post_init__(self) -> None:
-        self._params = {
+    @property
+    def _params(self) -> dict[str, Any]:
+        return {
             "stage": self.stage,
             "owner": self.ctx.owner,
             "lease_s": self.lease_s,
@@ -62,119 +93,69 @@ class Ledger:
             "max_attempts": self.max_attempts,
         }
 
-    def _commit(self) -> None:
-        self.conn.commit()
-
-    def register(self, items: Iterable[tuple[str, str]]) -> None:
-        """Record (item_key, doc_id) pairs as pending; existing rows are left as they are."""
-        rows = [
-            (
-                self.stage,
-                key,
-                doc_id,
-                self.code_version,
-                self.config_hash,
-                self.ctx.dag_id,
-                self.ctx.run_id,
-                self.ctx.map_index,
-            )
-            for key, doc_id in items
-        ]
-        execute_values(self.conn, "register_items", rows)
-        self._commit()
+    def claim(
+        self, items: Iterable[tuple[str, str]], *, revive: Revival | None = None
+    ) -> dict[str, ItemState]:
+        """Register and lease (item_key, doc_id) pairs in one round trip; return every state."""
+        pairs = list(items)
+        params = {
+            **self._params,
+            "keys": [key for key, _ in pairs],
+            "doc_ids": [doc for _, doc in pairs],
+            "code_version": self.code_version,
+            "config_hash": self.config_hash,
+            "spec_hash": self.spec_hash,
+            "revive": revive is not None,
+            "revive_by": revive.by if revive else None,
+            "revive_reason": revive.reason if revive else None,
+        }
+        if not pairs:
+            return {}
+        rows = self.db.transaction(
+            lambda conn: fetch_all(conn, "claim_items", params), describe=f"{self.stage}: claim"
+        )
+        return _states(rows)
 
     def states(self, keys: Sequence[str]) -> dict[str, ItemState]:
         """Return the state of every key in one query."""
-        rows = fetch_all(self.conn, "item_states", {"stage": self.stage, "keys": list(keys)})
-        self._commit()
-        return {
-            row["item_key"]: ItemState(
-                row["status"], row["attempts"], row["lease_owner"], row["lease_live"]
-            )
-            for row in rows
-        }
+        params = {**self._params, "keys": list(keys)}
+        rows = self.db.transaction(
+            lambda conn: fetch_all(conn, "item_states", params), describe=f"{self.stage}: states"
+        )
+        return _states(rows)
 
-    def claim(self, key: str) -> int | None:
-        """Lease ``key`` for this worker; return its attempt number, or None if not ours to do."""
-        rows = fetch_all(self.conn, "claim_item", {**self._params, "item_key": key})
-        self._commit()
-        return int(rows[0]["attempts"]) if rows else None
-
-    def renew(self, key: str) -> bool:
-        """Extend this worker's lease on ``key``; False if the lease was lost."""
-        renewed = execute(self.conn, "renew_lease", {**self._params, "item_key": key})
-        self._commit()
-        return renewed == 1
-
-    def complete(self, key: str, *, conn: Connection) -> bool:
-        """Mark ``key`` done on ``conn``, in the transaction that wrote its outputs.
-
-        The caller commits; False means the lease was lost and the caller must roll back.
-        """
-        return execute(conn, "complete_item", {**self._params, "item_key": key}) == 1
-
-    def fail(self, key: str, error: Classified, traceback: str | None) -> str | None:
-        """Record a failed attempt; return the new status (``failed`` or ``dead``).
-
-        A dead item gets an open dead letter carrying the full error and traceback.
-        Returns None when this worker no longer held the lease.
-        """
+    def finish(self, conn: Connection, outcomes: Sequence[Outcome]) -> dict[str, ItemState]:
+        """Record ``outcomes`` on ``conn`` (the caller commits, with the items' outputs)."""
+        errors = [o.error for o in outcomes]
         params = {
             **self._params,
-            "item_key": key,
-            "terminal": error.kind is ErrorKind.TERMINAL,
-            "error_class": error.error_class,
-            "error_kind": error.kind.value,
-            "error": error.message,
+            "keys": [o.item_key for o in outcomes],
+            "outcomes": [o.outcome for o in outcomes],
+            "error_classes": [e.error_class if e else None for e in errors],
+            "error_kinds": [e.kind.value if e else None for e in errors],
+            "errors": [e.message if e else None for e in errors],
+            "tracebacks": [o.traceback for o in outcomes],
         }
-        rows = fetch_all(self.conn, "fail_item", params)
-        if not rows:
-            self._commit()
-            return None
-        row = rows[0]
-        if row["status"] == "dead":
-            execute(
-                self.conn,
-                "insert_dead_letter",
-                {
-                    **params,
-                    "doc_id": row["doc_id"],
-                    "traceback": traceback,
-                    "attempts": row["attempts"],
-                    "code_version": row["code_version"],
-                },
-            )
-        self._commit()
-        return str(row["status"])
+        return _states(fetch_all(conn, "finish_items", params))
 
-    def revive(self, keys: Sequence[str], *, by: str, reason: str) -> None:
-        """Reopen dead items with a fresh attempt budget; close their dead letters as redriven."""
-        execute(
-            self.conn,
-            "revive_dead",
-            {"stage": self.stage, "keys": list(keys), "by": by, "reason": reason},
+    def renew(self, keys: Sequence[str]) -> set[str]:
+        """Extend this worker's leases on ``keys``; return the keys it still holds."""
+        params = {**self._params, "keys": list(keys)}
+        rows = self.db.transaction(
+            lambda conn: fetch_all(conn, "renew_leases", params), describe=f"{self.stage}: renew"
         )
-        self._commit()
+        return {row["item_key"] for row in rows}
 
-    def release(self, key: str, error: Classified) -> None:
-        """Give back a claim after a systemic failure, returning the attempt it took."""
-        execute(
-            self.conn,
-            "release_item",
-            {
-                **self._params,
-                "item_key": key,
-                "error_class": error.error_class,
-                "error": error.message,
-            },
-        )
-        self._commit()
 
-    def record_call(self, item_key: str, record: dict[str, Any]) -> None:
-        """Append one billable provider call to ``model_calls``."""
-        execute(
-            self.conn,
-            "insert_model_call",
-            {"stage": self.stage, "item_key": item_key, "run_id": self.ctx.run_id, **record},
+def _states(rows: Iterable[Mapping[str, Any]]) -> dict[str, ItemState]:
+    return {
+        row["item_key"]: ItemState(
+            row["item_key"],
+            row["doc_id"],
+            row["status"],
+            int(row["attempts"]),
+            bool(row["mine"]),
+            bool(row["lease_live"]),
         )
-        self._commit()
+        for row in rows
+    }

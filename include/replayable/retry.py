@@ -107,6 +107,9 @@ def classify(exc: BaseException) -> Classified:
         return Classified("read_timeout", ErrorKind.RETRYABLE, message)
     if isinstance(exc, httpx.TransportError | ConnectionError):
         return Classified("connection_reset", ErrorKind.RETRYABLE, message)
+    if type(exc).__name__ == "DatabaseUnavailableError" or _connection_lost(exc):
+        # The database went away for longer than the reconnect budget: no item's fault.
+        return Classified("database_unavailable", ErrorKind.SYSTEMIC, message)
     if isinstance(exc, BrokenProcessPool):
         # Guarded workers could not start: the setup is broken, not this item.
         return Classified("worker_pool", ErrorKind.SYSTEMIC, message)
@@ -117,6 +120,17 @@ def classify(exc: BaseException) -> Classified:
     # A bug or an unforeseen failure: retry it up to the attempt cap, then dead-letter it
     # with the full traceback, so nothing is lost and nothing loops forever.
     return Classified("unexpected", ErrorKind.RETRYABLE, message)
+
+
+def _connection_lost(exc: BaseException) -> bool:
+    try:
+        import psycopg2.errors
+    except ImportError:  # pragma: no cover - psycopg2 is a dependency
+        return False
+    return isinstance(exc, psycopg2.InterfaceError) or (
+        isinstance(exc, psycopg2.OperationalError)
+        and not isinstance(exc, psycopg2.errors.QueryCanceled)
+    )
 
 
 def parse_retry_after(value: str | None, *, now: datetime | None = None) -> float | None:

@@ -1,11 +1,15 @@
 """Run one stage over one batch of documents, with the effect of running it once.
 
-Per batch: plan the items (one key per document for this stage), register them, read
-every item's state in one query, and process only what is not done or dead. Each item is
-claimed with a lease before the expensive work, its output is written with
-``ON CONFLICT DO NOTHING`` in the same transaction that marks it done, and a failure is
-classified: retryable (failed, or dead at the attempt cap), terminal (dead at once) or
-systemic (the batch stops and the items keep their attempts). Nothing here imports Airflow.
+Per batch: plan the items (one key per document for this stage), then claim them all in
+one round trip (registering new ones); items that are done, dead, or leased by another
+worker are not processed. The stage processes the claimed items however suits it (the
+extract stage on a pool of guarded processes, the embed stage as packed requests in
+flight at once) and reports each item's outcome to a :class:`BatchIO`. Outcomes are
+flushed in groups: the items' outputs (keyed, ``ON CONFLICT DO NOTHING``) and their new
+states go in one transaction. A failure is classified: retryable (failed, or dead at the
+attempt cap), terminal (dead at once) or systemic (the batch stops and the items keep their
+attempts). A thread renews the leases of the items still in progress and tells the stage
+which ones were lost, so that it stops paying for them. Nothing here imports Airflow.
 """
 
 from __future__ import annotations
@@ -18,28 +22,24 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from replayable.db import Connection, execute
+from replayable.db import Connection, Database, execute_values
 from replayable.keys import config_hash
-from replayable.ledger import ItemState, Ledger, RunContext
+from replayable.ledger import ItemState, Ledger, Outcome, Revival, RunContext
 from replayable.retry import Classified, ErrorKind, classify
-from replayable.stages.embed import CallRecord
 
 log = logging.getLogger(__name__)
 
-# Error classes that mean "the provider is struggling", not "this item is bad".
-PROVIDER_CLASSES = frozenset(
-    {
-        "http_408",
-        "http_429",
-        "http_500",
-        "http_502",
-        "http_503",
-        "http_504",
-        "connect_error",
-        "read_timeout",
-        "connection_reset",
-    }
-)
+__all__ = [
+    "BatchIO",
+    "BatchResult",
+    "Limits",
+    "Revival",
+    "StageSpec",
+    "SystemicStopError",
+    "WorkItem",
+    "Write",
+    "run_batch",
+]
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,51 @@ class WorkItem:
     payload: Any = None
 
 
-CallSink = Callable[[CallRecord], None]
+@dataclass(frozen=True)
+class Write:
+    """Rows of one output, written with a named ``INSERT … VALUES %s … ON CONFLICT`` query."""
+
+    query: str
+    rows: list[tuple[Any, ...]]
+    template: str | None = None
+    size: int = 0  # bytes it holds, so that large outputs are flushed early
+
+
+class SystemicStopError(Exception):
+    """Raised by a stage to stop the batch for a reason that is no item's fault."""
+
+    def __init__(self, error: Classified) -> None:
+        super().__init__(f"{error.error_class}: {error.message}")
+        self.error = error
+
+
+class BatchIO(Protocol):
+    """What a stage reports to while it processes a batch; every method is thread-safe."""
+
+    def done(self, item: WorkItem, writes: Sequence[Write] = ()) -> None:
+        """``item`` succeeded; ``writes`` are its outputs, stored with its done state."""
+        ...
+
+    def failed(self, item: WorkItem, error: BaseException) -> None:
+        """``item`` failed with ``error`` (classified here; call from the except block)."""
+        ...
+
+    def holds(self, item: WorkItem) -> bool:
+        """Whether this worker still holds ``item``'s lease (False: stop paying for it)."""
+        ...
+
+    def attempt(self, item: WorkItem) -> int:
+        """The attempt number of ``item`` in this stage (1 for its first)."""
+        ...
+
+    @property
+    def stopping(self) -> bool:
+        """True once the batch is stopping (a systemic failure): start no new work."""
+        ...
+
+    def stop(self, error: Classified) -> None:
+        """Stop the batch for a systemic reason: no item's fault, no attempt spent."""
+        ...
 
 
 class StageSpec(Protocol):
@@ -64,36 +108,35 @@ class StageSpec(Protocol):
         """The config that shapes this stage's output (part of every item key)."""
         ...
 
+    def lineage(self) -> dict[str, Any]:
+        """Key config plus the versions of the stages whose outputs this one reads."""
+        ...
+
     def plan(self, conn: Connection, doc_ids: Sequence[str]) -> list[WorkItem]:
         """Key the documents whose input for this stage exists; leave out the rest."""
         ...
 
-    def process(self, conn: Connection, item: WorkItem, calls: CallSink) -> None:
-        """Do the work for ``item`` and write its outputs on ``conn`` without committing."""
+    def process(self, items: Sequence[WorkItem], io: BatchIO) -> None:
+        """Process claimed items, reporting each one's outcome to ``io`` exactly once."""
         ...
 
 
 @dataclass(frozen=True)
 class Limits:
-    """Per-batch bounds: lease length, attempt cap, and when a provider counts as down."""
+    """Per-batch bounds: lease length, attempt cap, polling, and how outcomes are flushed."""
 
     lease_s: float = 300.0
     max_attempts: int = 3
-    systemic_after: int = 5
     wait_poll_s: float = 1.0
-
-
-@dataclass(frozen=True)
-class Revival:
-    """A re-run asked for dead items: who asked and why, recorded on their dead letters."""
-
-    by: str
-    reason: str
+    flush_items: int = 200
+    flush_bytes: int = 32 * 2**20
+    flush_after_s: float = 2.0
+    db_outage_s: float = 300.0
 
 
 @dataclass
 class BatchResult:
-    """Where every document of the batch ended in this stage (ids only)."""
+    """Where every document of the batch ended in this stage."""
 
     stage: str
     done: list[str] = field(default_factory=list)
@@ -104,58 +147,108 @@ class BatchResult:
     skipped_done: int = 0
     retry_after_s: float | None = None
     systemic: Classified | None = None
+    errors: dict[str, int] = field(default_factory=dict)
 
     @property
     def entered(self) -> int:
         return len(self.done) + len(self.failed) + len(self.dead)
 
     def summary(self) -> dict[str, Any]:
+        """Counts only: XComs stay the same size whatever the batch holds (ADR 0010)."""
         return {
             "stage": self.stage,
-            "done": self.done,
-            "failed": self.failed,
-            "dead": self.dead,
-            "not_entered": self.not_entered,
+            "done": len(self.done),
+            "failed": len(self.failed),
+            "dead": len(self.dead),
+            "not_entered": len(self.not_entered),
             "processed": self.processed,
             "skipped_done": self.skipped_done,
+            "errors": dict(self.errors),
         }
 
 
-class _LeaseKeeper:
-    """Renews the lease on the current item from a thread, so long items keep it."""
+def spec_hash(spec: StageSpec) -> str:
+    """The hash a current row carries when it is done under the keys this spec derives."""
+    return spec_hash_of(spec.name, spec.code_version, spec.lineage())
 
-    def __init__(
-        self,
-        connect: Callable[[], Connection],
-        make_ledger: Callable[[Connection], Ledger],
-        every_s: float,
-    ) -> None:
-        self._connect = connect
-        self._make_ledger = make_ledger
+
+def spec_hash_of(stage: str, code_version: str, lineage: dict[str, Any]) -> str:
+    """:func:`spec_hash` from its parts, for planners that do not build the specs."""
+    return config_hash({"stage": stage, "version": code_version, **lineage})
+
+
+def run_batch(
+    spec: StageSpec,
+    doc_ids: Sequence[str],
+    *,
+    connect: Callable[[], Database],
+    ctx: RunContext,
+    limits: Limits = Limits(),
+    revive: Revival | None = None,
+) -> BatchResult:
+    """Process ``doc_ids`` through ``spec``; each document that enters ends done, failed or dead."""
+    batch = _Batch(spec, connect, ctx, limits, revive)
+    try:
+        return batch.run(doc_ids)
+    finally:
+        batch.close()
+
+
+class _LeaseKeeper:
+    """Renews the leases of the items in progress from a thread; records the ones lost.
+
+    It survives database errors: a failed renewal is logged and tried again at the next
+    tick. If no renewal has succeeded for a whole lease, every lease is taken as lost,
+    because another worker may have taken the items over by then.
+    """
+
+    def __init__(self, ledger: Ledger, every_s: float) -> None:
+        self._ledger = ledger
         self._every_s = every_s
-        self._key: str | None = None
+        self._held: set[str] = set()
+        self.lost: set[str] = set()
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._last_ok = time.monotonic()
 
-    def hold(self, key: str | None) -> None:
+    def hold(self, keys: Sequence[str]) -> None:
         with self._lock:
-            self._key = key
-        if key is not None and self._thread is None:
+            self._held.update(keys)
+            self.lost.difference_update(keys)
+            self._last_ok = time.monotonic()
+        if self._thread is None and keys:
             self._thread = threading.Thread(target=self._run, name="lease-keeper", daemon=True)
             self._thread.start()
 
+    def release(self, keys: Sequence[str]) -> None:
+        with self._lock:
+            self._held.difference_update(keys)
+
+    def holds(self, key: str) -> bool:
+        with self._lock:
+            return key not in self.lost
+
     def _run(self) -> None:
-        conn = self._connect()
-        ledger = self._make_ledger(conn)
-        try:
-            while not self._stop.wait(self._every_s):
+        while not self._stop.wait(self._every_s):
+            with self._lock:
+                keys = sorted(self._held)
+            if not keys:
+                continue
+            try:
+                kept = self._ledger.renew(keys)
+            except Exception as error:  # never let the keeper die: leases would silently lapse
+                log.warning("lease renewal failed (%s: %s)", type(error).__name__, error)
                 with self._lock:
-                    key = self._key
-                if key is not None and not ledger.renew(key):
-                    log.warning("lost the lease on %s", key)
-        finally:
-            conn.close()
+                    if time.monotonic() - self._last_ok > self._ledger.lease_s:
+                        self.lost.update(self._held)
+                continue
+            with self._lock:
+                self._last_ok = time.monotonic()
+                gone = [key for key in keys if key not in kept and key in self._held]
+                self.lost.update(gone)
+            for key in gone:
+                log.warning("%s: lost the lease on %s", self._ledger.stage, key)
 
     def close(self) -> None:
         self._stop.set()
@@ -163,234 +256,260 @@ class _LeaseKeeper:
             self._thread.join(timeout=10)
 
 
-def run_batch(
-    spec: StageSpec,
-    doc_ids: Sequence[str],
-    *,
-    connect: Callable[[], Connection],
-    ctx: RunContext,
-    limits: Limits = Limits(),
-    revive: Revival | None = None,
-) -> BatchResult:
-    """Process ``doc_ids`` through ``spec``; each document that enters ends done, failed or dead."""
-    work = connect()
-    control = connect()
-    try:
-        return _Batch(spec, work, control, connect, ctx, limits, revive).run(doc_ids)
-    finally:
-        work.close()
-        control.close()
-
-
 class _Batch:
     def __init__(
         self,
         spec: StageSpec,
-        work: Connection,
-        control: Connection,
-        connect: Callable[[], Connection],
+        connect: Callable[[], Database],
         ctx: RunContext,
         limits: Limits,
         revive: Revival | None,
     ) -> None:
         self.spec = spec
-        self.revive = revive
-        self.work = work
         self.limits = limits
-        chash = config_hash(spec.key_config())
-
-        def make_ledger(conn: Connection) -> Ledger:
-            return Ledger(
-                conn,
+        self.revive = revive
+        self.work = connect()
+        self.control = connect()
+        self.ledger = Ledger(
+            self.control,
+            spec.name,
+            spec.code_version,
+            config_hash(spec.key_config()),
+            spec_hash(spec),
+            ctx,
+            lease_s=limits.lease_s,
+            max_attempts=limits.max_attempts,
+        )
+        keeper_db = connect()
+        keeper_db.outage_s = min(keeper_db.outage_s, limits.lease_s / 3)
+        self.leases = _LeaseKeeper(
+            Ledger(
+                keeper_db,
                 spec.name,
                 spec.code_version,
-                chash,
+                self.ledger.config_hash,
+                self.ledger.spec_hash,
                 ctx,
                 lease_s=limits.lease_s,
                 max_attempts=limits.max_attempts,
-            )
-
-        self.ledger = make_ledger(control)
-        self.leases = _LeaseKeeper(connect, make_ledger, every_s=max(limits.lease_s / 3, 0.2))
+            ),
+            every_s=max(limits.lease_s / 3, 0.2),
+        )
+        self._keeper_db = keeper_db
         self.result = BatchResult(spec.name)
-        self.provider_failures_in_a_row = 0
+
+    def close(self) -> None:
+        self.leases.close()
+        for database in (self.work, self.control, self._keeper_db):
+            database.close()
 
     def run(self, doc_ids: Sequence[str]) -> BatchResult:
-        items = self.spec.plan(self.work, doc_ids)
-        self.work.commit()
+        items = self.work.transaction(
+            lambda conn: self.spec.plan(conn, doc_ids), describe=f"{self.spec.name}: plan"
+        )
         planned = {item.doc_id for item in items}
         self.result.not_entered = [d for d in doc_ids if d not in planned]
-        self.ledger.register((item.item_key, item.doc_id) for item in items)
-        states = self.ledger.states([item.item_key for item in items])
-        todo: list[WorkItem] = []
-        revived: list[str] = []
-        for item in items:
-            status = states[item.item_key].status
-            if status == "done":
-                self.result.done.append(item.doc_id)
-                self.result.skipped_done += 1
-            elif status == "dead" and self.revive is None:
-                self.result.dead.append(item.doc_id)
-            else:
-                todo.append(item)
-                if status == "dead":
-                    revived.append(item.item_key)
-        if revived and self.revive is not None:
-            self.ledger.revive(revived, by=self.revive.by, reason=self.revive.reason)
+        states = self.ledger.claim(((i.item_key, i.doc_id) for i in items), revive=self.revive)
+        waiting = self._take(items, states, first=True)
         log.info(
-            "%s: %d documents, %d already done, %d dead, %d to do, %d without input",
+            "%s: %d documents, %d already done, %d dead, %d to do, %d leased elsewhere, "
+            "%d without input",
             self.spec.name,
             len(doc_ids),
             self.result.skipped_done,
             len(self.result.dead),
-            len(todo),
+            self.result.processed,
+            len(waiting),
             len(self.result.not_entered),
         )
-        try:
-            held_elsewhere = self._process_all(todo)
-            if self.result.systemic is None:
-                self._wait_for(held_elsewhere)
-        finally:
-            self.leases.close()
+        while waiting and self.result.systemic is None:
+            time.sleep(self.limits.wait_poll_s)
+            states = self.ledger.states([item.item_key for item in waiting])
+            expired = [
+                item
+                for item in waiting
+                if item.item_key not in states
+                or not (states[item.item_key].settled or states[item.item_key].lease_live)
+            ]
+            if expired:
+                claimed = self.ledger.claim((i.item_key, i.doc_id) for i in expired)
+                states = {**states, **claimed}
+            waiting = self._take(waiting, states, first=False)
         return self.result
 
-    def _process_all(self, todo: list[WorkItem]) -> list[WorkItem]:
-        held_elsewhere: list[WorkItem] = []
-        for position, item in enumerate(todo):
-            attempt = self.ledger.claim(item.item_key)
-            if attempt is None or not self._process_one(item, attempt):
-                held_elsewhere.append(item)
-                continue
-            if self.result.systemic is not None:
-                self._park(todo[position + 1 :] + held_elsewhere)
-                return []
-        return held_elsewhere
-
-    def _wait_for(self, items: list[WorkItem]) -> None:
-        """Finish the batch: wait out items leased by another worker, or take them over."""
-        while items:
-            log.info(
-                "%s: waiting for %d item(s) leased by another worker", self.spec.name, len(items)
-            )
-            time.sleep(self.limits.wait_poll_s)
-            states = self.ledger.states([item.item_key for item in items])
-            still: list[WorkItem] = []
-            for item in items:
-                if not self._settle(item, states[item.item_key]):
-                    still.append(item)
-                if self.result.systemic is not None:
-                    return
-            items = still
-
-    def _settle(self, item: WorkItem, state: ItemState) -> bool:
-        """Take the outcome another worker reached, or the item itself once its lease is gone."""
-        if state.status in ("done", "dead", "failed"):
-            getattr(self.result, state.status).append(item.doc_id)
-            return True
-        if state.status == "running" and state.lease_live:
-            return False
-        attempt = self.ledger.claim(item.item_key)
-        return attempt is not None and self._process_one(item, attempt)
-
-    def _process_one(self, item: WorkItem, attempt: int) -> bool:
-        """Process a claimed item; False if its lease was lost and another worker owns it."""
-        self.result.processed += 1
-        self.leases.hold(item.item_key)
-
-        def record(call: CallRecord) -> None:
-            self.ledger.record_call(
-                item.item_key,
-                {
-                    "attempt": attempt,
-                    "call_try": call.attempt,
-                    "status": call.status,
-                    "http_status": call.http_status,
-                    "latency_ms": call.latency_ms,
-                    "n_inputs": call.n_inputs,
-                    "tokens": call.tokens,
-                    "idempotency_key": call.idempotency_key,
-                },
-            )
-
-        try:
-            self.spec.process(self.work, item, record)
-            kept_lease = self.ledger.complete(item.item_key, conn=self.work)
-            if kept_lease:
-                self.work.commit()
-                self.result.done.append(item.doc_id)
-                self.provider_failures_in_a_row = 0
+    def _take(
+        self, items: Sequence[WorkItem], states: dict[str, ItemState], *, first: bool
+    ) -> list[WorkItem]:
+        """Process the items this worker holds, settle the rest; return the ones held elsewhere."""
+        mine: list[WorkItem] = []
+        waiting: list[WorkItem] = []
+        for item in items:
+            state = states.get(item.item_key)
+            if state is None or (state.status == "running" and not state.mine):
+                waiting.append(item)
+            elif state.mine:
+                mine.append(item)
             else:
-                self.work.rollback()
-        except Exception as exc:
-            self.work.rollback()
-            kept_lease = self._failed(item, attempt, exc)
-        finally:
-            self.leases.hold(None)
-        if not kept_lease:
-            # Our lease expired and another worker took the item over: its outcome stands.
-            log.warning("%s: lease on %s lost to another worker", self.spec.name, item.item_key)
-        return kept_lease
+                self._settle(item, state.status)
+                if first and state.status == "done":
+                    self.result.skipped_done += 1
+        if mine:
+            self.result.processed += len(mine)
+            attempts = {item.item_key: states[item.item_key].attempts for item in mine}
+            waiting += _Processing(self, mine, attempts).run()
+        return waiting
 
-    def _failed(self, item: WorkItem, attempt: int, exc: Exception) -> bool:
-        """Record a failure; False if the lease was lost before it could be recorded."""
-        error = classify(exc)
-        if error.kind is ErrorKind.SYSTEMIC:
+    def _settle(self, item: WorkItem, status: str) -> None:
+        if status in ("done", "failed", "dead"):
+            getattr(self.result, status).append(item.doc_id)
+
+
+class _Processing(BatchIO):
+    """One call of ``spec.process`` over claimed items, with grouped flushes of outcomes."""
+
+    def __init__(self, batch: _Batch, items: list[WorkItem], attempts: dict[str, int]) -> None:
+        self.batch = batch
+        self.items = {item.item_key: item for item in items}
+        self._attempts = attempts
+        self._reported: set[str] = set()
+        self._pending: list[tuple[WorkItem, Outcome, Sequence[Write]]] = []
+        self._pending_bytes = 0
+        self._pending_since: float | None = None
+        self._lock = threading.Lock()
+        self._flush_lock = threading.Lock()
+        self._stop: Classified | None = None
+        self.lost_to_peers: list[WorkItem] = []
+
+    # -- BatchIO -------------------------------------------------------------------------
+
+    def done(self, item: WorkItem, writes: Sequence[Write] = ()) -> None:
+        self._report(item, Outcome.done(item.item_key), writes)
+
+    def failed(self, item: WorkItem, error: BaseException) -> None:
+        classified = classify(error)
+        tb = "".join(traceback.format_exception(error))
+        if classified.kind is ErrorKind.SYSTEMIC:
             log.error(
                 "%s: systemic failure on %s (%s); stopping the batch",
-                self.spec.name,
+                self.batch.spec.name,
                 item.item_key,
-                error.error_class,
+                classified.error_class,
             )
-            self.ledger.release(item.item_key, error)
-            self.result.failed.append(item.doc_id)
-            self.result.systemic = error
-            return True
-        status = self.ledger.fail(item.item_key, error, traceback.format_exc())
-        if status is None:
-            return False
-        log.warning(
-            "%s: %s is %s after attempt %d (%s): %s",
-            self.spec.name,
-            item.item_key,
-            status,
-            attempt,
-            error.error_class,
-            error.message,
-        )
-        if status == "dead":
-            self.result.dead.append(item.doc_id)
-        else:
-            self.result.failed.append(item.doc_id)
-        if error.retry_after_s is not None:
-            self.result.retry_after_s = max(self.result.retry_after_s or 0.0, error.retry_after_s)
-        if error.error_class in PROVIDER_CLASSES:
-            self.provider_failures_in_a_row += 1
-            if self.provider_failures_in_a_row >= self.limits.systemic_after:
-                self.result.systemic = Classified(
-                    "provider_unavailable",
-                    ErrorKind.SYSTEMIC,
-                    f"{self.provider_failures_in_a_row} items in a row failed at the provider; "
-                    f"last: {error.message}",
-                    self.result.retry_after_s,
-                )
-        else:
-            self.provider_failures_in_a_row = 0
-        return True
-
-    def _park(self, items: list[WorkItem]) -> None:
-        """Mark the items a stopped batch never reached as failed, without spending attempts."""
-        assert self.result.systemic is not None
-        if not items:
+            self.stop(classified)
+            self._report(item, Outcome(item.item_key, "release", classified, tb), ())
             return
-        execute(
-            self.ledger.conn,
-            "park_items",
-            {
-                "stage": self.spec.name,
-                "keys": [item.item_key for item in items],
-                "error_class": self.result.systemic.error_class,
-                "error": "not attempted: " + self.result.systemic.message,
-            },
+        log.warning(
+            "%s: %s failed (%s): %s",
+            self.batch.spec.name,
+            item.item_key,
+            classified.error_class,
+            classified.message,
         )
-        self.ledger.conn.commit()
-        self.result.failed.extend(item.doc_id for item in items)
+        if classified.retry_after_s is not None:
+            with self._lock:
+                current = self.batch.result.retry_after_s or 0.0
+                self.batch.result.retry_after_s = max(current, classified.retry_after_s)
+        self._report(item, Outcome(item.item_key, "failed", classified, tb), ())
+
+    def holds(self, item: WorkItem) -> bool:
+        return self.batch.leases.holds(item.item_key)
+
+    def attempt(self, item: WorkItem) -> int:
+        return self._attempts.get(item.item_key, 1)
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop is not None
+
+    def stop(self, error: Classified) -> None:
+        with self._lock:
+            if self._stop is None:
+                self._stop = error
+
+    # -- running -------------------------------------------------------------------------
+
+    def run(self) -> list[WorkItem]:
+        batch = self.batch
+        batch.leases.hold(list(self.items))
+        try:
+            batch.spec.process(list(self.items.values()), self)
+        except SystemicStopError as stop:
+            self.stop(stop.error)
+        except Exception as error:
+            # A stage bug or an outage outside any one item: every unreported item fails with it.
+            classified = classify(error)
+            if classified.kind is ErrorKind.SYSTEMIC:
+                self.stop(classified)
+            else:
+                for item in self._unreported():
+                    self.failed(item, error)
+        if self._stop is not None:
+            batch.result.systemic = self._stop
+            for item in self._unreported():
+                self._report(item, Outcome(item.item_key, "release", self._stop, None), ())
+        unreported = self._unreported()
+        if unreported:
+            raise RuntimeError(
+                f"{batch.spec.name}: the stage reported no outcome for {len(unreported)} item(s)"
+            )
+        self._flush(force=True)
+        return self.lost_to_peers
+
+    def _unreported(self) -> list[WorkItem]:
+        with self._lock:
+            return [item for key, item in self.items.items() if key not in self._reported]
+
+    def _report(self, item: WorkItem, outcome: Outcome, writes: Sequence[Write]) -> None:
+        with self._lock:
+            if item.item_key in self._reported:
+                return
+            self._reported.add(item.item_key)
+            self._pending.append((item, outcome, writes))
+            self._pending_bytes += sum(w.size for w in writes)
+            if self._pending_since is None:
+                self._pending_since = time.monotonic()
+        self._flush(force=False)
+
+    def _flush(self, *, force: bool) -> None:
+        limits = self.batch.limits
+        with self._flush_lock:
+            with self._lock:
+                due = self._pending and (
+                    force
+                    or len(self._pending) >= limits.flush_items
+                    or self._pending_bytes >= limits.flush_bytes
+                    or time.monotonic() - (self._pending_since or 0.0) >= limits.flush_after_s
+                )
+                if not due:
+                    return
+                pending, self._pending = self._pending, []
+                self._pending_bytes, self._pending_since = 0, None
+            self._write(pending)
+
+    def _write(self, pending: list[tuple[WorkItem, Outcome, Sequence[Write]]]) -> None:
+        """Store a group's outputs and outcomes in one transaction (retried if the link drops)."""
+        batch = self.batch
+        merged: dict[tuple[str, str | None], list[tuple[Any, ...]]] = {}
+        for _, _, writes in pending:
+            for write in writes:
+                merged.setdefault((write.query, write.template), []).extend(write.rows)
+
+        def store(conn: Connection) -> dict[str, ItemState]:
+            for (query, template), rows in merged.items():
+                execute_values(conn, query, rows, template=template)
+            return batch.ledger.finish(conn, [outcome for _, outcome, _ in pending])
+
+        states = batch.work.transaction(store, describe=f"{batch.spec.name}: finish")
+        batch.leases.release([item.item_key for item, _, _ in pending])
+        result = batch.result
+        with self._lock:
+            for item, outcome, _ in pending:
+                state = states.get(item.item_key)
+                if state is None or state.status in ("running", "pending"):
+                    # Our lease was taken over: the new owner's outcome will stand.
+                    self.lost_to_peers.append(item)
+                    continue
+                getattr(result, state.status).append(item.doc_id)
+                if outcome.error is not None and state.status != "done":
+                    name = outcome.error.error_class
+                    result.errors[name] = result.errors.get(name, 0) + 1

@@ -1,135 +1,268 @@
-import time
+"""The ledger against a real Postgres: batch claims, leases, finishing, current state, counts."""
+
+import threading
 
 import pytest
 
 from replayable import db
-from replayable.ledger import Ledger, RunContext
+from replayable.ledger import Ledger, Outcome, Revival, RunContext
 from replayable.retry import Classified, ErrorKind
 
-DOC = "d" * 64
+pytestmark = pytest.mark.db
+
+DOCS = [f"{i:x}" * 64 for i in range(1, 7)]
+DOC = DOCS[0]
 
 
 @pytest.fixture
-def doc(conn):
-    db.execute_values(conn, "upsert_documents", [(DOC, "/x.pdf", 10)])
+def docs(conn):
+    db.execute_values(conn, "upsert_documents", [(d, f"/{d[:4]}.pdf", 10) for d in DOCS])
     conn.commit()
-    return DOC
+    return DOCS
 
 
-def make(conn, owner="w1", lease_s=60.0, max_attempts=3):
+@pytest.fixture
+def database(dsn):
+    handle = db.Database(dsn)
+    yield handle
+    handle.close()
+
+
+def make(database, owner="w1", lease_s=60.0, max_attempts=3, version="1.0", **ctx):
     return Ledger(
-        conn,
+        database,
         "extract",
-        "1.0",
+        version,
         "cfg",
-        RunContext(owner=owner, run_id="r1"),
+        f"spec-{version}",
+        RunContext(owner=owner, run_id="r1", **ctx),
         lease_s=lease_s,
         max_attempts=max_attempts,
     )
 
 
+def rows(conn, sql, *params):
+    with conn.cursor() as cur:
+        cur.execute(sql, params)
+        found = cur.fetchall()
+    conn.commit()
+    return found
+
+
 def status(conn, key="k"):
-    with conn.cursor() as cur:
-        cur.execute(
-            "SELECT status, attempts, error_class FROM replayable.stage_runs WHERE item_key = %s",
-            (key,),
-        )
-        row = cur.fetchone()
-    conn.commit()
-    return row
+    found = rows(
+        conn,
+        "SELECT status, attempts, error_class FROM replayable.stage_runs WHERE item_key = %s",
+        key,
+    )
+    return found[0] if found else None
 
 
-def dead_letters(conn):
-    with conn.cursor() as cur:
-        cur.execute(
-            "SELECT item_key, error_class, attempts, traceback, status FROM replayable.dead_letters"
+def finish(database, ledger, *outcomes):
+    return database.transaction(lambda conn: ledger.finish(conn, list(outcomes)))
+
+
+def counts(conn):
+    """Current items by (stage, status, error_class) from the counters, zero entries dropped."""
+    return {
+        (stage, state, cls): int(n)
+        for stage, state, cls, n in rows(
+            conn,
+            "SELECT stage, status, error_class, sum(n) FROM replayable.stage_counts"
+            " GROUP BY 1, 2, 3 HAVING sum(n) <> 0",
         )
-        rows = cur.fetchall()
-    conn.commit()
-    return rows
+    }
+
+
+def recount(conn):
+    """The same counts computed from the current rows themselves."""
+    return {
+        (stage, state, cls or ""): int(n)
+        for stage, state, cls, n in rows(
+            conn,
+            "SELECT stage, status, error_class, count(*) FROM replayable.stage_runs"
+            " WHERE is_current GROUP BY 1, 2, 3",
+        )
+    }
 
 
 RETRYABLE = Classified("http_503", ErrorKind.RETRYABLE, "503")
 TERMINAL = Classified("encrypted", ErrorKind.TERMINAL, "locked")
+SYSTEMIC = Classified("http_401", ErrorKind.SYSTEMIC, "no key")
 
 
-def test_registering_twice_keeps_state_and_attempts(conn, doc):
-    ledger = make(conn)
-    ledger.register([("k", doc)])
-    assert ledger.claim("k") == 1
-    ledger.register([("k", doc)])
-    assert status(conn) == ("running", 1, None)
+def test_a_claim_registers_new_items_already_leased_in_one_round_trip(conn, database, docs):
+    states = make(database).claim([("k", DOC)])
+    assert states["k"].mine and states["k"].attempts == 1 and states["k"].lease_live
+    assert status(conn, "k") == ("running", 1, None)
 
 
-def test_a_live_lease_is_skipped_by_another_worker(conn, doc):
-    first, second = make(conn, "w1"), make(conn, "w2")
-    first.register([("k", doc)])
-    assert first.claim("k") == 1
-    assert second.claim("k") is None
+def test_a_second_claim_of_a_live_lease_is_not_granted(conn, database, docs):
+    make(database, owner="w1").claim([("k", DOC)])
+    again = make(database, owner="w2").claim([("k", DOC)])
+    assert not again["k"].mine and again["k"].status == "running"
+    assert status(conn, "k")[1] == 1
 
 
-def test_an_expired_lease_is_taken_over(conn, doc):
-    first, second = make(conn, "w1", lease_s=0.1), make(conn, "w2")
-    first.register([("k", doc)])
-    first.claim("k")
-    time.sleep(0.2)
-    assert second.claim("k") == 2
+def test_claiming_again_after_a_lost_response_keeps_the_attempt_count(conn, database, docs):
+    """A claim retried by the same worker (its first answer lost) takes no second attempt."""
+    ledger = make(database)
+    ledger.claim([("k", DOC)])
+    assert ledger.claim([("k", DOC)])["k"].mine
+    assert status(conn, "k")[1] == 1
 
 
-def test_only_the_lease_holder_can_complete(conn, doc):
-    first, second = make(conn, "w1", lease_s=0.1), make(conn, "w2")
-    first.register([("k", doc)])
-    first.claim("k")
-    time.sleep(0.2)
-    second.claim("k")
-    assert first.complete("k", conn=conn) is False
-    assert second.complete("k", conn=conn) is True
-    conn.commit()
-    assert status(conn)[0] == "done"
+def test_done_items_are_not_claimed_again(conn, database, docs):
+    ledger = make(database)
+    ledger.claim([("k", DOC)])
+    finish(database, ledger, Outcome.done("k"))
+    again = make(database, owner="w2").claim([("k", DOC)])
+    assert again["k"].status == "done" and not again["k"].mine
 
 
-def test_a_done_item_cannot_be_claimed_again(conn, doc):
-    ledger = make(conn)
-    ledger.register([("k", doc)])
-    ledger.claim("k")
-    ledger.complete("k", conn=conn)
-    conn.commit()
-    assert ledger.claim("k") is None
+def test_an_expired_lease_can_be_taken_over_and_the_old_owner_cannot_finish(conn, database, docs):
+    first = make(database, owner="w1", lease_s=0.05)
+    first.claim([("k", DOC)])
+    import time
+
+    time.sleep(0.1)
+    second = make(database, owner="w2")
+    assert second.claim([("k", DOC)])["k"].mine
+    states = finish(database, first, Outcome.done("k"))
+    assert states["k"].status == "running" and not states["k"].mine
+    assert status(conn, "k") == ("running", 2, None)
 
 
-def test_retryable_failures_dead_letter_at_the_attempt_cap(conn, doc):
-    ledger = make(conn, max_attempts=2)
-    ledger.register([("k", doc)])
-    ledger.claim("k")
-    assert ledger.fail("k", RETRYABLE, "tb1") == "failed"
-    assert dead_letters(conn) == []
-    ledger.claim("k")
-    assert ledger.fail("k", RETRYABLE, "tb2") == "dead"
-    assert dead_letters(conn) == [("k", "http_503", 2, "tb2", "open")]
-    assert ledger.claim("k") is None
+def test_a_later_try_of_the_same_task_takes_over_its_earlier_try(conn, database, docs):
+    """Airflow starts try 2 only after giving up on try 1, so try 2 need not wait for its lease."""
+    ctx = {"dag_id": "d", "map_index": 3}
+    make(database, owner="try1", try_number=1, **ctx).claim([("k", DOC)])
+    states = make(database, owner="try2", try_number=2, **ctx).claim([("k", DOC)])
+    assert states["k"].mine and states["k"].attempts == 2
+    other_task = make(database, owner="x", try_number=5, dag_id="d", map_index=4)
+    assert not other_task.claim([("k", DOC)])["k"].mine
 
 
-def test_a_terminal_error_dead_letters_at_once(conn, doc):
-    ledger = make(conn)
-    ledger.register([("k", doc)])
-    ledger.claim("k")
-    assert ledger.fail("k", TERMINAL, "tb") == "dead"
-    assert status(conn) == ("dead", 1, "encrypted")
-    assert len(dead_letters(conn)) == 1
+def test_a_retryable_failure_is_failed_until_the_attempt_cap_then_dead(conn, database, docs):
+    ledger = make(database, max_attempts=2)
+    ledger.claim([("k", DOC)])
+    assert finish(database, ledger, Outcome("k", "failed", RETRYABLE))["k"].status == "failed"
+    ledger.claim([("k", DOC)])
+    assert finish(database, ledger, Outcome("k", "failed", RETRYABLE, "tb"))["k"].status == "dead"
+    assert rows(conn, "SELECT error_class, attempts, traceback FROM replayable.dead_letters") == [
+        ("http_503", 2, "tb")
+    ]
 
 
-def test_release_gives_the_attempt_back(conn, doc):
-    ledger = make(conn)
-    ledger.register([("k", doc)])
-    ledger.claim("k")
-    ledger.release("k", Classified("http_401", ErrorKind.SYSTEMIC, "no"))
-    assert status(conn) == ("failed", 0, "http_401")
+def test_a_terminal_failure_is_dead_at_once_with_one_open_letter(conn, database, docs):
+    ledger = make(database)
+    ledger.claim([("k", DOC)])
+    assert finish(database, ledger, Outcome("k", "failed", TERMINAL, "tb"))["k"].status == "dead"
+    assert rows(conn, "SELECT status, attempts FROM replayable.dead_letters") == [("open", 1)]
 
 
-def test_states_reads_the_whole_batch_in_one_query(conn, doc):
-    ledger = make(conn)
-    ledger.register([("a", doc), ("b", doc)])
-    ledger.claim("a")
-    states = ledger.states(["a", "b", "missing"])
-    assert {k: s.status for k, s in states.items()} == {"a": "running", "b": "pending"}
-    assert states["a"].lease_live
+def test_a_release_gives_the_attempt_back(conn, database, docs):
+    ledger = make(database)
+    ledger.claim([("k", DOC)])
+    finish(database, ledger, Outcome("k", "release", SYSTEMIC))
+    assert status(conn, "k") == ("failed", 0, "http_401")
+    assert rows(conn, "SELECT count(*) FROM replayable.dead_letters") == [(0,)]
+
+
+def test_a_revive_reopens_dead_items_with_a_fresh_budget_and_closes_their_letters(
+    conn, database, docs
+):
+    ledger = make(database, max_attempts=1)
+    ledger.claim([("k", DOC)])
+    finish(database, ledger, Outcome("k", "failed", RETRYABLE))
+    assert not ledger.claim([("k", DOC)])["k"].mine
+    states = ledger.claim([("k", DOC)], revive=Revival(by="ana", reason="parser fixed"))
+    assert states["k"].mine and states["k"].attempts == 1
+    assert rows(conn, "SELECT status, resolved_by, note FROM replayable.dead_letters") == [
+        ("redriven", "ana", "parser fixed")
+    ]
+
+
+def test_renewal_returns_only_the_leases_still_held(conn, database, docs):
+    ledger = make(database)
+    ledger.claim([("a", DOCS[0]), ("b", DOCS[1])])
+    finish(database, ledger, Outcome.done("a"))
+    assert ledger.renew(["a", "b"]) == {"b"}
+
+
+def test_a_new_code_version_becomes_the_current_row_and_history_stays(conn, database, docs):
+    old = make(database, version="1.0")
+    old.claim([("k1", DOC)])
+    finish(database, old, Outcome.done("k1"))
+    make(database, version="1.1").claim([("k2", DOC)])
+    assert rows(
+        conn,
+        "SELECT item_key, status, is_current FROM replayable.stage_runs ORDER BY item_key",
+    ) == [("k1", "done", False), ("k2", "running", True)]
+    assert counts(conn) == {("extract", "running", ""): 1}
+
+
+def test_counters_match_the_current_rows_after_every_kind_of_transition(conn, database, docs):
+    ledger = make(database, max_attempts=2)
+    ledger.claim([(f"k{i}", d) for i, d in enumerate(DOCS)])
+    finish(
+        database,
+        ledger,
+        Outcome.done("k0"),
+        Outcome("k1", "failed", RETRYABLE),
+        Outcome("k2", "failed", TERMINAL),
+        Outcome("k3", "release", SYSTEMIC),
+    )
+    ledger.renew(["k4", "k5"])
+    make(database, version="2.0").claim([("k0-v2", DOCS[0])])
+    assert counts(conn) == recount(conn)
+    assert counts(conn)[("extract", "running", "")] == 3
+
+
+def test_concurrent_transitions_keep_the_counters_exact(conn, dsn, docs):
+    """Eight workers claim and finish overlapping items at once; the counts stay exact."""
+    keys = [(f"k{i}", DOCS[i % len(DOCS)] if i < len(DOCS) else DOCS[0]) for i in range(6)]
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(8)
+
+    def worker(n: int) -> None:
+        handle = db.Database(dsn)
+        try:
+            ledger = make(handle, owner=f"w{n}", lease_s=0.01)
+            barrier.wait()
+            for _ in range(5):
+                states = ledger.claim(keys)
+                mine = [k for k, s in states.items() if s.mine]
+                outcome = "failed" if n % 2 else "done"
+                error = RETRYABLE if outcome == "failed" else None
+                handle.transaction(
+                    lambda c, mine=mine, o=outcome, e=error: ledger.finish(
+                        c, [Outcome(k, o, e) for k in mine]
+                    )
+                )
+        except BaseException as error:  # pragma: no cover - reported below
+            errors.append(error)
+        finally:
+            handle.close()
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not errors
+    assert counts(conn) == recount(conn)
+    assert sum(counts(conn).values()) == len(DOCS)
+
+
+def test_a_transaction_survives_a_dropped_connection(conn, dsn, docs):
+    """The server ends the session mid-batch; the ledger reconnects and the claim goes through."""
+    handle = db.Database(dsn)
+    ledger = make(handle)
+    ledger.claim([("a", DOCS[0])])
+    pid = handle.conn.get_backend_pid()
+    rows(conn, "SELECT pg_terminate_backend(%s)", pid)
+    states = ledger.claim([("b", DOCS[1])])
+    assert states["b"].mine
+    assert handle.conn.get_backend_pid() != pid
+    handle.close()

@@ -1,5 +1,6 @@
 -- Content-addressed check: a chunk embedded for any document costs nothing again.
-SELECT c.chunk_id, c.text
+-- With_text false returns ids only (the first look over a whole batch).
+SELECT c.chunk_id, CASE WHEN %(with_text)s THEN c.text END AS text
 FROM replayable.chunks c
 WHERE c.chunk_id = ANY(%(chunk_ids)s)
   AND NOT EXISTS (SELECT 1 FROM replayable.embeddings e

@@ -1,17 +1,23 @@
--- Items per stage by their newest status (a document has one row per code version and
--- config, so only its newest counts). With a run id: the documents that run touched.
+-- Items per stage by current status. Without a run id the counters answer (no scan of the
+-- ledger); with one, the run's documents are looked up one by one (cost follows the run).
 SELECT stage,
-       count(*) FILTER (WHERE status = 'pending') AS pending,
-       count(*) FILTER (WHERE status = 'running') AS running,
-       count(*) FILTER (WHERE status = 'done') AS done,
-       count(*) FILTER (WHERE status = 'failed') AS failed,
-       count(*) FILTER (WHERE status = 'dead') AS dead,
-       count(*) AS total
+       coalesce(sum(n) FILTER (WHERE status = 'pending'), 0) AS pending,
+       coalesce(sum(n) FILTER (WHERE status = 'running'), 0) AS running,
+       coalesce(sum(n) FILTER (WHERE status = 'done'), 0) AS done,
+       coalesce(sum(n) FILTER (WHERE status = 'failed'), 0) AS failed,
+       coalesce(sum(n) FILTER (WHERE status = 'dead'), 0) AS dead,
+       coalesce(sum(n), 0) AS total
 FROM (
-    SELECT DISTINCT ON (stage, doc_id) stage, doc_id, status
-    FROM replayable.stage_runs
+    SELECT stage, status, n
+    FROM replayable.stage_counts
     WHERE %(run_id)s::text IS NULL
-       OR doc_id IN (SELECT doc_id FROM replayable.stage_runs WHERE run_id = %(run_id)s::text)
-    ORDER BY stage, doc_id, updated_at DESC
-) latest
+    UNION ALL
+    SELECT c.stage, c.status, 1
+    FROM replayable.runs ru
+    JOIN replayable.run_docs r ON r.dag_id = ru.dag_id AND r.run_id = ru.run_id
+    CROSS JOIN unnest(%(stages)s::text[]) AS st (stage)
+    JOIN replayable.stage_runs c ON c.stage = st.stage AND c.doc_id = r.doc_id AND c.is_current
+    WHERE ru.run_id = %(run_id)s::text
+) counted
 GROUP BY stage
+HAVING sum(n) <> 0

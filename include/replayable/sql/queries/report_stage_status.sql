@@ -1,10 +1,8 @@
--- The newest state of each document in each stage, counted by status and error class.
-SELECT stage, status, coalesce(error_class, '') AS error_class, count(*) AS n
-FROM (
-    SELECT DISTINCT ON (stage, doc_id) stage, doc_id, status, error_class
-    FROM replayable.stage_runs
-    WHERE doc_id = ANY(%(doc_ids)s)
-    ORDER BY stage, doc_id, updated_at DESC
-) latest
-GROUP BY stage, status, error_class
-ORDER BY stage, status, error_class
+-- A run's documents by their current state in each stage, counted by status and class.
+SELECT c.stage, c.status, coalesce(c.error_class, '') AS error_class, count(*) AS n
+FROM replayable.run_docs r
+CROSS JOIN unnest(%(stages)s::text[]) AS st (stage)
+JOIN replayable.stage_runs c ON c.stage = st.stage AND c.doc_id = r.doc_id AND c.is_current
+WHERE r.dag_id = %(dag_id)s AND r.run_id = %(run_id)s
+GROUP BY 1, 2, 3
+ORDER BY 1, 2, 3
