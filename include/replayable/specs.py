@@ -1,7 +1,8 @@
 """The pipeline's stages as :class:`~replayable.runner.StageSpec`: keys, inputs, outputs.
 
-Each spec says what an item's key is made of and where its input and output live; the
-stage functions in ``replayable.stages`` do the work. Keys:
+Each spec says what an item's key is made of, where its input and output live, and how a
+batch of claimed items is processed; the stage functions in ``replayable.stages`` do the
+work. Keys:
 
 - extract: document bytes (doc_id) + extractor version;
 - chunk: the document, extractor version and text hash + chunker version, size, overlap;
@@ -12,30 +13,70 @@ So re-extracted text that is identical keys to the chunks and embeddings that ex
 
 from __future__ import annotations
 
+import functools
+import logging
+import os
+import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any
 
-from replayable import guards
-from replayable.db import Connection, execute, execute_values, fetch_all
+from replayable import guards, sources
+from replayable.budget import RequestBudget
+from replayable.db import Connection, Database, execute, execute_values, fetch_all
 from replayable.keys import item_key, sha256_bytes
-from replayable.retry import ErrorKind, ItemError
-from replayable.runner import CallSink, WorkItem
+from replayable.retry import Classified, ErrorKind, ItemError, classify
+from replayable.runner import BatchIO, WorkItem, Write, spec_hash_of
 from replayable.stages import chunk, embed, extract
+
+log = logging.getLogger(__name__)
+
+
+def chunk_lineage(config: chunk.ChunkConfig, extractor_version: str) -> dict[str, Any]:
+    return {"size": config.size, "overlap": config.overlap, "extractor": extractor_version}
+
+
+def embed_lineage(
+    model: str, dimensions: int | None, chunker_key: str, extractor_version: str
+) -> dict[str, Any]:
+    return {
+        "model": model,
+        "dimensions": dimensions,
+        "chunker": chunker_key,
+        "extractor": extractor_version,
+    }
+
+
+def spec_hashes(config: chunk.ChunkConfig, model: str, dimensions: int | None) -> dict[str, str]:
+    """Each stage's spec hash for a run's settings, without building the stages."""
+    return {
+        "extract": spec_hash_of("extract", extract.VERSION, {}),
+        "chunk": spec_hash_of("chunk", chunk.VERSION, chunk_lineage(config, extract.VERSION)),
+        "embed": spec_hash_of(
+            "embed",
+            embed.VERSION,
+            embed_lineage(model, dimensions, config.key, extract.VERSION),
+        ),
+    }
 
 
 @dataclass
 class ExtractSpec:
-    """Extract text from each document's PDF in a guarded worker process."""
+    """Extract text from each document's PDF on a pool of guarded worker processes."""
 
     pool: guards.GuardedPool
     max_bytes: int
+    roots: Sequence[str] | None = None
     code_version: str = extract.VERSION
     name: str = "extract"
 
     def key_config(self) -> dict[str, Any]:
+        return {}
+
+    def lineage(self) -> dict[str, Any]:
         return {}
 
     def plan(self, conn: Connection, doc_ids: Sequence[str]) -> list[WorkItem]:
@@ -50,21 +91,36 @@ class ExtractSpec:
             for row in rows
         ]
 
-    def process(self, conn: Connection, item: WorkItem, calls: CallSink) -> None:
-        # Size comes from stat, before a single byte is read.
-        guards.check_size(item.payload, self.max_bytes)
-        result = self.pool.run(extract.extract_file, item.payload)
-        execute(
-            conn,
-            "insert_extraction",
-            {
-                "doc_id": item.doc_id,
-                "extractor_version": self.code_version,
-                "page_count": result.page_count,
-                "text": result.text,
-                "text_sha256": sha256_bytes(result.text.encode()),
-            },
+    def process(self, items: Sequence[WorkItem], io: BatchIO) -> None:
+        # One thread per guarded worker keeps every worker busy; the threads only wait.
+        with ThreadPoolExecutor(self.pool.workers, thread_name_prefix="extract") as threads:
+            for _ in threads.map(lambda item: self._one(item, io), items):
+                pass
+
+    def _one(self, item: WorkItem, io: BatchIO) -> None:
+        if io.stopping:
+            return  # the runner releases it, its attempt unspent
+        try:
+            if not io.holds(item):
+                raise ItemError("lease_lost", "another worker took the item over")
+            path = str(item.payload)
+            if self.roots is not None:
+                sources.check_inside(path, self.roots)
+            # Size comes from stat, before a single byte is read.
+            guards.check_size(path, self.max_bytes)
+            result = self.pool.run(extract.extract_file, path, item.doc_id)
+        except Exception as error:
+            io.failed(item, error)
+            return
+        row = (
+            item.doc_id,
+            self.code_version,
+            result.page_count,
+            result.text,
+            sha256_bytes(result.text.encode()),
+            result.removed_chars,
         )
+        io.done(item, [Write("insert_extraction", [row], size=len(result.text))])
 
 
 @dataclass
@@ -72,12 +128,17 @@ class ChunkSpec:
     """Split each document's extracted text into content-addressed chunks."""
 
     config: chunk.ChunkConfig
+    connect: Callable[[], Database]
     extractor_version: str = extract.VERSION
     code_version: str = chunk.VERSION
     name: str = "chunk"
+    group_bytes: int = 16 * 2**20
 
     def key_config(self) -> dict[str, Any]:
         return {"size": self.config.size, "overlap": self.config.overlap}
+
+    def lineage(self) -> dict[str, Any]:
+        return chunk_lineage(self.config, self.extractor_version)
 
     def plan(self, conn: Connection, doc_ids: Sequence[str]) -> list[WorkItem]:
         rows = fetch_all(
@@ -97,46 +158,127 @@ class ChunkSpec:
                     cfg,
                     [row["doc_id"], self.extractor_version, row["text_sha256"]],
                 ),
+                int(row["text_bytes"]),
             )
             for row in rows
         ]
 
-    def process(self, conn: Connection, item: WorkItem, calls: CallSink) -> None:
-        rows = fetch_all(
-            conn,
-            "extraction_text",
-            {"doc_id": item.doc_id, "extractor_version": self.extractor_version},
-        )
-        chunks = chunk.chunk_text(rows[0]["text"], self.config)
-        if not chunks:
-            raise ItemError("empty_text", "the extracted text has no words")
-        execute_values(conn, "insert_chunks", [(c.chunk_id, c.text) for c in chunks])
-        execute_values(
-            conn,
-            "insert_doc_chunks",
+    def process(self, items: Sequence[WorkItem], io: BatchIO) -> None:
+        database = self.connect()
+        try:
+            for group in _groups_by_size(items, self.group_bytes):
+                texts = database.transaction(
+                    functools.partial(self._texts, group=group), describe="chunk: read texts"
+                )
+                for item in group:
+                    self._one(item, texts.get(item.doc_id, ""), io)
+        finally:
+            database.close()
+
+    def _texts(self, conn: Connection, *, group: Sequence[WorkItem]) -> dict[str, str]:
+        params = {
+            "doc_ids": [item.doc_id for item in group],
+            "extractor_version": self.extractor_version,
+        }
+        return {row["doc_id"]: row["text"] for row in fetch_all(conn, "extraction_texts", params)}
+
+    def _one(self, item: WorkItem, text: str, io: BatchIO) -> None:
+        try:
+            chunks = chunk.chunk_text(text, self.config)
+            if not chunks:
+                raise ItemError("empty_text", "the extracted text has no words")
+        except Exception as error:
+            io.failed(item, error)
+            return
+        io.done(
+            item,
             [
-                (item.doc_id, self.extractor_version, self.config.key, c.ordinal, c.chunk_id)
-                for c in chunks
+                Write(
+                    "insert_chunks",
+                    [(c.chunk_id, c.text) for c in chunks],
+                    size=sum(len(c.text) for c in chunks),
+                ),
+                Write(
+                    "insert_doc_chunks",
+                    [
+                        (
+                            item.doc_id,
+                            self.extractor_version,
+                            self.config.key,
+                            c.ordinal,
+                            c.chunk_id,
+                        )
+                        for c in chunks
+                    ],
+                ),
             ],
         )
 
 
+def _groups_by_size(items: Sequence[WorkItem], limit: int) -> Iterator[list[WorkItem]]:
+    group: list[WorkItem] = []
+    size = 0
+    for item in items:
+        if group and size + int(item.payload or 0) > limit:
+            yield group
+            group, size = [], 0
+        group.append(item)
+        size += int(item.payload or 0)
+    if group:
+        yield group
+
+
+@dataclass
+class _Request:
+    """The outcome of one packed request: chunks stored, chunks a peer held, or an error."""
+
+    chunk_ids: list[str]
+    stored: list[str] = field(default_factory=list)
+    busy: list[str] = field(default_factory=list)
+    error: BaseException | None = None
+
+
 @dataclass
 class EmbedSpec:
-    """Embed each document's chunks that no document has embedded yet under this model."""
+    """Embed the batch's chunks that no document has embedded yet under this model.
+
+    Chunks of all the batch's documents are packed into full requests (``inputs_per_call``),
+    and up to ``max_in_flight`` requests are open at once, within a budget every worker
+    shares (:class:`~replayable.budget.RequestBudget`). Each request's vectors and its call
+    records are committed as soon as it returns, under advisory locks on its chunks that
+    last only for that transaction, so a vector is never paid for twice and never lost to a
+    later failure. A worker never waits while holding locks: chunks a peer holds are left
+    for a later round. A request that a provider refuses as bad (a 4xx) is split by
+    document, so that only the document with the bad input is dead-lettered.
+    """
 
     provider: embed.EmbeddingProvider
     model: str
     chunker_key: str
+    connect: Callable[[], Database]
+    budget: RequestBudget
+    run_id: str | None = None
     dimensions: int | None = None
     inputs_per_call: int = 32
+    max_in_flight: int = 4
     extractor_version: str = extract.VERSION
     code_version: str = embed.VERSION
     name: str = "embed"
     wait_for_peer_s: float = 300.0
+    peer_poll_s: float = 0.5
+    systemic_after: int = 5
+
+    def __post_init__(self) -> None:
+        if not self.model:
+            raise ValueError("model: an embedding model is required (a param or the connection)")
+        if self.inputs_per_call < 1 or self.max_in_flight < 1:
+            raise ValueError("inputs_per_call and max_in_flight must be at least 1")
 
     def key_config(self) -> dict[str, Any]:
         return {"model": self.model, "dimensions": self.dimensions}
+
+    def lineage(self) -> dict[str, Any]:
+        return embed_lineage(self.model, self.dimensions, self.chunker_key, self.extractor_version)
 
     def plan(self, conn: Connection, doc_ids: Sequence[str]) -> list[WorkItem]:
         rows = fetch_all(
@@ -157,73 +299,301 @@ class EmbedSpec:
             for doc_id, ids in by_doc.items()
         ]
 
-    def process(self, conn: Connection, item: WorkItem, calls: CallSink) -> None:
-        """Embed the item's chunks that no one has embedded; wait out chunks a peer holds."""
-        deadline = time.monotonic() + self.wait_for_peer_s
-        pending = [row["chunk_id"] for row in self._missing(conn, item.payload)]
-        while pending:
-            locked = self._lock(conn, pending)
-            self._embed(conn, item, locked, calls)
-            pending = [cid for cid in pending if cid not in locked]
+    def process(self, items: Sequence[WorkItem], io: BatchIO) -> None:
+        _EmbedBatch(self, items, io).run()
+
+
+class _EmbedBatch:
+    """One embed batch: pack, send in parallel, commit per request, attribute failures."""
+
+    def __init__(self, spec: EmbedSpec, items: Sequence[WorkItem], io: BatchIO) -> None:
+        self.spec = spec
+        self.io = io
+        self.items = list(items)
+        self.users: dict[str, list[WorkItem]] = defaultdict(list)
+        for item in items:
+            for cid in dict.fromkeys(item.payload):
+                self.users[cid].append(item)
+        self.errors: dict[str, BaseException] = {}
+        self.failed_in_a_row = 0
+        self._lock = threading.Lock()
+        self._local = threading.local()
+        self._databases: list[Database] = []
+        # Responses that came back but are not stored yet, by request: kept across a lost
+        # database connection so that storing them again never pays again.
+        self._answered: dict[str, tuple[embed.EmbeddingResult, list[embed.CallRecord]]] = {}
+
+    def run(self) -> None:
+        try:
+            self._run()
+        finally:
+            for database in self._databases:
+                database.close()
+        for item in self.items:
+            error = self.errors.get(item.item_key)
+            if error is not None:
+                self.io.failed(item, error)
+            elif not self.io.stopping:
+                self.io.done(item)
+            # Stopping: the runner releases the rest without spending their attempts.
+
+    def _database(self) -> Database:
+        database: Database | None = getattr(self._local, "database", None)
+        if database is None:
+            database = self.spec.connect()
+            self._local.database = database
+            with self._lock:
+                self._databases.append(database)
+        return database
+
+    def _run(self) -> None:
+        spec = self.spec
+        missing = self._database().transaction(
+            lambda conn: [
+                row["chunk_id"]
+                for row in fetch_all(
+                    conn,
+                    "chunks_missing_embedding",
+                    {"chunk_ids": sorted(self.users), "model": spec.model, "with_text": False},
+                )
+            ],
+            describe="embed: check",
+        )
+        pending = sorted(missing)
+        solo: list[list[str]] = []
+        first_round = True
+        deadline = time.monotonic() + spec.wait_for_peer_s
+        while (pending or solo) and not self.io.stopping:
+            live = [cid for cid in pending if self._wanted(cid)]
+            requests = [
+                live[i : i + spec.inputs_per_call]
+                for i in range(0, len(live), spec.inputs_per_call)
+            ]
+            requests += solo
+            solo = []
+            busy: list[str] = []
+            if first_round and len(requests) > 1:
+                # Slow start: one request alone first, so that a refused key or a provider that
+                # is down costs one request, not max_in_flight of them.
+                probe = self._send(requests[0])
+                requests = requests[1:]
+                busy += probe.busy
+                if probe.error is not None:
+                    solo += self._failed(probe)
+            first_round = False
+            with ThreadPoolExecutor(spec.max_in_flight, thread_name_prefix="embed") as threads:
+                for request in threads.map(self._send, [] if self.io.stopping else requests):
+                    busy += request.busy
+                    if request.error is not None:
+                        solo += self._failed(request)
+            pending = self._still_missing(busy)
             if pending and time.monotonic() > deadline:
-                raise ItemError(
+                error = ItemError(
                     "chunk_busy",
-                    f"{len(pending)} chunk(s) held by another worker",
+                    f"{len(pending)} chunk(s) held by another worker for over "
+                    f"{spec.wait_for_peer_s:.0f} s",
                     ErrorKind.RETRYABLE,
                 )
-            if pending:
-                time.sleep(0.2)
+                for cid in pending:
+                    for item in self.users[cid]:
+                        self.errors.setdefault(item.item_key, error)
+                return
+            if pending and not solo:
+                time.sleep(spec.peer_poll_s)  # no locks are held while waiting
+        if self.io.stopping:
+            return
+        # The ledger only says done when every chunk of the item has its vector.
+        unfinished = self._still_missing(list(self.users))
+        incomplete = ItemError(
+            "incomplete", "some chunks have no embedding yet", ErrorKind.RETRYABLE
+        )
+        for cid in unfinished:
+            for item in self.users[cid]:
+                self.errors.setdefault(item.item_key, incomplete)
 
-    def _missing(self, conn: Connection, chunk_ids: Iterable[str]) -> list[dict[str, Any]]:
-        """The chunks (id and text) with no embedding under this model yet."""
-        return fetch_all(
-            conn, "chunks_missing_embedding", {"chunk_ids": sorted(chunk_ids), "model": self.model}
+    def _wanted(self, chunk_id: str) -> bool:
+        """Whether some item that still needs ``chunk_id`` is ours and has not failed."""
+        return any(
+            item.item_key not in self.errors and self.io.holds(item)
+            for item in self.users[chunk_id]
         )
 
-    def _lock(self, conn: Connection, chunk_ids: Sequence[str]) -> set[str]:
-        """Take the chunks no other worker holds, in one query; the locks last until commit."""
-        rows = fetch_all(
-            conn, "lock_free_chunks", {"chunk_ids": list(chunk_ids), "model": self.model}
+    def _still_missing(self, chunk_ids: list[str]) -> list[str]:
+        if not chunk_ids:
+            return []
+        params = {"chunk_ids": sorted(chunk_ids), "model": self.spec.model, "with_text": False}
+        rows = self._database().transaction(
+            lambda conn: fetch_all(conn, "chunks_missing_embedding", params),
+            describe="embed: recheck",
         )
-        return {row["chunk_id"] for row in rows}
+        return [row["chunk_id"] for row in rows]
 
-    def _embed(
-        self, conn: Connection, item: WorkItem, chunk_ids: set[str], calls: CallSink
-    ) -> None:
-        # Re-check under the locks: a peer may have committed since the first look.
-        todo = self._missing(conn, chunk_ids) if chunk_ids else []
-        groups = [
-            todo[i : i + self.inputs_per_call] for i in range(0, len(todo), self.inputs_per_call)
-        ]
-        for group in groups:
-            ids = [row["chunk_id"] for row in group]
-            result = self.provider.embed(
-                [row["text"] for row in group],
-                idempotency_key=_idempotency_key(item, ids),
-                on_call=calls,
+    def _failed(self, request: _Request) -> list[list[str]]:
+        """Attribute a failed request to its items; return per-item requests to retry alone."""
+        assert request.error is not None
+        error = classify(request.error)
+        if error.kind is ErrorKind.SYSTEMIC or error.error_class == "not_attempted":
+            return []  # the batch is stopping (see _send); no item is to blame
+        owners = {item.item_key: item for cid in request.chunk_ids for item in self.users[cid]}
+        if error.kind is ErrorKind.TERMINAL and len(owners) > 1:
+            # One bad input fails the whole request: send each document's part on its own.
+            return [
+                [cid for cid in request.chunk_ids if item in self.users[cid]]
+                for item in owners.values()
+            ]
+        for key in owners:
+            self.errors.setdefault(key, request.error)
+        return []
+
+    def _count(self, request: _Request) -> None:
+        """Stop the batch on a systemic error, or when request after request fails."""
+        if request.error is None:
+            if request.stored:
+                with self._lock:
+                    self.failed_in_a_row = 0
+            return
+        error = classify(request.error)
+        if error.kind is ErrorKind.SYSTEMIC:
+            self.io.stop(error)  # now, so that no other thread starts a request
+            return
+        if error.kind is not ErrorKind.RETRYABLE or error.error_class == "not_attempted":
+            return
+        with self._lock:
+            self.failed_in_a_row += 1
+            in_a_row = self.failed_in_a_row
+        if in_a_row >= self.spec.systemic_after:
+            self.io.stop(
+                Classified(
+                    "provider_unavailable",
+                    ErrorKind.SYSTEMIC,
+                    f"{in_a_row} requests in a row failed at the provider; last: {error.message}",
+                    error.retry_after_s,
+                )
             )
-            execute_values(
+
+    def _send(self, chunk_ids: list[str]) -> _Request:
+        request = _Request(chunk_ids)
+        if self.io.stopping:
+            request.error = ItemError("not_attempted", "the batch stopped", ErrorKind.RETRYABLE)
+            return request
+        try:
+            self._database().transaction(
+                lambda conn: self._send_in(conn, request), describe="embed: request"
+            )
+        except Exception as error:
+            request.error = error
+        self._count(request)
+        return request
+
+    def _send_in(self, conn: Connection, request: _Request) -> None:
+        """Lock, re-check, call and store one request, all in one transaction."""
+        spec = self.spec
+        request.stored, request.error = [], None
+        key = _request_key(spec, request.chunk_ids)
+        answered = self._answered.get(key)
+        if answered is None:
+            locked = {
+                row["chunk_id"]
+                for row in fetch_all(
+                    conn, "lock_free_chunks", {"chunk_ids": request.chunk_ids, "model": spec.model}
+                )
+            }
+            request.busy = [cid for cid in request.chunk_ids if cid not in locked]
+            todo = fetch_all(
                 conn,
-                "insert_embeddings",
-                [
-                    (cid, self.model, len(vec), _vector_literal(vec))
-                    for cid, vec in zip(ids, result.vectors, strict=True)
-                ],
-                template="(%s, %s, %s, %s::vector)",
+                "chunks_missing_embedding",
+                {"chunk_ids": sorted(locked), "model": spec.model, "with_text": True},
+            )
+            if not todo:
+                return
+            ids = [row["chunk_id"] for row in todo]
+            key = _request_key(spec, ids)
+            calls: list[embed.CallRecord] = []
+            try:
+                result = spec.provider.embed(
+                    [row["text"] for row in todo],
+                    idempotency_key=key,
+                    on_call=calls.append,
+                    gate=lambda: spec.budget.slot(conn),
+                )
+            except Exception as error:
+                # The failed tries are billable records too; commit them, then report.
+                self._record(conn, ids, calls)
+                request.error = error
+                return
+            answered = (result, calls)
+            self._answered[key] = answered
+            request.chunk_ids = ids
+        result, calls = answered
+        ids = request.chunk_ids if len(request.chunk_ids) == len(result.vectors) else []
+        execute_values(
+            conn,
+            "insert_embeddings",
+            [
+                (cid, spec.model, len(vec), _vector_literal(vec))
+                for cid, vec in zip(ids, result.vectors, strict=True)
+            ],
+            template="(%s, %s, %s, %s::vector)",
+        )
+        self._record(conn, ids, calls)
+        request.stored = ids
+        self._answered.pop(key, None)
+
+    def _record(
+        self, conn: Connection, chunk_ids: list[str], calls: list[embed.CallRecord]
+    ) -> None:
+        """Store each call with the items whose inputs it carried (each chunk counted once)."""
+        share: dict[str, int] = defaultdict(int)
+        for cid in chunk_ids:
+            share[self.users[cid][0].item_key] += 1
+        keys = sorted(share)
+        only = keys[0] if len(keys) == 1 else None
+        attempt = max(
+            (self.io.attempt(item) for cid in chunk_ids for item in self.users[cid][:1]),
+            default=1,
+        )
+        for call in calls:
+            total = max(call.n_inputs, 1)
+            tokens = [call.tokens * share[k] // total for k in keys]
+            execute(
+                conn,
+                "insert_model_call",
+                {
+                    "stage": self.spec.name,
+                    "item_key": only,
+                    "attempt": attempt,
+                    "call_try": call.attempt,
+                    "status": call.status,
+                    "http_status": call.http_status,
+                    "latency_ms": call.latency_ms,
+                    "n_inputs": call.n_inputs,
+                    "tokens": call.tokens,
+                    "idempotency_key": call.idempotency_key,
+                    "run_id": self.spec.run_id,
+                    "item_keys": keys,
+                    "item_inputs": [share[k] for k in keys],
+                    "item_tokens": tokens,
+                },
             )
 
 
-def _idempotency_key(item: WorkItem, chunk_ids: Sequence[str]) -> str:
-    """The item key for a request that carries the item's whole input, as most do.
+def _request_key(spec: EmbedSpec, chunk_ids: Sequence[str]) -> str:
+    """The Idempotency-Key of a request: its model, dimensions and exact chunk ids.
 
-    A request with part of it (a long document, or chunks a peer already embedded) gets the
-    item key plus a hash of its chunk ids: a provider that de-duplicates by key must never
-    answer one request with another's vectors.
+    The same chunks always make the same request and the same key, across retries, task
+    tries and workers, so a provider that de-duplicates by key never charges twice for it;
+    different chunks never share a key.
     """
-    if set(chunk_ids) == set(item.payload):
-        return item.item_key
-    return f"{item.item_key}-{sha256_bytes(','.join(sorted(chunk_ids)).encode())[:16]}"
+    digest = sha256_bytes(
+        "\x00".join([spec.model, str(spec.dimensions), *sorted(chunk_ids)]).encode()
+    )
+    return f"replayable-embed-{digest[:40]}"
 
 
 def _vector_literal(vector: Sequence[float]) -> str:
     return "[" + ",".join(repr(float(x)) for x in vector) + "]"
+
+
+def default_workers(batch_size: int) -> int:
+    """Guarded extraction workers for a batch: one per core, never more than its documents."""
+    return max(1, min(os.cpu_count() or 1, batch_size))

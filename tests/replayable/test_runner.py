@@ -7,6 +7,7 @@ import time
 import pytest
 
 from replayable import db
+from replayable.budget import RequestBudget
 from replayable.keys import sha256_bytes
 from replayable.ledger import Ledger, RunContext
 from replayable.retry import CallRetry
@@ -15,27 +16,25 @@ from replayable.specs import ChunkSpec, EmbedSpec
 from replayable.stages.chunk import ChunkConfig
 from replayable.stages.embed import HttpEmbeddingClient
 
+pytestmark = pytest.mark.db
+
 CHUNKS = ChunkConfig(size=200, overlap=20)
 FAST = CallRetry(max_attempts=8, base_s=0.01, cap_s=0.05, max_total_s=30)
+BOILERPLATE = " ".join(f"Standard terms clause {j} applies to every shipment." for j in range(12))
 
 
-def seed_documents(conn, n: int) -> list[str]:
+def seed_documents(conn, n: int, *, shared: str = "", tag: str = "doc") -> list[str]:
     """Documents with extracted text, as the extract stage would leave them."""
     ids = []
     for i in range(n):
-        text = " ".join(f"doc{i} sentence {j} about topic {j % 7}." for j in range(60))
+        body = " ".join(f"{tag}{i} sentence {j} about topic {j % 7}." for j in range(60))
+        text = f"{body} {shared}".strip()
         doc_id = sha256_bytes(text.encode())
-        db.execute_values(conn, "upsert_documents", [(doc_id, f"/docs/{i}.pdf", len(text))])
-        db.execute(
+        db.execute_values(conn, "upsert_documents", [(doc_id, f"/docs/{tag}{i}.pdf", len(text))])
+        db.execute_values(
             conn,
             "insert_extraction",
-            {
-                "doc_id": doc_id,
-                "extractor_version": "1.0",
-                "page_count": 1,
-                "text": text,
-                "text_sha256": sha256_bytes(text.encode()),
-            },
+            [(doc_id, "1.0", 1, text, sha256_bytes(text.encode()), 0)],
         )
         ids.append(doc_id)
     conn.commit()
@@ -47,19 +46,32 @@ def count(conn, sql: str, *params) -> int:
         cur.execute(sql, params)
         value = cur.fetchone()[0]
     conn.commit()
-    return int(value)
+    return int(value or 0)
 
 
-def embed_spec(base_url: str) -> EmbedSpec:
+def connect_to(dsn):
+    return lambda: db.Database(dsn, outage_s=30)
+
+
+def embed_spec(base_url: str, dsn: str, *, in_flight: int = 4, per_call: int = 8) -> EmbedSpec:
     client = HttpEmbeddingClient(base_url=base_url, model="m", retry=FAST, timeout_s=10)
-    return EmbedSpec(provider=client, model="m", chunker_key=CHUNKS.key, inputs_per_call=8)
+    return EmbedSpec(
+        provider=client,
+        model="m",
+        chunker_key=CHUNKS.key,
+        connect=connect_to(dsn),
+        budget=RequestBudget(base_url, in_flight),
+        inputs_per_call=per_call,
+        max_in_flight=in_flight,
+        peer_poll_s=0.05,
+    )
 
 
 def run(spec, dsn, doc_ids, owner="w1", **limits):
     return run_batch(
         spec,
         doc_ids,
-        connect=lambda: db.connect(dsn),
+        connect=connect_to(dsn),
         ctx=RunContext(owner=owner, run_id="run-1"),
         limits=Limits(**limits),
     )
@@ -68,68 +80,89 @@ def run(spec, dsn, doc_ids, owner="w1", **limits):
 @pytest.fixture
 def chunked(conn, dsn):
     doc_ids = seed_documents(conn, 6)
-    result = run(ChunkSpec(config=CHUNKS), dsn, doc_ids)
+    result = run(ChunkSpec(config=CHUNKS, connect=connect_to(dsn)), dsn, doc_ids)
     assert sorted(result.done) == doc_ids
     return doc_ids
 
 
+def paid_once(model, conn) -> None:
+    """At the provider, every distinct chunk text was charged exactly once."""
+    stats = model.stats()
+    assert set(stats["input_success_counts"].values()) == {1}
+    assert stats["inputs_embedded"] == count(conn, "SELECT count(*) FROM replayable.chunks")
+
+
 def test_a_second_run_makes_no_calls_and_writes_no_rows(conn, dsn, model, chunked):
-    first = run(embed_spec(model.base_url), dsn, chunked)
+    first = run(embed_spec(model.base_url, dsn), dsn, chunked)
     assert sorted(first.done) == chunked
     calls, rows = (
         model.stats()["requests"],
         count(conn, "SELECT count(*) FROM replayable.embeddings"),
     )
-    second = run(embed_spec(model.base_url), dsn, chunked)
+    second = run(embed_spec(model.base_url, dsn), dsn, chunked)
     assert (second.processed, second.skipped_done) == (0, len(chunked))
     assert model.stats()["requests"] == calls
     assert count(conn, "SELECT count(*) FROM replayable.embeddings") == rows
 
 
 def test_documents_without_input_do_not_enter_the_stage(conn, dsn, model, chunked):
-    result = run(embed_spec(model.base_url), dsn, [*chunked, "f" * 64])
+    result = run(embed_spec(model.base_url, dsn), dsn, [*chunked, "f" * 64])
     assert result.not_entered == ["f" * 64]
     assert result.entered == len(chunked)
 
 
+def test_requests_pack_chunks_of_several_documents_and_pay_each_chunk_once(
+    conn, dsn, model, chunked
+):
+    """Full requests span documents; every call and its share per item is recorded."""
+    chunks = count(conn, "SELECT count(*) FROM replayable.chunks")
+    result = run(embed_spec(model.base_url, dsn, per_call=8), dsn, chunked)
+    assert sorted(result.done) == chunked
+    stats = model.stats()
+    assert stats["requests"] == -(-chunks // 8)  # ceil: only the last request is short
+    paid_once(model, conn)
+    spanning = count(
+        conn,
+        "SELECT count(*) FROM (SELECT call_id FROM replayable.model_call_items"
+        " GROUP BY call_id HAVING count(*) > 1) multi",
+    )
+    assert spanning > 0
+    assert count(conn, "SELECT sum(n_inputs) FROM replayable.model_call_items") == chunks
+
+
 def test_transient_faults_end_done_with_one_paid_call_per_chunk(conn, dsn, model, chunked):
     model.set_faults(status_rates={"503": 0.3, "429": 0.1}, retry_after="0", seed=11)
-    result = run(embed_spec(model.base_url), dsn, chunked)
+    result = run(embed_spec(model.base_url, dsn), dsn, chunked)
     assert sorted(result.done) == chunked
-    chunk_count = count(conn, "SELECT count(*) FROM replayable.chunks")
-    stats = model.stats()
-    assert stats["failed"] > 0
-    assert sorted(set(stats["input_success_counts"].values())) == [1]
-    assert stats["inputs_embedded"] == chunk_count
+    assert model.stats()["failed"] > 0
+    paid_once(model, conn)
     assert count(conn, "SELECT sum(n_inputs) FROM replayable.model_calls WHERE status = 'ok'") == (
-        chunk_count
+        count(conn, "SELECT count(*) FROM replayable.chunks")
     )
+
+
+def test_a_lost_response_is_replayed_not_charged_again(conn, dsn, model, chunked):
+    """The provider charges, the answer never arrives; the retry's same key is not charged."""
+    model.set_faults(lose_response_rate=0.4, seed=3)
+    result = run(embed_spec(model.base_url, dsn), dsn, chunked)
+    assert sorted(result.done) == chunked
+    stats = model.stats()
+    assert stats["lost_responses"] > 0 and stats["deduplicated"] > 0
+    paid_once(model, conn)
 
 
 def test_a_bad_request_dead_letters_only_that_item_after_one_attempt(conn, dsn, model):
     doc_ids = seed_documents(conn, 3)
     poisoned = doc_ids[1]
-    db.execute(
-        conn,
-        "insert_extraction",
-        {  # unused; keeps the fixture shape obvious
-            "doc_id": poisoned,
-            "extractor_version": "0.9",
-            "page_count": 1,
-            "text": "x",
-            "text_sha256": "x",
-        },
-    )
     with conn.cursor() as cur:
         cur.execute(
-            "UPDATE replayable.extractions SET text = text || ' POISON-400'"
-            " WHERE doc_id = %s AND extractor_version = '1.0'",
+            "UPDATE replayable.extractions SET text = text || ' POISON-400' WHERE doc_id = %s",
             (poisoned,),
         )
     conn.commit()
-    run(ChunkSpec(config=CHUNKS), dsn, doc_ids)
+    run(ChunkSpec(config=CHUNKS, connect=connect_to(dsn)), dsn, doc_ids)
     model.set_faults(fail_inputs_containing={"POISON-400": 400})
-    result = run(embed_spec(model.base_url), dsn, doc_ids)
+    result = run(embed_spec(model.base_url, dsn, per_call=64), dsn, doc_ids)
     assert result.dead == [poisoned]
     assert sorted(result.done) == sorted(set(doc_ids) - {poisoned})
     assert (
@@ -148,9 +181,9 @@ def test_a_bad_request_dead_letters_only_that_item_after_one_attempt(conn, dsn, 
 
 def test_an_auth_error_stops_the_batch_without_spending_attempts(conn, dsn, model, chunked):
     model.set_faults(status_always=401)
-    result = run(embed_spec(model.base_url), dsn, chunked)
+    result = run(embed_spec(model.base_url, dsn, in_flight=2), dsn, chunked)
     assert result.systemic is not None and result.systemic.error_class == "http_401"
-    assert model.stats()["requests"] == 1
+    assert model.stats()["requests"] <= 2  # only what was already in flight
     assert count(conn, "SELECT count(*) FROM replayable.dead_letters") == 0
     assert count(conn, "SELECT max(attempts) FROM replayable.stage_runs WHERE stage = 'embed'") == 0
     assert count(
@@ -161,31 +194,84 @@ def test_an_auth_error_stops_the_batch_without_spending_attempts(conn, dsn, mode
 
 def test_a_provider_down_for_the_whole_batch_stops_it_early(conn, dsn, model, chunked):
     model.set_faults(status_always=503)
-    spec = embed_spec(model.base_url)
+    spec = embed_spec(model.base_url, dsn, in_flight=1, per_call=2)
     spec.provider.retry = CallRetry(max_attempts=2, base_s=0.01, cap_s=0.01)
-    result = run(spec, dsn, chunked, systemic_after=2)
+    spec.systemic_after = 2
+    result = run(spec, dsn, chunked)
     assert result.systemic is not None and result.systemic.error_class == "provider_unavailable"
-    assert (
-        count(
-            conn,
-            "SELECT count(*) FROM replayable.stage_runs WHERE stage = 'embed' AND attempts > 0",
-        )
-        == 2
-    )
+    assert model.stats()["requests"] == 4  # two requests, two tries each
     assert len(result.failed) == len(chunked)
+    assert count(conn, "SELECT count(*) FROM replayable.dead_letters") == 0
 
 
-def _run_in_process(dsn, base_url, doc_ids, owner, queue):
-    result = run(embed_spec(base_url), dsn, doc_ids, owner=owner, wait_poll_s=0.2)
-    queue.put((sorted(result.done), result.processed))
+def test_the_provider_never_sees_more_requests_in_flight_than_the_budget(conn, dsn, model):
+    """Three workers with four threads each share one budget of two requests in flight."""
+    doc_ids = seed_documents(conn, 12)
+    run(ChunkSpec(config=CHUNKS, connect=connect_to(dsn)), dsn, doc_ids)
+    model.set_faults(latency_ms=40, max_concurrency=2)
+    results = []
+
+    def worker(part, n):
+        spec = embed_spec(model.base_url, dsn, in_flight=2, per_call=2)
+        results.append(run(spec, dsn, part, owner=f"w{n}"))
+
+    parts = [doc_ids[0::3], doc_ids[1::3], doc_ids[2::3]]
+    threads = [threading.Thread(target=worker, args=(p, n)) for n, p in enumerate(parts)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    stats = model.stats()
+    assert stats["rejected_concurrency"] == 0
+    assert stats["peak_in_flight"] == 2
+    assert sum(len(r.done) for r in results) == len(doc_ids)
+    paid_once(model, conn)
 
 
-def test_two_workers_on_one_batch_pay_for_each_chunk_once(conn, dsn, model, chunked):
-    model.set_faults(latency_ms=150)
+def _embed_in_process(dsn, base_url, doc_ids, owner, queue):
+    started = time.time()
+    result = run(embed_spec(base_url, dsn, per_call=4), dsn, doc_ids, owner=owner, wait_poll_s=0.1)
+    queue.put((owner, sorted(result.done), result.processed, started, time.time()))
+
+
+def test_two_workers_sharing_chunks_overlap_and_pay_for_each_chunk_once(conn, dsn, model):
+    """Different documents with common boilerplate, embedded by two processes at once."""
+    ours = seed_documents(conn, 6, shared=BOILERPLATE, tag="a")
+    theirs = seed_documents(conn, 6, shared=BOILERPLATE, tag="b")
+    run(ChunkSpec(config=CHUNKS, connect=connect_to(dsn)), dsn, ours + theirs)
+    shared = count(
+        conn,
+        "SELECT count(*) FROM (SELECT chunk_id FROM replayable.doc_chunks GROUP BY chunk_id"
+        " HAVING count(DISTINCT doc_id) > 1) s",
+    )
+    assert shared > 0
+    model.set_faults(latency_ms=80)
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
     workers = [
-        ctx.Process(target=_run_in_process, args=(dsn, model.base_url, chunked, f"w{i}", queue))
+        ctx.Process(target=_embed_in_process, args=(dsn, model.base_url, part, owner, queue))
+        for part, owner in ((ours, "w1"), (theirs, "w2"))
+    ]
+    for w in workers:
+        w.start()
+    results = sorted(queue.get(timeout=120) for _ in workers)
+    for w in workers:
+        w.join(timeout=30)
+    (_, done1, _, start1, end1), (_, done2, _, start2, end2) = results
+    assert (done1, done2) == (ours, theirs)
+    assert max(start1, start2) < min(end1, end2), "the two workers did not run at the same time"
+    paid_once(model, conn)
+    assert count(conn, "SELECT count(*) FROM replayable.embeddings") == count(
+        conn, "SELECT count(*) FROM replayable.chunks"
+    )
+
+
+def test_two_workers_on_one_batch_pay_for_each_chunk_once(conn, dsn, model, chunked):
+    model.set_faults(latency_ms=100)
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    workers = [
+        ctx.Process(target=_embed_in_process, args=(dsn, model.base_url, chunked, f"w{i}", queue))
         for i in range(2)
     ]
     for w in workers:
@@ -193,38 +279,52 @@ def test_two_workers_on_one_batch_pay_for_each_chunk_once(conn, dsn, model, chun
     results = [queue.get(timeout=120) for _ in workers]
     for w in workers:
         w.join(timeout=30)
-    assert all(done == chunked for done, _ in results)
-    assert sum(processed for _, processed in results) == len(chunked)
-    stats = model.stats()
-    assert sorted(set(stats["input_success_counts"].values())) == [1]
-    assert all(n == 1 for n in stats["idempotency_keys"].values())
-    assert count(conn, "SELECT count(*) FROM replayable.embeddings") == count(
-        conn, "SELECT count(*) FROM replayable.chunks"
-    )
+    assert all(done == chunked for _, done, _, _, _ in results)
+    assert sum(processed for _, _, processed, _, _ in results) == len(chunked)
+    paid_once(model, conn)
+    assert all(n == 1 for n in model.stats()["idempotency_keys"].values())
 
 
 class _SlowSpec:
-    """A stage whose single item takes longer than its lease."""
+    """A stage whose items take longer than the lease."""
 
     name = "slow"
     code_version = "1"
 
-    def __init__(self, seconds: float) -> None:
+    def __init__(self, seconds: float, on_start=None) -> None:
         self.seconds = seconds
+        self.on_start = on_start
+        self.finished: list[str] = []
+        self.abandoned: list[str] = []
 
     def key_config(self):
+        return {}
+
+    def lineage(self):
         return {}
 
     def plan(self, conn, doc_ids):
         return [WorkItem(doc_id, f"slow-{doc_id}") for doc_id in doc_ids]
 
-    def process(self, conn, item, calls):
-        time.sleep(self.seconds)
+    def process(self, items, io):
+        if self.on_start:
+            self.on_start()
+        for item in items:
+            deadline = time.monotonic() + self.seconds
+            while time.monotonic() < deadline:
+                if not io.holds(item):
+                    self.abandoned.append(item.doc_id)
+                    break
+                time.sleep(0.05)
+            io.done(item)
+
+
+def other_ledger(dsn):
+    return Ledger(db.Database(dsn), "slow", "1", "x", "x", RunContext(owner="other"))
 
 
 def test_a_long_item_keeps_its_lease_while_it_runs(conn, dsn):
     (doc_id,) = seed_documents(conn, 1)
-    other = Ledger(conn, "slow", "1", "x", RunContext(owner="other"))
     outcome: dict[str, object] = {}
 
     def worker():
@@ -233,28 +333,76 @@ def test_a_long_item_keeps_its_lease_while_it_runs(conn, dsn):
     thread = threading.Thread(target=worker)
     thread.start()
     time.sleep(1.8)  # two lease lengths: only a renewed lease is still live now
-    assert other.claim(f"slow-{doc_id}") is None
+    assert not other_ledger(dsn).claim([(f"slow-{doc_id}", doc_id)])[f"slow-{doc_id}"].mine
     thread.join(timeout=30)
     assert outcome["result"].done == [doc_id]
 
 
-def test_each_request_carries_its_own_idempotency_key(conn, dsn, model, chunked):
-    """One request for a whole item uses the item key; parts of an item get keys of their own."""
-    spec = embed_spec(model.base_url)
-    spec.inputs_per_call = 1000
-    whole = run(spec, dsn, chunked[:1])
-    assert whole.done == chunked[:1]
-    (key,) = model.stats()["idempotency_keys"]
-    item_keys = {
-        k
-        for (k,) in _rows(conn, "SELECT item_key FROM replayable.stage_runs WHERE stage = 'embed'")
-    }
-    assert key in item_keys
+def test_the_lease_keeper_survives_a_dropped_connection(conn, dsn):
+    """The server drops every worker session mid-item; renewals reconnect and the lease holds."""
+    (doc_id,) = seed_documents(conn, 1)
+    outcome: dict[str, object] = {}
 
-    run(embed_spec(model.base_url), dsn, chunked[1:])  # 8 inputs per request: several per item
+    def worker():
+        outcome["result"] = run(_SlowSpec(3.0), dsn, [doc_id], lease_s=1.2)
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    time.sleep(0.8)
+    with conn.cursor() as cur:
+        cur.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE application_name = 'replayable' AND pid <> pg_backend_pid()"
+        )
+    conn.commit()
+    time.sleep(1.5)  # past the old lease: only renewals on a new connection keep it
+    assert not other_ledger(dsn).claim([(f"slow-{doc_id}", doc_id)])[f"slow-{doc_id}"].mine
+    thread.join(timeout=30)
+    assert outcome["result"].done == [doc_id]
+
+
+def test_a_worker_that_loses_its_lease_stops_working_on_the_item(conn, dsn):
+    """Another worker took the item over: this one stops within a renewal and takes its result."""
+    (doc_id,) = seed_documents(conn, 1)
+    spec = _SlowSpec(20.0)
+    outcome: dict[str, object] = {}
+
+    def worker():
+        outcome["result"] = run(spec, dsn, [doc_id], lease_s=0.6, wait_poll_s=0.1)
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    time.sleep(0.5)
+    with conn.cursor() as cur:  # the thief's lease, as a takeover after an expiry leaves it
+        cur.execute(
+            "UPDATE replayable.stage_runs SET lease_owner = 'thief',"
+            " lease_expires = now() + interval '1 hour' WHERE item_key = %s",
+            (f"slow-{doc_id}",),
+        )
+    conn.commit()
+    deadline = time.monotonic() + 3
+    while not spec.abandoned and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert spec.abandoned == [doc_id]  # well before its 20 s of work
+    with conn.cursor() as cur:  # the thief finishes
+        cur.execute(
+            "UPDATE replayable.stage_runs SET status = 'done', lease_owner = NULL,"
+            " lease_expires = NULL WHERE item_key = %s",
+            (f"slow-{doc_id}",),
+        )
+    conn.commit()
+    thread.join(timeout=30)
+    assert outcome["result"].done == [doc_id]
+
+
+def test_each_request_carries_a_key_naming_exactly_its_chunks(conn, dsn, model, chunked):
+    """Two different requests never share a key; the same chunks always make the same key."""
+    run(embed_spec(model.base_url, dsn, per_call=5), dsn, chunked)
     stats = model.stats()
     assert len(stats["idempotency_keys"]) == stats["requests"]
     assert set(stats["idempotency_keys"].values()) == {1}
+    keys = [row[0] for row in _rows(conn, "SELECT idempotency_key FROM replayable.model_calls")]
+    assert sorted(keys) == sorted(stats["idempotency_keys"])
 
 
 def _rows(conn, sql):

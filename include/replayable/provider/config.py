@@ -6,7 +6,8 @@ The connection (default id ``replayable_model``) holds the endpoint and the secr
   ``http://127.0.0.1:11434/v1`` for Ollama, …), or a bare host with ``port`` and
   ``schema`` (``http``/``https``) plus ``extra.base_path`` (default ``/v1``);
 - ``password``: the API key, if any (never logged, never stored in the ledger);
-- ``extra``: ``model``, ``dimensions``, ``timeout_s`` defaults.
+- ``extra``: ``model``, ``dimensions``, ``timeout_s`` defaults, and ``max_in_flight``: the
+  provider's budget of concurrent requests, shared by every task and worker.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ class ModelSettings:
     model: str | None = None
     dimensions: int | None = None
     timeout_s: float = 30.0
+    max_in_flight: int | None = None
 
 
 def settings_from_fields(
@@ -52,6 +54,7 @@ def settings_from_fields(
         model=extra.get("model"),
         dimensions=int(dimensions) if dimensions else None,
         timeout_s=float(extra.get("timeout_s", 30.0)),
+        max_in_flight=int(extra["max_in_flight"]) if extra.get("max_in_flight") else None,
     )
 
 

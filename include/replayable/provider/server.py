@@ -474,12 +474,13 @@ class _IdempotencyMemory:
         self._bytes = 0
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Ticket:
     """An embeddings request's stats generation, and whether the concurrency limit let it in."""
 
     generation: int
     admitted: bool
+    ended: bool = False
 
 
 @dataclass(frozen=True)
@@ -606,10 +607,16 @@ class _Stats:
             return body
 
     def end(self, ticket: _Ticket) -> None:
-        """Count an admitted request as no longer in flight."""
-        if not ticket.admitted:
-            return
+        """Count an admitted request as no longer in flight (once; later calls do nothing).
+
+        A request leaves the count when its answer starts going out, as at a provider that
+        limits requests being processed: a client that has read a whole answer may send the
+        next request at once and must find its slot free.
+        """
         with self._lock:
+            if not ticket.admitted or ticket.ended:
+                return
+            ticket.ended = True
             self._in_flight -= 1
 
     def store_webhook(self, name: str, key: str, event: object, status: int) -> _WebhookReply:
@@ -955,16 +962,21 @@ class _Handler(BaseHTTPRequestHandler):
                 body, lost = self._embed(ticket, faults, key)
             except _HttpError as exc:
                 srv.stats.fail(ticket, exc.status)
+                srv.stats.end(ticket)
                 self._send_error(exc)
             except Exception:
                 traceback.print_exc(file=sys.stderr)
                 srv.stats.fail(ticket, 500)
+                srv.stats.end(ticket)
                 self._send_error(_HttpError(500, "internal error in the local model server"))
             else:
                 if lost:
+                    srv.stats.end(ticket)
                     self._drop_connection()
                 else:
                     body = _padded(body, config.pad_response_bytes)
+                    if not config.trickle_bytes_per_s:
+                        srv.stats.end(ticket)
                     self._send_body(
                         200, body, trickle=config.trickle_bytes_per_s, release=faults.release
                     )

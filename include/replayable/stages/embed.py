@@ -7,16 +7,26 @@ Every HTTP request is reported to ``on_call`` so that billable calls are counted
 
 from __future__ import annotations
 
+import contextlib
+import json
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import httpx
 
 from replayable.retry import CallRetry, ErrorKind, ItemError, call_with_retries, classify
 
 VERSION = "1.0"
+
+# A response is refused past this size per input (JSON floats take about 20 bytes each;
+# the dimensions are unknown when the provider picks them).
+_BYTES_PER_INPUT = 40 * 4096
+_RESPONSE_OVERHEAD = 64 * 1024
+
+Gate = Callable[[], AbstractContextManager[Any]]
 
 
 @dataclass(frozen=True)
@@ -49,10 +59,12 @@ class EmbeddingProvider(Protocol):
         *,
         idempotency_key: str,
         on_call: Callable[[CallRecord], None] | None = None,
+        gate: Gate | None = None,
     ) -> EmbeddingResult:
-        """Embed ``texts``; ``idempotency_key`` names the item so a provider can de-duplicate.
+        """Embed ``texts``; ``idempotency_key`` names the request so a provider can de-duplicate.
 
-        ``on_call`` receives a CallRecord for every request made, failed ones included.
+        ``on_call`` receives a CallRecord for every request made, failed ones included;
+        ``gate`` is entered around each HTTP request (a shared in-flight budget).
         """
         ...
 
@@ -64,8 +76,10 @@ class HttpEmbeddingClient:
     :param model: the model name sent with each request.
     :param api_key: sent as a bearer token; never logged or stored.
     :param dimensions: optional output size, for models that accept it.
-    :param timeout_s: per-request timeout.
+    :param timeout_s: the whole request's deadline, from sending to the last byte; a
+        server that trickles its answer is cut off at it.
     :param retry: bounds for retrying one call.
+    :param max_connections: HTTP connections kept open (requests in flight at once).
     """
 
     def __init__(
@@ -77,13 +91,20 @@ class HttpEmbeddingClient:
         dimensions: int | None = None,
         timeout_s: float = 30.0,
         retry: CallRetry | None = None,
+        max_connections: int = 16,
     ) -> None:
         self.model = model
         self.dimensions = dimensions
         self.retry = retry or CallRetry()
+        self.timeout_s = timeout_s
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.Client(
-            base_url=base_url.rstrip("/"), headers=headers, timeout=httpx.Timeout(timeout_s)
+            base_url=base_url.rstrip("/"),
+            headers=headers,
+            timeout=httpx.Timeout(timeout_s),
+            limits=httpx.Limits(
+                max_connections=max_connections, max_keepalive_connections=max_connections
+            ),
         )
 
     def close(self) -> None:
@@ -95,6 +116,7 @@ class HttpEmbeddingClient:
         *,
         idempotency_key: str,
         on_call: Callable[[CallRecord], None] | None = None,
+        gate: Gate | None = None,
     ) -> EmbeddingResult:
         """Embed ``texts`` in one request, retried per :class:`CallRetry`."""
         attempt = 0
@@ -102,7 +124,8 @@ class HttpEmbeddingClient:
         def once() -> EmbeddingResult:
             nonlocal attempt
             attempt += 1
-            return self._request(texts, idempotency_key, attempt, on_call)
+            with gate() if gate is not None else contextlib.nullcontext():
+                return self._request(texts, idempotency_key, attempt, on_call)
 
         return call_with_retries(once, self.retry, describe=f"embed {idempotency_key}")
 
@@ -119,11 +142,15 @@ class HttpEmbeddingClient:
         started = time.monotonic()
         http_status: int | None = None
         status, tokens = "interrupted", 0
+        limit = _RESPONSE_OVERHEAD + len(texts) * _BYTES_PER_INPUT
         try:
-            response = self._http.post("/embeddings", json=body, headers={"Idempotency-Key": key})
-            http_status = response.status_code
+            with self._http.stream(
+                "POST", "/embeddings", json=body, headers={"Idempotency-Key": key}
+            ) as response:
+                http_status = response.status_code
+                content = _read_within(response, started + self.timeout_s, limit)
             response.raise_for_status()
-            result = _parse(response.json(), len(texts))
+            result = _parse(_json(content), len(texts))
             status, tokens = "ok", result.tokens
         except Exception as exc:
             status, tokens = classify(exc).error_class, 0
@@ -135,6 +162,33 @@ class HttpEmbeddingClient:
                     CallRecord(key, attempt, status, http_status, latency_ms, len(texts), tokens)
                 )
         return result
+
+
+def _read_within(response: httpx.Response, deadline: float, limit: int) -> bytes:
+    """Read the body by a total deadline and a size cap (httpx's timeouts are per phase)."""
+    parts: list[bytes] = []
+    size = 0
+    for part in response.iter_bytes():
+        size += len(part)
+        if size > limit:
+            raise ItemError(
+                "bad_response",
+                f"the response is larger than {limit} bytes; refused",
+                ErrorKind.RETRYABLE,
+            )
+        if time.monotonic() > deadline:
+            raise httpx.ReadTimeout("the response did not finish within the request's deadline")
+        parts.append(part)
+    return b"".join(parts)
+
+
+def _json(content: bytes) -> object:
+    try:
+        return json.loads(content)
+    except ValueError as exc:
+        raise ItemError(
+            "bad_response", f"the response is not JSON: {exc}", ErrorKind.RETRYABLE
+        ) from exc
 
 
 def _parse(payload: object, expected: int) -> EmbeddingResult:

@@ -6,6 +6,7 @@ parses untrusted bytes, so a stall or a blow-up here must cost one item, not the
 
 from __future__ import annotations
 
+import hashlib
 import io
 import re
 from dataclasses import dataclass
@@ -96,10 +97,23 @@ def extract_pdf(data: bytes) -> Extraction:
     return Extraction(page_count=len(pages), text=text, removed_chars=removed)
 
 
-def extract_file(path: str) -> Extraction:
-    """Read the file at ``path`` and extract it; a missing file is a terminal error."""
+def extract_file(path: str, expected_sha256: str | None = None) -> Extraction:
+    """Read the file at ``path`` and extract it; a missing file is a terminal error.
+
+    With ``expected_sha256`` (the document id discover recorded), a file rewritten since
+    then is refused as ``changed_on_disk`` rather than stored under its old content hash;
+    the next discover sees the new bytes as a new document.
+    """
     try:
         data = Path(path).read_bytes()
     except FileNotFoundError as exc:
         raise ItemError("missing_file", f"{path} no longer exists", ErrorKind.TERMINAL) from exc
+    if expected_sha256 is not None:
+        actual = hashlib.sha256(data).hexdigest()
+        if actual != expected_sha256:
+            raise ItemError(
+                "changed_on_disk",
+                f"{path} changed since it was discovered (sha256 {actual[:12]}, expected "
+                f"{expected_sha256[:12]}); the next run picks up the new content",
+            )
     return extract_pdf(data)
