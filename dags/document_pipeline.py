@@ -7,7 +7,7 @@ from pathlib import Path
 
 from airflow.sdk import dag, task, task_group
 
-from replayable import IdempotentStageOperator, dag_tasks, pipeline_params
+from replayable import IdempotentStageOperator, dag_tasks, pipeline_params, sources
 
 SAMPLES = Path(__file__).resolve().parents[1] / "data" / "samples"
 LABEL = "{{ task.batch['label'] }}"
@@ -16,15 +16,15 @@ LABEL = "{{ task.batch['label'] }}"
 @dag(
     schedule=None,
     catchup=False,
-    params=pipeline_params(str(SAMPLES)),
+    params=pipeline_params(str(SAMPLES), sources.allowed_roots()),
     render_template_as_native_obj=True,
     default_args={"retries": 4, "retry_delay": timedelta(seconds=5)},
     tags=["replayable"],
     doc_md=__doc__,
 )
 def document_pipeline() -> None:
-    doc_ids = task(dag_tasks.discover)()
-    batches = task(dag_tasks.plan)(doc_ids)
+    discovered = task(dag_tasks.discover)()
+    batches = task(dag_tasks.plan)(discovered)
 
     @task_group(group_id="batch")
     def process(batch: dict[str, object]) -> None:
@@ -48,7 +48,7 @@ def document_pipeline() -> None:
         extract >> chunk >> embed
 
     done = process.expand(batch=batches)
-    done >> task(dag_tasks.report, trigger_rule="all_done")(doc_ids)
+    done >> task(dag_tasks.report, trigger_rule="all_done")()
 
 
 document_pipeline()

@@ -1,4 +1,8 @@
-"""Task callables of the document pipeline that are not stages: discover, plan, report."""
+"""Task callables of the document pipeline that are not stages: discover, plan, report.
+
+Each returns a small reference or a count, never a list of documents (ADR 0010): the run's
+documents and batches live in the ``run_docs`` table.
+"""
 
 from __future__ import annotations
 
@@ -9,57 +13,95 @@ from airflow.configuration import conf
 from airflow.sdk import get_current_context
 from airflow.sdk.exceptions import AirflowFailException
 
-from replayable import db, pipeline
-from replayable.operators import connection_dsn, triggered_by
+from replayable import db, pipeline, sources
+from replayable.operators import connection_dsn, model_choice, triggered_by
 from replayable.settings import PipelineSettings
 
 log = logging.getLogger(__name__)
 
 
-def discover(postgres_conn_id: str = "replayable_db") -> list[str]:
-    """Apply migrations, then choose the run's documents and return their ids.
+def discover(postgres_conn_id: str = "replayable_db") -> dict[str, Any]:
+    """Apply migrations, then record the run's documents; return how many there are.
 
-    A plain run hashes and records every PDF of ``source``. A ``rerun`` or ``redrive``
-    run picks its documents with a query over the ledger instead of listing the source.
+    A plain run lists ``source`` (inside the allowed roots) and reads only new or changed
+    files. A ``rerun`` or ``redrive`` run picks its documents with a query over the ledger.
     """
     context = get_current_context()
+    ti = context["ti"]
     settings = PipelineSettings.from_params(context["params"])
     conn = db.connect(connection_dsn(postgres_conn_id))
     try:
         db.migrate(conn)
         if settings.rerun or settings.redrive:
-            doc_ids = pipeline.select_documents(conn, settings, by=triggered_by(context))
+            documents = pipeline.select_documents(
+                conn, settings, dag_id=ti.dag_id, run_id=ti.run_id, by=triggered_by(context)
+            )
             what = "rerun" if settings.rerun else "redrive"
             log.info(
-                "%s selected %d documents: %s",
-                what,
-                len(doc_ids),
-                settings.rerun or settings.redrive,
+                "%s selected %d documents: %s", what, documents, settings.rerun or settings.redrive
             )
         else:
-            doc_ids = pipeline.discover(conn, settings.source)
-            log.info("discovered %d documents in %s", len(doc_ids), settings.source)
+            try:
+                documents = pipeline.discover(
+                    conn,
+                    settings.source,
+                    dag_id=ti.dag_id,
+                    run_id=ti.run_id,
+                    roots=sources.allowed_roots(),
+                    max_bytes=settings.max_bytes,
+                )
+            except sources.SourceError as error:
+                raise AirflowFailException(str(error)) from error
+            log.info("discovered %d documents in %s", documents, settings.source)
     finally:
         conn.close()
-    return doc_ids
+    return {"documents": documents}
 
 
-def plan(doc_ids: list[str]) -> list[dict[str, Any]]:
-    """Split the documents into batches, never more than ``[core] max_map_length``."""
-    params = get_current_context()["params"]
-    batches = pipeline.plan_batches(
-        doc_ids, params["batch_size"], conf.getint("core", "max_map_length", fallback=1024)
+def plan(
+    discovered: dict[str, Any],
+    postgres_conn_id: str = "replayable_db",
+    model_conn_id: str = "replayable_model",
+) -> list[dict[str, Any]]:
+    """Map only the documents with work left, in batches of at most ``[core] max_map_length``."""
+    from replayable.specs import spec_hashes
+
+    context = get_current_context()
+    ti = context["ti"]
+    settings = PipelineSettings.from_params(context["params"])
+    if "embed" in settings.effective_stages:
+        choice = model_choice(settings, model_conn_id)
+        model, dimensions = choice.model, choice.dimensions
+    else:
+        model, dimensions = settings.model or "", settings.dimensions
+    conn = db.connect(connection_dsn(postgres_conn_id))
+    try:
+        batches = pipeline.plan_batches(
+            conn,
+            settings,
+            dag_id=ti.dag_id,
+            run_id=ti.run_id,
+            spec_hashes=spec_hashes(settings.chunk_config, model, dimensions),
+            max_map_length=conf.getint("core", "max_map_length", fallback=1024),
+        )
+    finally:
+        conn.close()
+    to_do = sum(batch["size"] for batch in batches)
+    log.info(
+        "%d documents, %d with work left, in %d batches",
+        discovered.get("documents", 0),
+        to_do,
+        len(batches),
     )
-    log.info("%d documents in %d batches", len(doc_ids), len(batches))
     return batches
 
 
-def report(doc_ids: list[str], postgres_conn_id: str = "replayable_db") -> dict[str, Any]:
+def report(postgres_conn_id: str = "replayable_db") -> dict[str, Any]:
     """Log the run's counts per stage and status; fail the run if any item is left to do."""
     ti = get_current_context()["ti"]
     conn = db.connect(connection_dsn(postgres_conn_id))
     try:
-        result = pipeline.build_report(conn, dag_id=ti.dag_id, run_id=ti.run_id, doc_ids=doc_ids)
+        result = pipeline.build_report(conn, dag_id=ti.dag_id, run_id=ti.run_id)
     finally:
         conn.close()
     log.info("run report\n%s", pipeline.format_report(result))

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -14,11 +15,16 @@ from airflow.sdk.definitions.retry_policy import RetryDecision, RetryPolicy
 from airflow.sdk.exceptions import AirflowSkipException
 
 from replayable import db
-from replayable.ledger import RunContext
-from replayable.provider.config import settings_from_connection
+from replayable.ledger import Revival, RunContext
+from replayable.provider.config import ModelSettings, settings_from_connection
 from replayable.retry import CallRetry, Classified
-from replayable.runner import BatchResult, Limits, Revival, StageSpec, run_batch
-from replayable.settings import DEFAULT_MODEL, STAGES, PipelineSettings
+from replayable.runner import BatchResult, Limits, StageSpec, run_batch
+from replayable.settings import (
+    DEFAULT_MAX_IN_FLIGHT,
+    DEFAULT_MODEL,
+    STAGES,
+    PipelineSettings,
+)
 
 
 class BatchIncompleteError(Exception):
@@ -32,9 +38,10 @@ class BatchIncompleteError(Exception):
 class SystemicFailureError(Exception):
     """The batch stopped because of something that is not any item's fault."""
 
-    def __init__(self, error: Classified) -> None:
+    def __init__(self, error: Classified, cap_s: float | None = None) -> None:
         super().__init__(f"{error.error_class}: {error.message}")
         self.error = error
+        self.cap_s = cap_s
 
     @property
     def is_auth(self) -> bool:
@@ -42,7 +49,10 @@ class SystemicFailureError(Exception):
 
     @property
     def retry_after_s(self) -> float | None:
-        return self.error.retry_after_s
+        wait = self.error.retry_after_s
+        if wait is not None and self.cap_s is not None:
+            return min(wait, self.cap_s)
+        return wait
 
 
 class BatchRetryPolicy(RetryPolicy):
@@ -75,6 +85,27 @@ class BatchRetryPolicy(RetryPolicy):
         return cls()
 
 
+@dataclass(frozen=True)
+class ModelChoice:
+    """The provider, model and budget a run uses: params win over the connection's extra."""
+
+    provider: ModelSettings
+    model: str
+    dimensions: int | None
+    max_in_flight: int
+
+
+def model_choice(settings: PipelineSettings, conn_id: str) -> ModelChoice:
+    """Resolve the run's model once; it feeds the embed keys, so plan and stage must agree."""
+    provider = settings_from_connection(conn_id)
+    return ModelChoice(
+        provider=provider,
+        model=settings.model or provider.model or DEFAULT_MODEL,
+        dimensions=settings.dimensions or provider.dimensions,
+        max_in_flight=settings.max_in_flight or provider.max_in_flight or DEFAULT_MAX_IN_FLIGHT,
+    )
+
+
 def triggered_by(context: Context) -> str:
     """The person (or system) behind this run, for the ledger's resolution notes."""
     dag_run = context["dag_run"]
@@ -102,10 +133,12 @@ class IdempotentStageOperator(BaseOperator):
     Only items not yet done under their key (content + code version + config) are
     processed; each is claimed with a lease first. The task fails (and Airflow retries
     it) while any item is failed and under its attempt cap; it succeeds once every item
-    is done or dead. It returns the ids of the documents in each end state.
+    is done or dead. It returns counts of the documents in each end state.
 
     :param stage: one of ``extract``, ``chunk``, ``embed``.
-    :param batch: the documents, as ``{"doc_ids": [...], "label": ...}`` or a list of ids.
+    :param batch: a batch reference from the plan task, ``{"index": n, "label": ..., "size":
+        ...}`` (its documents are read from ``run_docs``), or explicit ids, as
+        ``{"doc_ids": [...]}`` or a list.
     :param settings: run settings, usually ``"{{ params }}"`` (see PipelineSettings).
     :param postgres_conn_id: Airflow connection of the replayable database.
     :param model_conn_id: Airflow connection of the embeddings provider.
@@ -134,12 +167,22 @@ class IdempotentStageOperator(BaseOperator):
         self.postgres_conn_id = postgres_conn_id
         self.model_conn_id = model_conn_id
 
-    @property
-    def doc_ids(self) -> list[str]:
-        if isinstance(self.batch, Mapping):
+    def doc_ids(self, dsn: str, dag_id: str, run_id: str) -> list[str]:
+        """The batch's documents: explicit ids, or the plan's batch ``index`` of this run."""
+        if isinstance(self.batch, Mapping) and "doc_ids" in self.batch:
             return list(self.batch["doc_ids"])
-        if isinstance(self.batch, str):
-            raise ValueError(f"batch was not rendered to ids: {self.batch[:80]!r}")
+        if isinstance(self.batch, Mapping) and "index" in self.batch:
+            from replayable.pipeline import batch_doc_ids
+
+            conn = db.connect(dsn)
+            try:
+                return batch_doc_ids(
+                    conn, dag_id=dag_id, run_id=run_id, batch=int(self.batch["index"])
+                )
+            finally:
+                conn.close()
+        if isinstance(self.batch, str) or not isinstance(self.batch, Sequence):
+            raise ValueError(f"batch was not rendered to a batch reference: {self.batch!r:.80}")
         return list(self.batch)
 
     def execute(self, context: Context) -> dict[str, Any]:
@@ -159,59 +202,74 @@ class IdempotentStageOperator(BaseOperator):
             try_number=ti.try_number,
         )
         dsn = connection_dsn(self.postgres_conn_id)
+        doc_ids = self.doc_ids(dsn, ti.dag_id, ti.run_id)
         limits = Limits(lease_s=settings.lease_s, max_attempts=settings.max_attempts)
         revive = None
-        if settings.revives_dead and self.stage == settings.first_stage:
-            revive = Revival(
-                by=triggered_by(context), reason=f"re-run {ti.run_id}: {dict(settings.rerun or {})}"
-            )
-        with ExitStack() as stack:
-            spec = self._spec(settings, stack)
-            result = run_batch(
-                spec,
-                self.doc_ids,
-                connect=lambda: db.connect(dsn),
-                ctx=ctx,
-                limits=limits,
-                revive=revive,
-            )
-        return self._outcome(result)
+        if self.stage == settings.first_stage and (settings.revives_dead or settings.redrive):
+            selection = dict(settings.rerun or settings.redrive or {})
+            revive = Revival(by=triggered_by(context), reason=f"run {ti.run_id}: {selection}")
 
-    def _spec(self, settings: PipelineSettings, stack: ExitStack) -> StageSpec:
+        def connect() -> db.Database:
+            return db.Database(dsn)
+
+        with ExitStack() as stack:
+            spec = self._spec(settings, stack, connect, len(doc_ids), ti.run_id)
+            result = run_batch(
+                spec, doc_ids, connect=connect, ctx=ctx, limits=limits, revive=revive
+            )
+        return self._outcome(result, settings)
+
+    def _spec(
+        self,
+        settings: PipelineSettings,
+        stack: ExitStack,
+        connect: Callable[[], db.Database],
+        batch_size: int,
+        run_id: str,
+    ) -> StageSpec:
         # Imported here: pypdf and the process pool are task-time needs, not parse-time ones.
-        from replayable import guards
-        from replayable.specs import ChunkSpec, EmbedSpec, ExtractSpec
+        from replayable import guards, sources
+        from replayable.budget import RequestBudget
+        from replayable.specs import ChunkSpec, EmbedSpec, ExtractSpec, default_workers
         from replayable.stages.embed import HttpEmbeddingClient
 
         if self.stage == "extract":
             pool = stack.enter_context(
-                guards.GuardedPool(timeout_s=settings.item_timeout_s, memory_mb=settings.memory_mb)
+                guards.GuardedPool(
+                    timeout_s=settings.item_timeout_s,
+                    memory_mb=settings.memory_mb,
+                    workers=default_workers(batch_size),
+                )
             )
-            return ExtractSpec(pool=pool, max_bytes=settings.max_bytes)
+            return ExtractSpec(
+                pool=pool, max_bytes=settings.max_bytes, roots=sources.allowed_roots()
+            )
         if self.stage == "chunk":
-            return ChunkSpec(config=settings.chunk_config)
-        provider = settings_from_connection(self.model_conn_id)
-        # Params win over the connection's defaults; both feed the item keys, so resolve once.
-        model = settings.model or provider.model or DEFAULT_MODEL
-        dimensions = settings.dimensions or provider.dimensions
+            return ChunkSpec(config=settings.chunk_config, connect=connect)
+        choice = model_choice(settings, self.model_conn_id)
         client = HttpEmbeddingClient(
-            base_url=provider.base_url,
-            model=model,
-            api_key=provider.api_key,
-            dimensions=dimensions,
-            timeout_s=provider.timeout_s,
+            base_url=choice.provider.base_url,
+            model=choice.model,
+            api_key=choice.provider.api_key,
+            dimensions=choice.dimensions,
+            timeout_s=choice.provider.timeout_s,
             retry=CallRetry(),
+            max_connections=choice.max_in_flight,
         )
         stack.callback(client.close)
         return EmbedSpec(
             provider=client,
-            model=model,
+            model=choice.model,
             chunker_key=settings.chunk_config.key,
-            dimensions=dimensions,
+            connect=connect,
+            budget=RequestBudget(choice.provider.base_url, choice.max_in_flight),
+            run_id=run_id,
+            dimensions=choice.dimensions,
             inputs_per_call=settings.embed_inputs_per_call,
+            max_in_flight=choice.max_in_flight,
         )
 
-    def _outcome(self, result: BatchResult) -> dict[str, Any]:
+    def _outcome(self, result: BatchResult, settings: PipelineSettings) -> dict[str, Any]:
         summary = result.summary()
         self.log.info(
             "%s: %d done (%d already), %d failed, %d dead, %d without input",
@@ -227,12 +285,15 @@ class IdempotentStageOperator(BaseOperator):
                 "%s: %d document(s) dead-lettered: %s",
                 self.stage,
                 len(result.dead),
-                ", ".join(d[:12] for d in result.dead),
+                ", ".join(d[:12] for d in result.dead[:20]),
             )
         if result.systemic is not None:
-            raise SystemicFailureError(result.systemic)
+            raise SystemicFailureError(result.systemic, cap_s=settings.max_retry_after_s)
         if result.failed:
+            retry_after = result.retry_after_s
+            if retry_after is not None:
+                retry_after = min(retry_after, settings.max_retry_after_s)
             raise BatchIncompleteError(
-                f"{len(result.failed)} item(s) failed and will be retried", result.retry_after_s
+                f"{len(result.failed)} item(s) failed and will be retried", retry_after
             )
         return summary

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
 from typing import Any
 
 from airflow.sdk import Param
 
-from replayable.settings import DEFAULT_MODEL, STAGES, PipelineSettings
+from replayable.settings import (
+    BOUNDS,
+    DEFAULT_MAX_IN_FLIGHT,
+    DEFAULT_MODEL,
+    STAGES,
+    PipelineSettings,
+)
 
 _DEFAULTS = PipelineSettings()
 STATUSES = ("pending", "running", "done", "failed", "dead")
@@ -19,8 +27,25 @@ _names: dict[str, Any] = {
 }
 
 
-def pipeline_params(default_source: str) -> dict[str, Param]:
+def _bounded(name: str, **schema: Any) -> dict[str, Any]:
+    low, high = BOUNDS[name]
+    number = int if schema.get("type") in ("integer", ["null", "integer"]) else float
+    return {"minimum": number(low), "maximum": number(high), **schema}
+
+
+def source_pattern(roots: Sequence[str]) -> str:
+    """A JSON-schema pattern for paths and globs inside ``roots``, with no ``..`` component.
+
+    It is checked when a run is triggered; discover and extract check the resolved path
+    again (symlinks cannot be judged from the text).
+    """
+    alternatives = "|".join(re.escape(root.rstrip("/")) for root in roots)
+    return rf"^(?!.*(^|/)\.\.(/|$))(?:{alternatives})(?:/.*)?$"
+
+
+def pipeline_params(default_source: str, roots: Sequence[str] | None = None) -> dict[str, Param]:
     """Params of ``document_pipeline``; a bad value is rejected at trigger time, naming it."""
+    source_schema: dict[str, Any] = {"pattern": source_pattern(roots)} if roots else {}
     stage_list: dict[str, Any] = {
         "type": "array",
         "items": {"type": "string", "enum": list(STAGES)},
@@ -32,13 +57,14 @@ def pipeline_params(default_source: str) -> dict[str, Param]:
             default_source,
             type="string",
             minLength=1,
-            description="Folder (searched recursively) or glob of PDFs.",
+            maxLength=4096,
+            **source_schema,
+            description="Folder (searched recursively) or glob of PDFs, inside the allowed "
+            "source roots (the project's data/ and $REPLAYABLE_SOURCE_ROOTS).",
         ),
         "batch_size": Param(
             _DEFAULTS.batch_size,
-            type="integer",
-            minimum=1,
-            maximum=100_000,
+            **_bounded("batch_size", type="integer"),
             description="Documents per mapped batch.",
         ),
         "stages": Param(
@@ -53,25 +79,40 @@ def pipeline_params(default_source: str) -> dict[str, Param]:
         ),
         "dimensions": Param(
             None,
-            type=["null", "integer"],
-            minimum=1,
+            **_bounded("dimensions", type=["null", "integer"]),
             description="Embedding size, for models that accept one.",
         ),
-        "chunk_size": Param(_DEFAULTS.chunk_size, type="integer", minimum=50),
-        "chunk_overlap": Param(_DEFAULTS.chunk_overlap, type="integer", minimum=0),
+        "chunk_size": Param(_DEFAULTS.chunk_size, **_bounded("chunk_size", type="integer")),
+        "chunk_overlap": Param(
+            _DEFAULTS.chunk_overlap, **_bounded("chunk_overlap", type="integer")
+        ),
         "embed_inputs_per_call": Param(
-            _DEFAULTS.embed_inputs_per_call, type="integer", minimum=1, maximum=2048
+            _DEFAULTS.embed_inputs_per_call,
+            **_bounded("embed_inputs_per_call", type="integer"),
+            description="Chunks per provider request; chunks of several documents share one.",
+        ),
+        "max_in_flight": Param(
+            None,
+            **_bounded("max_in_flight", type=["null", "integer"]),
+            description="Provider requests in flight at once, across every task and worker; "
+            f'default: the connection\'s extra "max_in_flight", else {DEFAULT_MAX_IN_FLIGHT}.',
         ),
         "max_bytes": Param(
             _DEFAULTS.max_bytes,
-            type="integer",
-            minimum=1,
-            description="Larger documents are dead-lettered unread.",
+            **_bounded("max_bytes", type="integer"),
+            description="Larger documents are dead-lettered unread (at most 1 GiB).",
         ),
-        "item_timeout_s": Param(_DEFAULTS.item_timeout_s, type="number", exclusiveMinimum=0),
-        "memory_mb": Param(_DEFAULTS.memory_mb, type="integer", minimum=64),
-        "max_attempts": Param(_DEFAULTS.max_attempts, type="integer", minimum=1, maximum=20),
-        "lease_s": Param(_DEFAULTS.lease_s, type="number", minimum=1),
+        "item_timeout_s": Param(
+            _DEFAULTS.item_timeout_s, **_bounded("item_timeout_s", type="number")
+        ),
+        "memory_mb": Param(_DEFAULTS.memory_mb, **_bounded("memory_mb", type="integer")),
+        "max_attempts": Param(_DEFAULTS.max_attempts, **_bounded("max_attempts", type="integer")),
+        "lease_s": Param(_DEFAULTS.lease_s, **_bounded("lease_s", type="number")),
+        "max_retry_after_s": Param(
+            _DEFAULTS.max_retry_after_s,
+            **_bounded("max_retry_after_s", type="number"),
+            description="The longest wait a provider's Retry-After can impose on a task retry.",
+        ),
         "rerun": Param(
             None,
             type=["null", "object"],

@@ -1,45 +1,193 @@
-"""The pipeline's non-stage steps: discover documents, plan batches, report a run."""
+"""The pipeline's non-stage steps: discover documents, plan batches, report a run.
+
+A run's documents live in ``run_docs`` (ADR 0010): discover (or a re-run's selection) puts
+them there, plan numbers the batches of those with work left, and each mapped task reads
+its batch by number. Only references travel through XCom.
+"""
 
 from __future__ import annotations
 
-import glob
+import io
 import json
 import math
-from collections.abc import Mapping, Sequence
+import os
+import stat
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from replayable.db import Connection, execute, execute_values, fetch_all
-from replayable.keys import sha256_file
+from replayable import sources
+from replayable.db import Connection, execute, fetch_all
+from replayable.keys import sha256_bytes, sha256_file
 from replayable.settings import STAGES, PipelineSettings
 
+# (path, size, mtime_ns, inode, device)
+Stat = tuple[str, int, int, int, int]
 
-def find_pdfs(source: str) -> list[Path]:
-    """List the PDFs under a folder (recursively) or matching a glob, in a stable order."""
-    path = Path(source).expanduser()
-    if path.is_dir():
-        found = [p for p in path.rglob("*") if p.is_file() and p.suffix.lower() == ".pdf"]
-    elif any(ch in source for ch in "*?["):
-        found = [Path(p) for p in glob.glob(str(path), recursive=True) if Path(p).is_file()]
-    elif path.is_file():
-        found = [path]
-    else:
-        raise FileNotFoundError(f"source: {source!r} is neither a folder, a file nor a glob")
-    return sorted(p.resolve() for p in found)
+# How long a run's documents and batches are kept (its report is kept for good).
+RUN_RETENTION_DAYS = 30
 
 
-def discover(conn: Connection, source: str) -> list[str]:
-    """Hash every PDF of ``source``, record new documents, and return their ids, sorted.
+def _stat_rows(found: Iterable[os.DirEntry[str] | Path]) -> list[Stat]:
+    rows: list[Stat] = []
+    for entry in found:
+        try:
+            info = entry.stat()
+        except OSError:
+            continue  # vanished between listing and stat
+        if not stat.S_ISREG(info.st_mode):
+            continue
+        path = str(Path(entry).resolve()) if isinstance(entry, Path) else entry.path
+        rows.append((path, info.st_size, info.st_mtime_ns, info.st_ino, info.st_dev))
+    return rows
 
-    The same bytes under two names are one document (its first name is kept).
+
+def _copy_text(value: object) -> str:
+    return (
+        str(value)
+        .replace("\\", "\\\\")
+        .replace("\t", "\\t")
+        .replace("\n", "\\n")
+        .replace("\r", "\\r")
+    )
+
+
+def _copy(conn: Connection, table: str, rows: Iterable[Sequence[object]]) -> None:
+    """COPY rows into a temporary table (``table`` is a constant of this module)."""
+    buffer = io.StringIO()
+    for row in rows:
+        buffer.write("\t".join(_copy_text(v) for v in row) + "\n")
+    buffer.seek(0)
+    with conn.cursor() as cur:
+        cur.copy_expert(f"COPY {table} FROM STDIN", buffer)
+
+
+def _oversize_id(row: Stat) -> str:
+    """The id of a file too large to read: it names the file and its stat, not its bytes."""
+    path, size, mtime_ns, inode, _device = row
+    return sha256_bytes(f"oversize\x00{path}\x00{size}\x00{mtime_ns}\x00{inode}".encode())
+
+
+def discover(
+    conn: Connection,
+    source: str,
+    *,
+    dag_id: str,
+    run_id: str,
+    roots: Sequence[str],
+    max_bytes: int,
+    workers: int | None = None,
+) -> int:
+    """Record ``source``'s PDFs as the run's documents; return how many distinct ones.
+
+    Files are stat'ed, not read, when ``(size, mtime, inode, device)`` matches the cache;
+    new or changed files are hashed in parallel. A file larger than ``max_bytes`` is never
+    read: it gets an id from its stat, and the extract stage dead-letters it as ``oversize``.
+    The same bytes under two names are one document; its ``uri`` follows the file when the
+    old path is gone (a move), and a ``missing_file`` letter it left is reopened.
     """
-    rows: dict[str, tuple[str, str, int]] = {}
-    for path in find_pdfs(source):
-        doc_id = sha256_file(path)
-        rows.setdefault(doc_id, (doc_id, str(path), path.stat().st_size))
-    execute_values(conn, "upsert_documents", list(rows.values()))
+    scanned = _stat_rows(sources.find_pdfs(source, roots))
+    with conn.cursor() as cur:
+        cur.execute(
+            "CREATE TEMP TABLE discover_scan (path text PRIMARY KEY, size_bytes bigint,"
+            " mtime_ns bigint, inode bigint, device bigint) ON COMMIT DROP"
+        )
+    _copy(conn, "discover_scan", scanned)
+    stale = {row["path"] for row in fetch_all(conn, "discover_stale_paths")}
+    to_hash = [row for row in scanned if row[0] in stale]
+    readable = [row for row in to_hash if row[1] <= max_bytes]
+
+    def digest(row: Stat) -> tuple[Stat, str | None]:
+        try:
+            return row, sha256_file(row[0])
+        except OSError:
+            return row, None
+
+    with ThreadPoolExecutor(workers or min(8, (os.cpu_count() or 1) * 2)) as pool:
+        hashed = list(pool.map(digest, readable))
+    fresh = [(*row, doc_id, "f") for row, doc_id in hashed if doc_id is not None]
+    fresh += [(*row, _oversize_id(row), "t") for row in to_hash if row[1] > max_bytes]
+    with conn.cursor() as cur:
+        cur.execute(
+            "CREATE TEMP TABLE discover_hashed (path text PRIMARY KEY, size_bytes bigint,"
+            " mtime_ns bigint, inode bigint, device bigint, doc_id text, stat_id boolean)"
+            " ON COMMIT DROP"
+        )
+    _copy(conn, "discover_hashed", fresh)
+    params = {
+        "dag_id": dag_id,
+        "run_id": run_id,
+        "source": source,
+        "retention_days": RUN_RETENTION_DAYS,
+    }
+    found = fetch_all(conn, "discover_record", params)
     conn.commit()
-    return sorted(rows)
+    return int(found[0]["documents"]) if found else 0
+
+
+def select_documents(
+    conn: Connection, settings: PipelineSettings, *, dag_id: str, run_id: str, by: str
+) -> int:
+    """Record the documents of a partial re-run or a redrive, chosen by a bound query."""
+    common = {
+        "dag_id": dag_id,
+        "run_id": run_id,
+        "selection": json.dumps({"rerun": settings.rerun, "redrive": settings.redrive}),
+    }
+    if settings.rerun:
+        found = fetch_all(conn, "select_rerun_docs", {**common, **rerun_params(settings.rerun)})
+    elif settings.redrive:
+        redrive = settings.redrive
+        found = fetch_all(
+            conn,
+            "redrive_dead_letters",
+            {
+                **common,
+                "stage": redrive["stage"],
+                "error_classes": redrive.get("error_class"),
+                "ids": redrive.get("ids"),
+                "by": redrive.get("by") or by,
+                "reason": redrive["reason"],
+            },
+        )
+    else:
+        raise ValueError("select_documents needs a rerun or a redrive")
+    conn.commit()
+    documents = int(found[0]["documents"]) if found else 0
+    _reidentify(conn, dag_id=dag_id, run_id=run_id, max_bytes=settings.max_bytes)
+    return documents
+
+
+def _reidentify(conn: Connection, *, dag_id: str, run_id: str, max_bytes: int) -> None:
+    """Hash the run's documents that were too large to read before and fit ``max_bytes`` now.
+
+    Each becomes the document its bytes name, in this run instead of the stat-named one,
+    whose rows stop being current and whose open letters are closed (the file was re-read).
+    """
+    for row in fetch_all(conn, "run_stat_documents", {"dag_id": dag_id, "run_id": run_id}):
+        try:
+            info = os.stat(row["uri"])
+        except OSError:
+            continue  # gone: the extract stage says so as missing_file
+        if not stat.S_ISREG(info.st_mode) or info.st_size > max_bytes:
+            continue
+        execute(
+            conn,
+            "reidentify_document",
+            {
+                "dag_id": dag_id,
+                "run_id": run_id,
+                "old_id": row["doc_id"],
+                "new_id": sha256_file(row["uri"]),
+                "path": row["uri"],
+                "size_bytes": info.st_size,
+                "mtime_ns": info.st_mtime_ns,
+                "inode": info.st_ino,
+                "device": info.st_dev,
+            },
+        )
+        conn.commit()
 
 
 def rerun_params(rerun: Mapping[str, Any]) -> dict[str, Any]:
@@ -54,60 +202,74 @@ def rerun_params(rerun: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def select_documents(conn: Connection, settings: PipelineSettings, *, by: str) -> list[str]:
-    """The documents of a partial re-run or a redrive, chosen by a bound query over the ledger."""
-    if settings.rerun:
-        found = fetch_all(conn, "select_rerun_docs", rerun_params(settings.rerun))
-    elif settings.redrive:
-        redrive = settings.redrive
-        found = fetch_all(
-            conn,
-            "redrive_dead_letters",
-            {
-                "stage": redrive["stage"],
-                "error_classes": redrive.get("error_class"),
-                "ids": redrive.get("ids"),
-                "by": redrive.get("by") or by,
-                "reason": redrive["reason"],
-            },
-        )
-    else:
-        raise ValueError("select_documents needs a rerun or a redrive")
-    conn.commit()
-    return [row["doc_id"] for row in found]
+def batch_size_for(documents: int, batch_size: int, max_map_length: int = 1024) -> int:
+    """``batch_size``, grown when needed so that no more than ``max_map_length`` batches result."""
+    return max(batch_size, math.ceil(documents / max_map_length)) if documents else batch_size
 
 
 def plan_batches(
-    doc_ids: Sequence[str], batch_size: int, max_map_length: int = 1024
+    conn: Connection,
+    settings: PipelineSettings,
+    *,
+    dag_id: str,
+    run_id: str,
+    spec_hashes: Mapping[str, str],
+    max_map_length: int = 1024,
 ) -> list[dict[str, Any]]:
-    """Split ids into batches of ``batch_size``, growing the size to stay within max_map_length."""
-    if not doc_ids:
-        return []
-    size = max(batch_size, math.ceil(len(doc_ids) / max_map_length))
+    """Number the batches of the run's documents that have work left; return their refs.
+
+    A document has work when, walking the stages in order, the first one not done under
+    its current spec is one this run executes and is not dead there (unless the run revives
+    dead items of that stage). One query decides it for all stages at once; an identical
+    re-run of a finished corpus therefore maps no batch at all.
+    """
+    first = settings.first_stage
+    revive = settings.revives_dead or bool(settings.redrive)
+    params = {
+        "dag_id": dag_id,
+        "run_id": run_id,
+        "stages": list(STAGES),
+        "spec_hashes": [spec_hashes[stage] for stage in STAGES],
+        "effective": [stage in settings.effective_stages for stage in STAGES],
+        "revive": [revive and stage == first for stage in STAGES],
+        "batch_size": settings.batch_size,
+        "max_map_length": max_map_length,
+    }
+    rows = fetch_all(conn, "plan_batches", params)
+    conn.commit()
     batches = []
-    for index, start in enumerate(range(0, len(doc_ids), size)):
-        ids = list(doc_ids[start : start + size])
-        label = f"batch {index}: docs {start}-{start + len(ids) - 1}"
-        batches.append({"index": index, "label": label, "doc_ids": ids})
+    for row in rows:
+        first_doc, size = int(row["first_position"]), int(row["size"])
+        label = f"batch {row['batch']}: docs {first_doc}-{first_doc + size - 1}"
+        batches.append({"index": int(row["batch"]), "label": label, "size": size})
     return batches
 
 
-def build_report(
-    conn: Connection, *, dag_id: str, run_id: str, doc_ids: Sequence[str]
-) -> dict[str, Any]:
-    """Summarise a run: per stage, documents by status (and error class); model calls made."""
+def batch_doc_ids(conn: Connection, *, dag_id: str, run_id: str, batch: int) -> list[str]:
+    """The documents of one batch of a run, in order."""
+    rows = fetch_all(conn, "batch_doc_ids", {"dag_id": dag_id, "run_id": run_id, "batch": batch})
+    conn.commit()
+    return [row["doc_id"] for row in rows]
+
+
+def build_report(conn: Connection, *, dag_id: str, run_id: str) -> dict[str, Any]:
+    """Summarise a run: per stage, its documents by current status (and error class)."""
     stages: dict[str, dict[str, Any]] = {
         stage: {"done": 0, "failed": 0, "dead": 0, "running": 0, "pending": 0, "errors": {}}
         for stage in STAGES
     }
-    for row in fetch_all(conn, "report_stage_status", {"doc_ids": list(doc_ids)}):
+    run = fetch_all(conn, "report_run", {"dag_id": dag_id, "run_id": run_id})
+    documents = int(run[0]["documents"]) if run else 0
+    for row in fetch_all(
+        conn, "report_stage_status", {"dag_id": dag_id, "run_id": run_id, "stages": list(STAGES)}
+    ):
         entry = stages.setdefault(row["stage"], {"errors": {}})
         entry[row["status"]] = entry.get(row["status"], 0) + row["n"]
         if row["error_class"] and row["status"] != "done":
             errors = entry["errors"]
             errors[row["error_class"]] = errors.get(row["error_class"], 0) + row["n"]
     for entry in stages.values():
-        entry["not_entered"] = len(doc_ids) - sum(
+        entry["not_entered"] = documents - sum(
             entry.get(s, 0) for s in ("done", "failed", "dead", "running", "pending")
         )
     calls = fetch_all(conn, "report_model_calls", {"run_id": run_id})[0]
@@ -115,7 +277,9 @@ def build_report(
     report = {
         "dag_id": dag_id,
         "run_id": run_id,
-        "documents": len(doc_ids),
+        "documents": documents,
+        "batches": int(run[0]["batches"] or 0) if run else 0,
+        "to_do": int(run[0]["to_do"] or 0) if run else 0,
         "stages": stages,
         "model_calls": {k: int(v) for k, v in calls.items()},
         "dead_letters_opened": int(dead["opened"]),
@@ -128,7 +292,9 @@ def build_report(
 def format_report(report: dict[str, Any]) -> str:
     """Render a report as a small table a person can read at a glance."""
     lines = [
-        f"run {report['run_id']}: {report['documents']} documents",
+        f"run {report['run_id']}: {report['documents']} documents, "
+        f"{report.get('to_do', report['documents'])} with work in "
+        f"{report.get('batches', '?')} batches",
         f"{'stage':<8} {'done':>6} {'failed':>7} {'dead':>6} {'other':>6}  errors",
     ]
     order = {stage: n for n, stage in enumerate(STAGES)}

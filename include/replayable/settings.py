@@ -14,6 +14,24 @@ from replayable.stages.chunk import ChunkConfig
 
 STAGES = ("extract", "chunk", "embed")
 DEFAULT_MODEL = "text-embedding-3-small"
+DEFAULT_MAX_IN_FLIGHT = 4
+
+# Every numeric setting's documented range (the DAG's params use the same numbers), so
+# that whoever triggers a run cannot switch a guard off for it (ADR 0012).
+BOUNDS: dict[str, tuple[float, float]] = {
+    "batch_size": (1, 10_000),
+    "dimensions": (1, 8192),
+    "chunk_size": (50, 100_000),
+    "chunk_overlap": (0, 50_000),
+    "embed_inputs_per_call": (1, 2048),
+    "max_in_flight": (1, 256),
+    "max_bytes": (1, 2**30),
+    "item_timeout_s": (0.1, 3600),
+    "memory_mb": (64, 16_384),
+    "max_attempts": (1, 20),
+    "lease_s": (1, 86_400),
+    "max_retry_after_s": (0, 3600),
+}
 
 
 @dataclass(frozen=True)
@@ -28,26 +46,21 @@ class PipelineSettings:
     chunk_size: int = 800
     chunk_overlap: int = 100
     embed_inputs_per_call: int = 32
+    max_in_flight: int | None = None  # None: the connection's extra, else DEFAULT_MAX_IN_FLIGHT
     max_bytes: int = 20 * 2**20
     item_timeout_s: float = 60.0
     memory_mb: int = 1024
     max_attempts: int = 3
     lease_s: float = 600.0
+    max_retry_after_s: float = 300.0
     rerun: Mapping[str, Any] | None = None
     redrive: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
-        for name in (
-            "batch_size",
-            "chunk_size",
-            "embed_inputs_per_call",
-            "max_bytes",
-            "memory_mb",
-            "max_attempts",
-        ):
-            _at_least(name, getattr(self, name), 1)
-        for name in ("item_timeout_s", "lease_s"):
-            _at_least(name, getattr(self, name), 0.1)
+        for name, (low, high) in BOUNDS.items():
+            value = getattr(self, name)
+            if value is not None or name not in ("dimensions", "max_in_flight"):
+                _within(name, value, low, high)
         unknown = [s for s in self.stages if s not in STAGES]
         if unknown or not self.stages:
             raise ValueError(f"stages: {unknown or 'empty'} is not a list of {list(STAGES)}")
@@ -98,6 +111,6 @@ class PipelineSettings:
         return cls(**values)
 
 
-def _at_least(name: str, value: Any, low: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < low:
-        raise ValueError(f"{name}: must be a number >= {low}, got {value!r}")
+def _within(name: str, value: Any, low: float, high: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
+        raise ValueError(f"{name}: must be a number from {low:g} to {high:g}, got {value!r}")

@@ -48,4 +48,4 @@ def test_an_unknown_stage_is_rejected_naming_it():
 def test_the_operator_brings_its_retry_policy():
     op = IdempotentStageOperator(task_id="x", stage="chunk", batch={"doc_ids": ["a"]})
     assert isinstance(op.retry_policy, BatchRetryPolicy)
-    assert op.doc_ids == ["a"]
+    assert op.doc_ids("unused", "d", "r") == ["a"]

@@ -1,59 +1,207 @@
+"""Discover, plan and report against a real Postgres; settings validation."""
+
+import json
+import os
 import shutil
 from pathlib import Path
 
 import pytest
 
-from replayable.pipeline import discover, find_pdfs, format_report, plan_batches
-from replayable.settings import PipelineSettings
+from replayable import db, keys, pipeline
+from replayable.ledger import Ledger, Outcome, RunContext
+from replayable.pipeline import discover, format_report, plan_batches
+from replayable.retry import Classified, ErrorKind
+from replayable.settings import STAGES, PipelineSettings
+from replayable.specs import spec_hashes
 
 SAMPLES = Path(__file__).resolve().parents[2] / "data" / "samples"
-IDS = [f"{i:064x}" for i in range(10)]
+SETTINGS = PipelineSettings(batch_size=2)
+HASHES = spec_hashes(SETTINGS.chunk_config, "m", None)
 
 
-def test_batches_cover_every_document_once_in_order():
-    batches = plan_batches(IDS, 4)
-    assert [b["doc_ids"] for b in batches] == [IDS[0:4], IDS[4:8], IDS[8:10]]
-    assert [b["label"] for b in batches] == [
-        "batch 0: docs 0-3",
-        "batch 1: docs 4-7",
-        "batch 2: docs 8-9",
+def rows(conn, sql, *params):
+    with conn.cursor() as cur:
+        cur.execute(sql, params)
+        found = cur.fetchall()
+    conn.commit()
+    return found
+
+
+def run_discover(conn, folder, run_id="r1", max_bytes=2**30):
+    return discover(
+        conn, str(folder), dag_id="d", run_id=run_id, roots=[str(folder)], max_bytes=max_bytes
+    )
+
+
+def run_docs(conn, run_id="r1"):
+    return [
+        r[0]
+        for r in rows(
+            conn, "SELECT doc_id FROM replayable.run_docs WHERE run_id = %s ORDER BY 1", run_id
+        )
     ]
 
 
-def test_batches_grow_to_stay_within_max_map_length():
-    batches = plan_batches(IDS, 1, max_map_length=3)
-    assert len(batches) == 3
-    assert sum(len(b["doc_ids"]) for b in batches) == len(IDS)
+@pytest.fixture
+def hashed(monkeypatch):
+    """The paths discover reads, in the order it reads them."""
+    seen: list[str] = []
+    real = keys.sha256_file
+
+    def counting(path):
+        seen.append(Path(path).name)
+        return real(path)
+
+    monkeypatch.setattr(pipeline, "sha256_file", counting)
+    return seen
 
 
-def test_no_documents_plan_no_batches():
-    assert plan_batches([], 10) == []
-
-
-def test_find_pdfs_takes_a_folder_a_glob_or_a_file(tmp_path):
-    (tmp_path / "sub").mkdir()
-    for name in ("a.pdf", "sub/b.PDF", "notes.txt"):
-        (tmp_path / name).write_bytes(b"%PDF-1.4")
-    assert [p.name for p in find_pdfs(str(tmp_path))] == ["a.pdf", "b.PDF"]
-    assert [p.name for p in find_pdfs(str(tmp_path / "*.pdf"))] == ["a.pdf"]
-    assert [p.name for p in find_pdfs(str(tmp_path / "a.pdf"))] == ["a.pdf"]
-    with pytest.raises(FileNotFoundError, match="source"):
-        find_pdfs(str(tmp_path / "missing"))
+pytestmark = pytest.mark.db
 
 
 def test_discover_records_the_same_bytes_once(conn, tmp_path):
     sample = sorted(SAMPLES.glob("*.pdf"))[0]
     shutil.copy(sample, tmp_path / "one.pdf")
     shutil.copy(sample, tmp_path / "copy.pdf")
-    first = discover(conn, str(tmp_path))
-    assert len(first) == 1
-    assert discover(conn, str(tmp_path)) == first
+    assert run_discover(conn, tmp_path) == 1
+    assert run_discover(conn, tmp_path, run_id="r2") == 1
+    assert run_docs(conn) == run_docs(conn, "r2") == [keys.sha256_file(sample)]
+
+
+def test_an_unchanged_file_is_not_read_again_and_a_changed_one_is(conn, tmp_path, hashed):
+    for sample in sorted(SAMPLES.glob("*.pdf"))[:3]:
+        shutil.copy(sample, tmp_path / sample.name)
+    run_discover(conn, tmp_path)
+    assert len(hashed) == 3
+    hashed.clear()
+    run_discover(conn, tmp_path, run_id="r2")
+    assert hashed == []
+    changed = sorted(tmp_path.iterdir())[1]
+    changed.write_bytes(changed.read_bytes() + b"\n%% appended\n")
+    run_discover(conn, tmp_path, run_id="r3")
+    assert hashed == [changed.name]
+    assert keys.sha256_file(changed) in run_docs(conn, "r3")
+
+
+def test_a_file_over_max_bytes_is_recorded_from_its_stat_and_never_read(conn, tmp_path, hashed):
+    big = tmp_path / "big.pdf"
+    big.write_bytes(b"%PDF-1.4\n" + b"0" * 5000)
+    assert run_discover(conn, tmp_path, max_bytes=1000) == 1
+    assert hashed == []
+    ((doc_id, size),) = rows(conn, "SELECT doc_id, size_bytes FROM replayable.documents")
+    assert size == big.stat().st_size and doc_id != keys.sha256_file(big)
+
+
+def test_a_moved_file_takes_its_new_path_and_reopens_its_missing_file_letter(conn, dsn, tmp_path):
+    sample = sorted(SAMPLES.glob("*.pdf"))[0]
+    shutil.copy(sample, tmp_path / "old.pdf")
+    run_discover(conn, tmp_path)
+    (doc_id,) = run_docs(conn)
+    database = db.Database(dsn)
+    ledger = Ledger(database, "extract", "1.0", "c", HASHES["extract"], RunContext(owner="w"))
+    ledger.claim([("k", doc_id)])
+    missing = Classified("missing_file", ErrorKind.TERMINAL, "gone")
+    database.transaction(lambda c: ledger.finish(c, [Outcome("k", "failed", missing)]))
+    os.rename(tmp_path / "old.pdf", tmp_path / "new.pdf")
+    run_discover(conn, tmp_path, run_id="r2")
+    assert rows(conn, "SELECT uri FROM replayable.documents") == [(str(tmp_path / "new.pdf"),)]
+    assert rows(conn, "SELECT status FROM replayable.stage_runs") == [("pending",)]
+    assert rows(conn, "SELECT status, resolved_by FROM replayable.dead_letters") == [
+        ("redriven", "discover")
+    ]
+    database.close()
+
+
+def finish_all(database, stage, doc_ids, outcome="done", error=None):
+    ledger = Ledger(database, stage, "1.0", "c", HASHES[stage], RunContext(owner="w"))
+    ledger.claim([(f"{stage}-{d}", d) for d in doc_ids])
+    database.transaction(
+        lambda c: ledger.finish(c, [Outcome(f"{stage}-{d}", outcome, error) for d in doc_ids])
+    )
+
+
+def test_an_identical_rerun_maps_no_batch(conn, dsn, tmp_path):
+    for sample in sorted(SAMPLES.glob("*.pdf"))[:5]:
+        shutil.copy(sample, tmp_path / sample.name)
+    run_discover(conn, tmp_path)
+    docs = run_docs(conn)
+    batches = plan_batches(conn, SETTINGS, dag_id="d", run_id="r1", spec_hashes=HASHES)
+    assert [b["size"] for b in batches] == [2, 2, 1]
+    assert [b["label"] for b in batches] == [
+        "batch 0: docs 0-1",
+        "batch 1: docs 2-3",
+        "batch 2: docs 4-4",
+    ]
+    database = db.Database(dsn)
+    for stage in STAGES:
+        finish_all(database, stage, docs)
+    database.close()
+    run_discover(conn, tmp_path, run_id="r2")
+    assert plan_batches(conn, SETTINGS, dag_id="d", run_id="r2", spec_hashes=HASHES) == []
+    # A new model changes the embed spec: only embed has work now, for every document.
+    other = spec_hashes(SETTINGS.chunk_config, "other-model", None)
+    assert sum(
+        b["size"] for b in plan_batches(conn, SETTINGS, dag_id="d", run_id="r2", spec_hashes=other)
+    ) == len(docs)
+
+
+def test_dead_items_map_no_batch_unless_the_run_revives_them(conn, dsn, tmp_path):
+    for sample in sorted(SAMPLES.glob("*.pdf"))[:3]:
+        shutil.copy(sample, tmp_path / sample.name)
+    run_discover(conn, tmp_path)
+    docs = run_docs(conn)
+    database = db.Database(dsn)
+    finish_all(
+        database, "extract", docs[:1], "failed", Classified("encrypted", ErrorKind.TERMINAL, "x")
+    )
+    finish_all(database, "extract", docs[1:])
+    for stage in ("chunk", "embed"):
+        finish_all(database, stage, docs[1:])
+    database.close()
+    assert plan_batches(conn, SETTINGS, dag_id="d", run_id="r1", spec_hashes=HASHES) == []
+    revive = PipelineSettings(rerun={"stage": "extract", "status": ["dead"]})
+    batches = plan_batches(conn, revive, dag_id="d", run_id="r1", spec_hashes=HASHES)
+    assert sum(b["size"] for b in batches) == 1
+
+
+def test_batches_grow_to_stay_within_max_map_length(conn, tmp_path):
+    for sample in sorted(SAMPLES.glob("*.pdf"))[:10]:
+        shutil.copy(sample, tmp_path / sample.name)
+    run_discover(conn, tmp_path)
+    one_each = PipelineSettings(batch_size=1)
+    batches = plan_batches(
+        conn, one_each, dag_id="d", run_id="r1", spec_hashes=HASHES, max_map_length=3
+    )
+    assert len(batches) == 3 and sum(b["size"] for b in batches) == 10
+
+
+def test_xcoms_stay_the_same_size_for_ten_thousand_documents(conn, tmp_path):
+    """Discover and plan hand on references: their return values do not grow with documents."""
+    sizes = {}
+    for n in (10, 10_000):
+        folder = tmp_path / str(n)
+        folder.mkdir()
+        for i in range(n):
+            (folder / f"{i:05}.pdf").write_bytes(b"%PDF-1.4 " + str(i).encode())
+        found = run_discover(conn, folder, run_id=f"r{n}")
+        settings = PipelineSettings(batch_size=10_000)
+        batches = plan_batches(conn, settings, dag_id="d", run_id=f"r{n}", spec_hashes=HASHES)
+        report = pipeline.build_report(conn, dag_id="d", run_id=f"r{n}")
+        sizes[n] = [len(json.dumps(v)) for v in ({"documents": found}, batches, report)]
+        assert found == n and report["documents"] == n
+    for small, large in zip(sizes[10], sizes[10_000], strict=True):
+        assert large <= small + 40  # a few longer numbers, nothing per document
 
 
 @pytest.mark.parametrize(
     ("values", "field"),
     [
         ({"batch_size": 0}, "batch_size"),
+        ({"batch_size": 10_001}, "batch_size"),
+        ({"item_timeout_s": 1_000_000}, "item_timeout_s"),
+        ({"max_bytes": 2**31}, "max_bytes"),
+        ({"memory_mb": 100_000}, "memory_mb"),
+        ({"lease_s": 100_000}, "lease_s"),
         ({"stages": ("extract", "ocr")}, "stages"),
         ({"item_timeout_s": 900, "lease_s": 600}, "item_timeout_s"),
         ({"chunk_size": 100, "chunk_overlap": 80}, "overlap"),
@@ -84,6 +232,8 @@ def test_the_report_reads_as_a_table():
     report = {
         "run_id": "r1",
         "documents": 3,
+        "to_do": 2,
+        "batches": 1,
         "stages": {
             "embed": {"done": 2, "dead": 1, "errors": {"http_400": 1}, "not_entered": 0},
             "extract": {"done": 3, "errors": {}, "not_entered": 0},
@@ -92,7 +242,7 @@ def test_the_report_reads_as_a_table():
         "dead_letters_opened": 1,
     }
     lines = format_report(report).splitlines()
-    assert lines[0] == "run r1: 3 documents"
+    assert lines[0] == "run r1: 3 documents, 2 with work in 1 batches"
     assert lines[2].split()[0] == "extract"  # pipeline order, not alphabetical
     assert "http_400=1" in lines[3]
     assert "4 (3 ok, 9 inputs embedded, 90 tokens)" in lines[-1]

@@ -1,0 +1,56 @@
+-- Number the batches of a run's documents that have work left (ADR 0010), in one round
+-- trip. Walking the stages in order, a document's first stage not done under its current
+-- spec_hash decides: work if the run executes that stage and the item is not dead there
+-- (a revive counts dead items of its stage as work); no work otherwise, and none when
+-- every stage is done. The batch size grows so that no more than max_map_length batches
+-- result. Returns each batch's number and size.
+UPDATE replayable.run_docs SET batch = NULL
+WHERE dag_id = %(dag_id)s AND run_id = %(run_id)s AND batch IS NOT NULL;
+
+CREATE TEMP TABLE plan_work ON COMMIT DROP AS
+WITH st AS (
+    SELECT *
+    FROM unnest(%(stages)s::text[], %(spec_hashes)s::text[], %(effective)s::bool[],
+                %(revive)s::bool[]) WITH ORDINALITY AS s (stage, spec_hash, effective, revive, ord)
+), cells AS (
+    SELECT r.doc_id, s.ord, s.effective, s.revive,
+           coalesce(c.status = 'done' AND c.spec_hash = s.spec_hash, false) AS done,
+           coalesce(c.status = 'dead' AND c.spec_hash = s.spec_hash, false) AS dead
+    FROM replayable.run_docs r
+    CROSS JOIN st s
+    LEFT JOIN replayable.stage_runs c
+           ON c.stage = s.stage AND c.doc_id = r.doc_id AND c.is_current
+    WHERE r.dag_id = %(dag_id)s AND r.run_id = %(run_id)s
+), first_unsettled AS (
+    SELECT DISTINCT ON (doc_id) doc_id, effective AND NOT (dead AND NOT revive) AS has_work
+    FROM cells
+    WHERE NOT done
+    ORDER BY doc_id, ord
+), numbered AS (
+    SELECT doc_id, row_number() OVER (ORDER BY doc_id) - 1 AS position, count(*) OVER () AS total
+    FROM first_unsettled
+    WHERE has_work
+)
+SELECT doc_id,
+       (position / greatest(%(batch_size)s, ceil(total::numeric / %(max_map_length)s)::int))::int
+           AS batch
+FROM numbered;
+
+ANALYZE plan_work;
+
+UPDATE replayable.run_docs r SET batch = w.batch
+FROM plan_work w
+WHERE r.dag_id = %(dag_id)s AND r.run_id = %(run_id)s AND r.doc_id = w.doc_id;
+
+UPDATE replayable.runs
+SET (to_do, batches) = (
+    SELECT count(*), count(DISTINCT batch) FROM replayable.run_docs
+    WHERE dag_id = %(dag_id)s AND run_id = %(run_id)s AND batch IS NOT NULL)
+WHERE dag_id = %(dag_id)s AND run_id = %(run_id)s;
+
+SELECT batch, count(*) AS size,
+       sum(count(*)) OVER (ORDER BY batch) - count(*) AS first_position
+FROM replayable.run_docs
+WHERE dag_id = %(dag_id)s AND run_id = %(run_id)s AND batch IS NOT NULL
+GROUP BY batch
+ORDER BY batch
