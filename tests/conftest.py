@@ -8,11 +8,13 @@ follow ``REPLAYABLE_DATABASE_URL``; ``REPLAYABLE_TEST_DATABASE_URL`` points them
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -20,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from replayable import db, devenv
+from replayable import db, devenv, sources
 from replayable.provider.server import LocalModelServer
 
 # Airflow reads its home when first imported: keep the tests' own Airflow out of ~/airflow.
@@ -29,6 +31,12 @@ os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
 
 ROOT = Path(__file__).resolve().parents[1]
 TABLES = (
+    "model_call_items",
+    "model_call_counts",
+    "stage_counts",
+    "run_docs",
+    "runs",
+    "file_cache",
     "model_calls",
     "embeddings",
     "doc_chunks",
@@ -39,6 +47,58 @@ TABLES = (
     "run_reports",
     "documents",
 )
+
+
+@pytest.fixture(scope="session", autouse=True)
+def nothing_left_running() -> Iterator[None]:
+    """After the whole session, no process started by a test may still be running.
+
+    Set up first, so torn down last: every fixture that starts a server has stopped it by
+    then. A survivor fails the session (and is killed, so that it cannot outlive CI).
+    """
+    import psutil
+
+    me = psutil.Process()
+    started = time.time()
+    words = ("airflow", "replayable", "postgres", "celery", "redis", "uvicorn", "gunicorn")
+
+    def ours_left() -> list[psutil.Process]:
+        # Our descendants, and orphans started since (re-parented to init when a parent that
+        # was killed left them behind) that belong to the project's services.
+        found = {p.pid: p for p in me.children(recursive=True)}
+        for proc in psutil.process_iter(["ppid", "create_time", "cmdline"]):
+            info = proc.info
+            if (
+                info["ppid"] == 1
+                and (info["create_time"] or 0) >= started
+                and any(w in " ".join(info["cmdline"] or []) for w in words)
+            ):
+                found.setdefault(proc.pid, proc)
+        alive = []
+        for proc in found.values():
+            try:
+                # multiprocessing's forkserver and resource tracker end with this process.
+                helper = any("multiprocessing" in part for part in proc.cmdline())
+                if proc.status() != psutil.STATUS_ZOMBIE and not helper:
+                    alive.append(proc)
+            except psutil.NoSuchProcess:
+                pass
+        return alive
+
+    yield
+    deadline = time.monotonic() + 15
+    left = ours_left()
+    while left and time.monotonic() < deadline:
+        time.sleep(0.2)
+        left = ours_left()
+    if left:
+        names = []
+        for proc in left:
+            with contextlib.suppress(psutil.Error):
+                names.append(" ".join(proc.cmdline()[:3]))
+        for proc in left:
+            devenv.stop_tree(proc.pid, timeout_s=2)
+        pytest.fail(f"processes left running after the tests: {names}")
 
 
 @pytest.fixture(scope="session")
@@ -91,8 +151,12 @@ def conn(dsn: str) -> Iterator[Any]:
 
 
 @pytest.fixture(scope="session")
-def airflow_env(services: devenv.Services, state_dir: Path) -> dict[str, str]:
+def airflow_env(
+    services: devenv.Services, state_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, str]:
     env = devenv.airflow_env(services, state_dir)
+    # The tests' documents live in their temporary folders: allow those as source roots.
+    env[sources.ROOTS_ENV] = str(tmp_path_factory.getbasetemp())
     devenv.migrate_airflow(env)
     return env
 

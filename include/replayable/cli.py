@@ -36,7 +36,9 @@ from replayable.pipeline import rerun_params
 from replayable.settings import STAGES
 
 ENV_DSN = "REPLAYABLE_DATABASE_URL"
+# What a re-run selects (count_rerun_docs shows the same filters without recording a run).
 RERUN_QUERY = "select_rerun_docs"
+RERUN_COUNT = "count_rerun_docs"
 
 # The same values as replayable.params (test_cli checks that they agree); importing params
 # here would load Airflow, which costs seconds on every command.
@@ -111,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
         "status",
         parents=[common],
         help="items per stage by status, model calls, open dead letters",
-        description="Per stage: items by their newest status, progress (done + dead of "
+        description="Per stage: items by their current status, progress (done + dead of "
         "all items), model calls and open dead letters.",
     )
     status.add_argument(
@@ -135,8 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
     failed = sub.add_parser(
         "failed",
         parents=[common],
-        help="items whose newest status is failed",
-        description="Items whose newest status is failed (retryable, under the attempt cap).",
+        help="items whose current status is failed",
+        description="Items whose current status is failed (retryable, under the attempt cap).",
     )
     failed.add_argument("--stage", choices=STAGES)
     failed.add_argument("--error-class", nargs="+", type=_non_empty, metavar="CLASS")
@@ -256,8 +258,8 @@ def _redact(message: str, dsn: str) -> str:
 
 
 def status_data(conn: db.Connection, run_id: str | None) -> dict[str, Any]:
-    """Per stage: items by newest status, open dead letters and model calls; plus totals."""
-    params = {"run_id": run_id}
+    """Per stage: items by current status, open dead letters and model calls; plus totals."""
+    params = {"run_id": run_id, "stages": list(STAGES)}
     items = {row["stage"]: row for row in db.fetch_all(conn, "cli_status_stages", params)}
     calls = {row["stage"]: row for row in db.fetch_all(conn, "cli_status_model_calls", params)}
     dead = {row["stage"]: row for row in db.fetch_all(conn, "cli_status_dead_letters", params)}
@@ -363,10 +365,16 @@ def _sleep_until(deadline: float, interval: float) -> bool:
 def failed_data(
     conn: db.Connection, stage: str | None, error_classes: list[str] | None, limit: int
 ) -> dict[str, Any]:
-    """Items whose newest status is failed, newest first, and how many match in all."""
-    rows = db.fetch_all(
-        conn, "failed_items", {"stage": stage, "error_classes": error_classes, "limit": limit}
-    )
+    """Items whose current status is failed, newest first, and how many match in all."""
+    params = {
+        "stage": stage,
+        "error_classes": error_classes,
+        "limit": limit,
+        "after_updated_at": None,
+        "after_stage": None,
+        "after_doc_id": None,
+    }
+    rows = db.fetch_all(conn, "failed_items", params)
     return {"matched": _matched(rows), "items": rows}
 
 
@@ -406,11 +414,17 @@ def dead_letters_data(
     conn: db.Connection, stage: str | None, status: str, limit: int
 ) -> dict[str, Any]:
     """Dead letters (``status`` "all" for every status), newest first."""
-    rows = db.fetch_all(
-        conn,
-        "list_dead_letters",
-        {"stage": stage, "status": None if status == "all" else status, "limit": limit},
-    )
+    params = {
+        "stage": stage,
+        "status": None if status == "all" else status,
+        "error_classes": None,
+        "since": None,
+        "until": None,
+        "limit": limit,
+        "after_created_at": None,
+        "after_id": None,
+    }
+    rows = db.fetch_all(conn, "list_dead_letters", params)
     return {"matched": _matched(rows), "dead_letters": rows}
 
 
@@ -485,12 +499,12 @@ def rerun_data(conn: db.Connection, conf: dict[str, Any]) -> dict[str, Any]:
     """The conf, the query and its bound values, the count it matches now, the commands."""
     rerun = conf["rerun"]
     params = rerun_params(rerun)
-    matching = len(db.fetch_all(conn, RERUN_QUERY, params))
+    matching = int(db.fetch_all(conn, RERUN_COUNT, params)[0]["matched"])
     text = json.dumps(conf)
     return {
         "conf": conf,
-        "sql_file": f"include/replayable/sql/queries/{RERUN_QUERY}.sql",
-        "sql": db.sql(RERUN_QUERY),
+        "sql_file": f"include/replayable/sql/queries/{RERUN_COUNT}.sql",
+        "sql": db.sql(RERUN_COUNT),
         "params": params,
         "matching_documents": matching,
         # Mirrors PipelineSettings.revives_dead: such a run reopens dead items.

@@ -155,16 +155,35 @@ def _alive(pid: int) -> bool:
 
 
 def _kill_group(pid: int) -> None:
+    stop_tree(pid)
+
+
+def stop_tree(pid: int, timeout_s: float = 10.0) -> None:
+    """Stop ``pid``, its process group and every process it started, however they detached.
+
+    The descendants are listed before any signal is sent: once a parent dies, its children
+    are re-parented to init and can no longer be found from it. SIGTERM first, then SIGKILL
+    for whatever is still there after ``timeout_s``.
+    """
+    import psutil
+
     try:
+        root = psutil.Process(pid)
+        family = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        family = []
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    for _ in range(50):
-        if not _alive(pid):
-            return
-        time.sleep(0.1)
-    with contextlib.suppress(ProcessLookupError):
+    for proc in family:
+        with contextlib.suppress(psutil.Error):
+            proc.terminate()
+    _, alive = psutil.wait_procs(family, timeout=timeout_s)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
+    for proc in alive:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    psutil.wait_procs(alive, timeout=5)
 
 
 def _ensure_schema(services: Services) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -19,7 +18,7 @@ import pytest
 
 import corpus
 from checks import assert_nothing_lost, rows, subset
-from replayable import devenv
+from replayable import devenv, sources
 
 pytestmark = pytest.mark.e2e
 DAG = devenv.DAG_ID
@@ -61,6 +60,7 @@ class Airflow:
 def airflow(services: devenv.Services, state_dir: Path, tmp_path_factory) -> Iterator[Airflow]:
     port = _free_port()
     env = devenv.airflow_env(services, state_dir, api_port=port)
+    env[sources.ROOTS_ENV] = str(tmp_path_factory.getbasetemp())
     devenv.migrate_airflow(env)
     log = tmp_path_factory.mktemp("standalone") / "standalone.log"
     proc = devenv.start_standalone(env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
@@ -79,12 +79,8 @@ def airflow(services: devenv.Services, state_dir: Path, tmp_path_factory) -> Ite
         client.env = env  # type: ignore[attr-defined]
         yield client
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
+        devenv.stop_tree(proc.pid, timeout_s=30)
+        proc.wait(timeout=10)
 
 
 def test_the_api_refuses_anonymous_requests(airflow):
@@ -201,8 +197,9 @@ def test_clearing_a_failed_map_index_redoes_only_its_unfinished_items(
         key
         for (key,) in rows(
             conn,
-            "SELECT DISTINCT item_key FROM replayable.model_calls WHERE run_id = %s"
-            " AND status = 'ok'",
+            "SELECT DISTINCT i.item_key FROM replayable.model_calls m"
+            " JOIN replayable.model_call_items i ON i.call_id = m.id"
+            " WHERE m.run_id = %s AND m.status = 'ok'",
             run_id,
         )
     }

@@ -39,36 +39,53 @@ def test_a_partial_rerun_touches_only_the_selected_documents(run_dag, conn, mode
     first = run_dag({"source": str(folder), "batch_size": 4, "max_bytes": limit})
     assert first["_returncode"] == 0, first["_log"]
     oversize = {
-        doc
-        for (doc,) in rows(
-            conn, "SELECT doc_id FROM replayable.stage_runs WHERE error_class = 'oversize'"
+        uri
+        for (uri,) in rows(
+            conn,
+            "SELECT d.uri FROM replayable.stage_runs s JOIN replayable.documents d"
+            " USING (doc_id) WHERE s.error_class = 'oversize'",
         )
     }
     assert len(oversize) == 2
     calls_before = model.stats()["requests"]
     started = datetime.now(UTC)
 
+    # Too large to read, they were named after their stat; now they fit, they are hashed.
     rerun = {"stage": "extract", "status": ["failed", "dead"], "error_class": ["oversize"]}
     second = run_dag({"rerun": rerun, "max_bytes": 20_000_000, "batch_size": 4})
     assert second["_returncode"] == 0, second["_log"]
     assert second["documents"] == 2
     assert all(second["stages"][s]["done"] == 2 for s in ("extract", "chunk", "embed"))
-    assert changed_docs(conn, started) == oversize
+    by_uri = {
+        uri: doc
+        for doc, uri in rows(conn, "SELECT doc_id, uri FROM replayable.documents WHERE NOT stat_id")
+    }
+    redone = {by_uri[uri] for uri in oversize}
+    assert changed_docs(conn, started) == redone
     called = {
         doc
         for (doc,) in rows(
             conn,
-            "SELECT DISTINCT s.doc_id FROM replayable.model_calls m JOIN replayable.stage_runs s"
-            " ON s.stage = m.stage AND s.item_key = m.item_key WHERE m.run_id = %s",
+            "SELECT DISTINCT s.doc_id FROM replayable.model_calls m"
+            " JOIN replayable.model_call_items i ON i.call_id = m.id"
+            " JOIN replayable.stage_runs s ON s.stage = m.stage AND s.item_key = i.item_key"
+            " WHERE m.run_id = %s",
             second["run_id"],
         )
     }
-    assert called == oversize
+    assert called == redone
     assert model.stats()["requests"] - calls_before == second["model_calls"]["calls"] > 0
     notes = rows(conn, "SELECT status, note FROM replayable.dead_letters")
     assert len(notes) == 2
-    assert all(status == "redriven" and "re-run" in note for status, note in notes)
-    assert_nothing_lost(conn)
+    assert all(status == "redriven" and "fits max_bytes" in note for status, note in notes)
+    # The stat-named documents are history now: no current row counts them as dead.
+    assert (
+        scalar(
+            conn, "SELECT count(*) FROM replayable.stage_runs WHERE is_current AND status = 'dead'"
+        )
+        == 0
+    )
+    assert_nothing_lost(conn, one_version=False)
 
 
 def test_a_code_version_bump_reextracts_and_unchanged_text_costs_no_embedding(
@@ -86,8 +103,13 @@ def test_a_code_version_bump_reextracts_and_unchanged_text_costs_no_embedding(
         "import replayable.stages.extract as extract\nextract.VERSION = '1.1'\n"
     )
     pythonpath = os.pathsep.join([str(bump), run_dag.env["PYTHONPATH"]])
-    second = run_dag({"source": str(folder), "batch_size": 3}, env={"PYTHONPATH": pythonpath})
+    env = {"PYTHONPATH": pythonpath}
+
+    # A re-run selected by code version finds the documents last extracted before 1.1.
+    rerun = {"rerun": {"stage": "extract", "code_version_lt": "1.1"}, "batch_size": 3}
+    second = run_dag(rerun, env=env)
     assert second["_returncode"] == 0, second["_log"]
+    assert second["documents"] == 6
     versions = dict(
         rows(
             conn,
@@ -100,13 +122,11 @@ def test_a_code_version_bump_reextracts_and_unchanged_text_costs_no_embedding(
     assert scalar(conn, "SELECT count(*) FROM replayable.embeddings") == embeddings
     assert all(second["stages"][s]["done"] == 6 for s in ("extract", "chunk", "embed"))
 
-    # A re-run selected by code version finds the documents last extracted before 1.1.
-    third = run_dag(
-        {"rerun": {"stage": "extract", "code_version_lt": "1.1"}, "batch_size": 3},
-        env={"PYTHONPATH": pythonpath},
-    )
-    assert third["documents"] == 6
-    assert third["model_calls"]["calls"] == 0
+    # Now nothing is older than 1.1, and a plain run finds every document done.
+    assert run_dag(rerun, env=env)["documents"] == 0
+    third = run_dag({"source": str(folder), "batch_size": 3}, env=env)
+    assert (third["documents"], third["to_do"], third["batches"]) == (6, 0, 0)
+    assert all(third["stages"][s]["done"] == 6 for s in ("extract", "chunk", "embed"))
     assert_nothing_lost(conn, one_version=False)
 
 

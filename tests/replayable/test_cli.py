@@ -35,18 +35,28 @@ def ledger(conn):
     _insert(
         conn,
         "INSERT INTO replayable.stage_runs (stage, item_key, doc_id, status, attempts,"
-        " error_class, last_error, code_version, config_hash, run_id, updated_at)"
-        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, 'cfg', %s,"
+        " error_class, last_error, code_version, config_hash, run_id, is_current, updated_at)"
+        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, 'cfg', %s, %s,"
         " now() - make_interval(mins => %s))",
         [
-            # A's older extract row failed; its newer one is done and is the one that counts.
-            ("extract", "ea-old", A, "failed", 1, "http_503", "old", "1.0", "r1", 120),
-            ("extract", "ea", A, "done", 1, None, None, "1.1", "r1", 60),
-            ("extract", "eb", B, "failed", 1, "http_503", "503 upstream", "1.1", "r1", 30),
-            ("extract", "ec", C, "dead", 3, "encrypted", "locked", "1.1", "r2", 10),
-            ("chunk", "ca", A, "running", 1, None, None, "1.1", "r1", 5),
-            ("embed", "ma", A, "failed", 2, "http_429", "429 [slow] down", "2.0", "r1", 1),
+            # A's older extract row failed; its newer one is done and is the current one.
+            ("extract", "ea-old", A, "failed", 1, "http_503", "old", "1.0", "r1", False, 120),
+            ("extract", "ea", A, "done", 1, None, None, "1.1", "r1", True, 60),
+            ("extract", "eb", B, "failed", 1, "http_503", "503 upstream", "1.1", "r1", True, 30),
+            ("extract", "ec", C, "dead", 3, "encrypted", "locked", "1.1", "r2", True, 10),
+            ("chunk", "ca", A, "running", 1, None, None, "1.1", "r1", True, 5),
+            ("embed", "ma", A, "failed", 2, "http_429", "429 [slow] down", "2.0", "r1", True, 1),
         ],
+    )
+    _insert(
+        conn,
+        "INSERT INTO replayable.runs (dag_id, run_id, documents) VALUES ('d', %s, %s)",
+        [("r1", 2), ("r2", 1)],
+    )
+    _insert(
+        conn,
+        "INSERT INTO replayable.run_docs (dag_id, run_id, doc_id) VALUES ('d', %s, %s)",
+        [("r1", A), ("r1", B), ("r2", C)],
     )
     _insert(
         conn,
@@ -77,7 +87,7 @@ def by_stage(data):
     return {s["stage"]: s for s in data["stages"]}
 
 
-def test_status_counts_the_newest_row_per_document_and_stage(ledger, dsn, capsys):
+def test_status_counts_the_current_row_per_document_and_stage(ledger, dsn, capsys):
     data = run_json(capsys, dsn, "status")
     stages = by_stage(data)
     assert {k: stages["extract"][k] for k in ("done", "failed", "dead", "total")} == {
@@ -122,7 +132,7 @@ def test_status_watch_gives_up_with_1_after_the_timeout(ledger, dsn, capsys):
     assert "timed out" in captured.err
 
 
-def test_failed_lists_only_items_whose_newest_status_is_failed(ledger, dsn, capsys):
+def test_failed_lists_only_items_whose_current_status_is_failed(ledger, dsn, capsys):
     items = run_json(capsys, dsn, "failed")["items"]
     assert sorted((i["stage"], i["doc_id"]) for i in items) == [("embed", A), ("extract", B)]
     only_429 = run_json(capsys, dsn, "failed", "--error-class", "http_429")["items"]
@@ -164,11 +174,13 @@ def test_rerun_prints_a_valid_conf_the_sql_and_the_matching_count(
     assert "error_class" not in conf["rerun"]
     assert f"make run CONF='{json.dumps(conf)}'" in out
 
-    for line in db.sql("select_rerun_docs").splitlines():
+    for line in db.sql("count_rerun_docs").splitlines():
         assert line.strip() in out
-    matching = select_documents(conn, PipelineSettings(rerun=conf["rerun"]), by="test")
-    assert len(matching) == 3
-    assert "Documents matching now: 3" in out
+    settings = PipelineSettings(rerun=conf["rerun"])
+    matching = select_documents(conn, settings, dag_id="d", run_id="rerun", by="test")
+    # Current state: A's extract failed once under 1.0 but is done under 1.1 now.
+    assert matching == 2
+    assert "Documents matching now: 2" in out
 
 
 def test_rerun_resolves_a_doc_id_prefix_to_the_full_id(ledger, dsn, capsys):

@@ -24,6 +24,7 @@ read queries); a database connection is opened per request and closed after it.
 
 from __future__ import annotations
 
+import base64
 import logging
 from collections.abc import Awaitable, Callable, Iterator
 from datetime import UTC, datetime
@@ -53,6 +54,7 @@ RESOURCE_NAME = "Replayable"
 Stage = Literal["extract", "chunk", "embed"]  # replayable.settings.STAGES; a test checks
 LetterStatus = Literal["open", "redriven", "ignored", "all"]
 Limit = Annotated[int, Query(ge=1, le=500)]
+After = Annotated[str | None, Query(max_length=400, pattern=r"^[A-Za-z0-9_-]+$")]
 
 _OWNER_MAX = 200
 _NOTE_MAX = 2000
@@ -70,7 +72,7 @@ _SECURITY_HEADERS = {
 
 
 class StageSummary(BaseModel):
-    """Items of one stage by their newest status, and its open dead letters."""
+    """Items of one stage by their current status, and its open dead letters."""
 
     stage: str
     pending: int = 0
@@ -90,7 +92,7 @@ class Summary(BaseModel):
 
 
 class FailedItem(BaseModel):
-    """An item whose newest status in a stage is failed."""
+    """An item whose current status in a stage is failed."""
 
     stage: str
     item_key: str
@@ -103,14 +105,19 @@ class FailedItem(BaseModel):
     dag_id: str | None
     run_id: str | None
     map_index: int | None
+    try_number: int | None = None
     updated_at: datetime
 
 
 class FailedList(BaseModel):
-    """Failed items, newest first; ``matched`` counts them all, ``items`` up to the limit."""
+    """Failed items, newest first; ``matched`` counts them all, ``items`` up to the limit.
+
+    ``next_after`` is the keyset cursor of the next page (pass it as ``after``), if any.
+    """
 
     matched: int
     items: list[FailedItem]
+    next_after: str | None = None
 
 
 class DeadLetter(BaseModel):
@@ -139,18 +146,19 @@ class DeadLetter(BaseModel):
 
 
 class DeadLetterList(BaseModel):
-    """Dead letters, newest first; ``matched`` counts them all."""
+    """Dead letters, newest first; ``matched`` counts them all; ``next_after`` pages on."""
 
     matched: int
     dead_letters: list[DeadLetter]
+    next_after: str | None = None
 
 
 # ---- queries -----------------------------------------------------------------------------
 
 
 def summary(conn: db.Connection) -> Summary:
-    """Items per stage by newest status (the CLI's ``status`` queries), open dead letters."""
-    params = {"run_id": None}
+    """Items per stage by current status (the CLI's ``status`` queries), open dead letters."""
+    params = {"run_id": None, "stages": list(STAGES)}
     counts = {row["stage"]: row for row in db.fetch_all(conn, "cli_status_stages", params)}
     dead = {row["stage"]: row for row in db.fetch_all(conn, "cli_status_dead_letters", params)}
     stages = [
@@ -164,26 +172,83 @@ def summary(conn: db.Connection) -> Summary:
 
 
 def failed_items(
-    conn: db.Connection, stage: str | None, error_classes: list[str] | None, limit: int
+    conn: db.Connection,
+    stage: str | None,
+    error_classes: list[str] | None,
+    limit: int,
+    after: str | None = None,
 ) -> FailedList:
-    """Items whose newest status is failed, newest first."""
+    """Items whose current status is failed, newest first, one keyset page at a time."""
+    at, after_stage, after_doc = _cursor(after, 3) if after else (None, None, None)
     rows = db.fetch_all(
-        conn, "failed_items", {"stage": stage, "error_classes": error_classes, "limit": limit}
+        conn,
+        "failed_items",
+        {
+            "stage": stage,
+            "error_classes": error_classes,
+            "limit": limit,
+            "after_updated_at": at,
+            "after_stage": after_stage,
+            "after_doc_id": after_doc,
+        },
     )
-    return FailedList(matched=_matched(rows), items=[FailedItem(**row) for row in rows])
+    matched = _matched(rows)
+    items = [FailedItem(**row) for row in rows]
+    last = items[-1] if len(items) == limit else None
+    next_after = None
+    if last is not None:
+        next_after = _make_cursor(last.updated_at.isoformat(), last.stage, last.doc_id)
+    return FailedList(matched=matched, items=items, next_after=next_after)
 
 
 def dead_letters(
-    conn: db.Connection, stage: str | None, letter_status: str, limit: int
+    conn: db.Connection,
+    stage: str | None,
+    letter_status: str,
+    limit: int,
+    after: str | None = None,
+    *,
+    error_classes: list[str] | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
 ) -> DeadLetterList:
-    """Dead letters with ``letter_status`` ("all" for any), newest first."""
+    """Dead letters with ``letter_status`` ("all" for any), newest first, one page at a time."""
+    at, after_id = _cursor(after, 2) if after else (None, None)
     params = {
         "stage": stage,
         "status": None if letter_status == "all" else letter_status,
+        "error_classes": error_classes,
+        "since": since,
+        "until": until,
         "limit": limit,
+        "after_created_at": at,
+        "after_id": int(after_id) if after_id is not None else None,
     }
     rows = db.fetch_all(conn, "list_dead_letters", params)
-    return DeadLetterList(matched=_matched(rows), dead_letters=[DeadLetter(**r) for r in rows])
+    matched = _matched(rows)
+    letters = [DeadLetter(**r) for r in rows]
+    last = letters[-1] if len(letters) == limit else None
+    next_after = _make_cursor(last.created_at.isoformat(), str(last.id)) if last else None
+    return DeadLetterList(matched=matched, dead_letters=letters, next_after=next_after)
+
+
+def _make_cursor(*parts: str) -> str:
+    return base64.urlsafe_b64encode("\x00".join(parts).encode()).decode().rstrip("=")
+
+
+def _cursor(value: str, parts: int) -> tuple[str, ...]:
+    """Decode a keyset cursor made by :func:`_make_cursor`; 400 if it is not one."""
+    try:
+        padded = value + "=" * (-len(value) % 4)
+        fields = tuple(base64.urlsafe_b64decode(padded.encode()).decode().split("\x00"))
+        if len(fields) != parts:
+            raise ValueError(f"expected {parts} fields")
+        datetime.fromisoformat(fields[0])
+        if parts == 2:
+            int(fields[1])
+    except ValueError as err:
+        raise HTTPException(HTTPStatus.BAD_REQUEST, f"after: not a page cursor ({err})") from err
+    return fields
 
 
 def change_open_letter(conn: db.Connection, query: str, params: dict[str, Any]) -> None:
@@ -325,7 +390,7 @@ router = APIRouter()
 
 @router.get("/", response_class=HTMLResponse)
 def overview_page(conn: ReadConn) -> HTMLResponse:
-    """Per stage, items by newest status; open dead letters."""
+    """Per stage, items by current status; open dead letters."""
     return _page("overview.html", summary=summary(conn))
 
 
@@ -335,12 +400,13 @@ def failed_page(
     stage: StageFilter = None,
     error_class: ErrorClasses = None,
     limit: Limit = 100,
+    after: After = None,
 ) -> HTMLResponse:
-    """Items whose newest status is failed, filtered by stage and error class."""
+    """Items whose current status is failed, filtered by stage and error class."""
     classes = _error_classes(error_class)
-    data = failed_items(conn, stage, classes, limit)
+    data = failed_items(conn, stage, classes, limit, after)
     filters = {"stage": stage, "error_class": ", ".join(classes or []), "limit": limit}
-    return _page("failed.html", data=data, filters=filters)
+    return _page("failed.html", data=data, filters=filters, next_query=_next(filters, data))
 
 
 @router.get("/dead-letters", response_class=HTMLResponse)
@@ -349,11 +415,20 @@ def dead_letters_page(
     stage: StageFilter = None,
     status: LetterStatus = "open",
     limit: Limit = 100,
+    after: After = None,
 ) -> HTMLResponse:
     """The dead-letter queue (open letters unless asked otherwise), each row expandable."""
-    data = dead_letters(conn, stage, status, limit)
+    data = dead_letters(conn, stage, status, limit, after)
     filters = {"stage": stage, "status": status, "limit": limit}
-    return _page("dead_letters.html", data=data, filters=filters)
+    return _page("dead_letters.html", data=data, filters=filters, next_query=_next(filters, data))
+
+
+def _next(filters: dict[str, Any], data: FailedList | DeadLetterList) -> str | None:
+    """The query string of the next page: the same filters and the cursor."""
+    if data.next_after is None:
+        return None
+    kept = {k: v for k, v in filters.items() if v not in (None, "")}
+    return urlencode({**kept, "after": data.next_after})
 
 
 def _back_to_list(stage: str | None, letter_status: str, limit: int) -> RedirectResponse:
@@ -414,9 +489,10 @@ def failed_api(
     stage: StageFilter = None,
     error_class: ErrorClasses = None,
     limit: Limit = 100,
+    after: After = None,
 ) -> FailedList:
-    """The failed list as JSON."""
-    return failed_items(conn, stage, _error_classes(error_class), limit)
+    """The failed list as JSON; ``next_after`` is the cursor of the next page."""
+    return failed_items(conn, stage, _error_classes(error_class), limit, after)
 
 
 @router.get("/api/dead-letters")
@@ -425,9 +501,10 @@ def dead_letters_api(
     stage: StageFilter = None,
     status: LetterStatus = "open",
     limit: Limit = 100,
+    after: After = None,
 ) -> DeadLetterList:
-    """The dead-letter list as JSON, with full errors and tracebacks."""
-    return dead_letters(conn, stage, status, limit)
+    """The dead-letter list as JSON, with full errors and tracebacks, a page at a time."""
+    return dead_letters(conn, stage, status, limit, after)
 
 
 async def _schema_missing(request: Request, exc: Exception) -> Response:

@@ -75,18 +75,32 @@ def ledger(conn: Any) -> dict[str, int]:
     _insert(
         conn,
         "INSERT INTO replayable.stage_runs (stage, item_key, doc_id, status, attempts,"
-        " error_class, last_error, code_version, config_hash, run_id, map_index, updated_at)"
-        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, 'cfg', %s, %s,"
+        " error_class, last_error, code_version, config_hash, run_id, map_index, is_current,"
+        " updated_at)"
+        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, 'cfg', %s, %s, %s,"
         " now() - make_interval(mins => %s))",
         [
-            # A's older extract row failed; its newer one is done and is the one that counts.
-            ("extract", "ea-old", A, "failed", 1, "http_503", "superseded", "1.0", "r1", 0, 120),
-            ("extract", "ea", A, "done", 1, None, None, "1.1", "r1", 0, 60),
-            ("extract", "eb", B, "failed", 1, "http_503", HOSTILE, "1.1", "r1", 1, 30),
-            ("extract", "ec", C, "dead", 3, "encrypted", "locked", "1.1", "r2", 0, 10),
-            ("extract", "ed", D, "pending", 0, None, None, "1.1", "r2", 1, 10),
-            ("chunk", "ca", A, "running", 1, None, None, "1.1", "r1", 0, 5),
-            ("embed", "ma", A, "failed", 2, "http_429", "429 slow down", "2.0", "r1", 3, 1),
+            # A's older extract row failed; its newer one is done and is the current one.
+            (
+                "extract",
+                "ea-old",
+                A,
+                "failed",
+                1,
+                "http_503",
+                "superseded",
+                "1.0",
+                "r1",
+                0,
+                False,
+                120,
+            ),
+            ("extract", "ea", A, "done", 1, None, None, "1.1", "r1", 0, True, 60),
+            ("extract", "eb", B, "failed", 1, "http_503", HOSTILE, "1.1", "r1", 1, True, 30),
+            ("extract", "ec", C, "dead", 3, "encrypted", "locked", "1.1", "r2", 0, True, 10),
+            ("extract", "ed", D, "pending", 0, None, None, "1.1", "r2", 1, True, 10),
+            ("chunk", "ca", A, "running", 1, None, None, "1.1", "r1", 0, True, 5),
+            ("embed", "ma", A, "failed", 2, "http_429", "429 slow down", "2.0", "r1", 3, True, 1),
         ],
     )
     with conn.cursor() as cur:
@@ -177,7 +191,7 @@ def test_a_user_without_a_role_is_forbidden(app: FastAPI, ledger: dict[str, int]
     assert posted.status_code == 403
 
 
-def test_overview_counts_items_by_newest_status_per_stage(
+def test_overview_counts_items_by_current_status_per_stage(
     client: TestClient, ledger: dict[str, int]
 ) -> None:
     data = client.get("/replayable/api/summary").json()
@@ -202,7 +216,7 @@ def test_overview_counts_items_by_newest_status_per_stage(
     assert "failed?stage=extract" in page.text and "dead-letters?stage=embed" in page.text
 
 
-def test_failed_list_shows_only_items_whose_newest_status_is_failed(
+def test_failed_list_shows_only_items_whose_current_status_is_failed(
     client: TestClient, ledger: dict[str, int]
 ) -> None:
     data = client.get("/replayable/api/failed").json()
@@ -257,7 +271,7 @@ def test_dead_letter_list_filters_by_status_and_stage(
     redriven = client.get("/replayable/api/dead-letters?status=redriven&stage=embed").json()
     assert [d["id"] for d in redriven["dead_letters"]] == [ledger["redriven"]]
     none = client.get("/replayable/api/dead-letters?status=ignored").json()
-    assert none == {"matched": 0, "dead_letters": []}
+    assert none == {"matched": 0, "dead_letters": [], "next_after": None}
 
 
 def test_hostile_values_are_escaped_in_every_page(
@@ -428,7 +442,7 @@ def test_json_api_shapes(client: TestClient, ledger: dict[str, int]) -> None:
     summary = client.get("/replayable/api/summary").json()
     assert set(summary) == {"stages", "open_dead_letters"}
     failed = client.get("/replayable/api/failed").json()
-    assert set(failed) == {"matched", "items"}
+    assert set(failed) == {"matched", "items", "next_after"}
     assert set(failed["items"][0]) == {
         "stage",
         "item_key",
@@ -441,10 +455,11 @@ def test_json_api_shapes(client: TestClient, ledger: dict[str, int]) -> None:
         "dag_id",
         "run_id",
         "map_index",
+        "try_number",
         "updated_at",
     }
     letters = client.get("/replayable/api/dead-letters").json()
-    assert set(letters) == {"matched", "dead_letters"}
+    assert set(letters) == {"matched", "dead_letters", "next_after"}
     letter = letters["dead_letters"][-1]
     assert letter["error"] == HOSTILE and letter["traceback"] == HOSTILE  # JSON is not HTML
     assert {"id", "owner", "note", "status", "run_id", "map_index", "resolved_by"} <= set(letter)
@@ -504,3 +519,37 @@ def test_the_plugin_mounts_the_app_at_replayable_with_a_browse_view() -> None:
     assert (parsed.destination, parsed.category) == ("nav", "browse")
     # The plugin's app is as protected as the one the tests build.
     assert TestClient(_mounted(entry["app"])).get("/replayable/").status_code == 401
+
+
+def test_pages_follow_a_keyset_cursor_to_the_end(
+    client: TestClient, ledger: dict[str, int]
+) -> None:
+    """Each page's next_after leads to the next rows; no row repeats and none is skipped."""
+    seen: list[int] = []
+    after = None
+    while True:
+        query = "status=all&limit=1" + (f"&after={after}" if after else "")
+        page = client.get(f"/replayable/api/dead-letters?{query}").json()
+        seen += [d["id"] for d in page["dead_letters"]]
+        after = page["next_after"]
+        if after is None:
+            break
+    assert sorted(seen) == sorted(ledger.values()) and len(seen) == 3
+    failed_ids = []
+    after = None
+    while True:
+        page = client.get(
+            "/replayable/api/failed?limit=1" + (f"&after={after}" if after else "")
+        ).json()
+        failed_ids += [(i["stage"], i["doc_id"]) for i in page["items"]]
+        after = page["next_after"]
+        if after is None:
+            break
+    assert sorted(failed_ids) == [("embed", A), ("extract", B)]
+    html_page = client.get("/replayable/dead-letters?status=all&limit=1").text
+    assert "Next page" in html_page
+
+
+def test_a_bad_cursor_is_refused_naming_it(client: TestClient, ledger: dict[str, int]) -> None:
+    response = client.get("/replayable/api/dead-letters?after=bm90LWEtY3Vyc29y")
+    assert response.status_code == 400 and "after" in response.text
