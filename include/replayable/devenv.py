@@ -366,6 +366,97 @@ def wait_until_up(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 30
     return False
 
 
+class AirflowProcesses:
+    """Airflow's components as separate local processes, each in its own process group.
+
+    Unlike ``airflow standalone``, any component can be killed or restarted on its own (as a
+    deploy does), and the executor is the environment's (LocalExecutor by default). Use as a
+    context manager; every process it started is stopped on the way out, with its children.
+
+    :param env: the Airflow environment (see :func:`airflow_env`).
+    :param log_dir: where each component writes ``<name>.log``.
+    :param components: ``airflow`` subcommands to run, e.g. ``("scheduler", "dag-processor",
+        "api-server")``; a component given as ``"celery worker"`` runs ``airflow celery worker``.
+    """
+
+    DEFAULT = ("api-server", "scheduler", "dag-processor")
+
+    def __init__(
+        self,
+        env: dict[str, str],
+        log_dir: Path,
+        components: tuple[str, ...] = DEFAULT,
+    ) -> None:
+        self.env = env
+        self.log_dir = log_dir
+        self.components = components
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.url = env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"].removesuffix("/execution/")
+
+    def __enter__(self) -> AirflowProcesses:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        migrate_airflow(self.env)
+        try:
+            for name in self.components:
+                self.start(name)
+            if "api-server" in self.components and not self.wait_until_up():
+                raise RuntimeError(f"the API server did not come up; see {self.log_dir}")
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self, name: str, *, label: str | None = None) -> subprocess.Popen[bytes]:
+        """Start ``airflow <name>`` (``label`` names it when one component runs twice)."""
+        airflow = str(Path(sys.executable).with_name("airflow"))
+        key = label or name
+        with open(self.log_dir / f"{key.replace(' ', '-')}.log", "ab") as log:
+            proc = subprocess.Popen(
+                [airflow, *name.split()],
+                env={**os.environ, **self.env},
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self.procs[key] = proc
+        return proc
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        """Send ``sig`` to one component's whole process group (SIGKILL: a crash)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.procs[name].pid, sig)
+
+    def restart(self, name: str) -> None:
+        """Stop one component (SIGTERM, then SIGKILL) and start it again, as a deploy does."""
+        stop_tree(self.procs[name].pid, timeout_s=30)
+        self.procs[name].wait(timeout=10)
+        self.start(name.split("#")[0], label=name)
+
+    def wait_until_up(self, timeout_s: float = 180) -> bool:
+        return wait_until_up(self.url, self.procs["api-server"], timeout_s)
+
+    def token(self, username: str = "admin") -> str:
+        """A JWT for ``username``, whose password the API server generated."""
+        passwords = Path(self.env["AIRFLOW_HOME"]) / "simple_auth_manager_passwords.json.generated"
+        password = json.loads(passwords.read_text())[username]
+        response = httpx.post(
+            f"{self.url}/auth/token", json={"username": username, "password": password}
+        )
+        response.raise_for_status()
+        return str(response.json()["access_token"])
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            stop_tree(proc.pid, timeout_s=15)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=10)
+        self.procs.clear()
+
+
 def admin_password(env: dict[str, str]) -> str | None:
     """The password ``airflow standalone`` generated for its admin user, once it exists."""
     passwords = Path(env["AIRFLOW_HOME"]) / "simple_auth_manager_passwords.json.generated"
