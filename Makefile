@@ -7,7 +7,7 @@ DEVENV := PYTHONPATH=include $(PY) -m replayable.devenv --state $(STATE)
 CONF   ?= {}
 PYTEST_ARGS ?=
 
-.PHONY: install run demo test lint bench airflow start stop status corpus clean
+.PHONY: install run demo test lint bench bench-smoke airflow start stop status corpus clean
 
 # The venv is rebuilt only when a requirements file changed since the last install.
 $(VENV)/.installed: requirements.txt requirements-dev.txt
@@ -43,8 +43,13 @@ lint: install
 	$(VENV)/bin/ruff format --check .
 	MYPYPATH=include $(VENV)/bin/mypy
 
+# Every figure at full size (about 25 minutes on 2 cores); results in bench/results/.
 bench: install
 	PYTHONPATH=include $(PY) bench/run.py
+
+# Every benchmark at a reduced size, checking counts, never times (make test runs it too).
+bench-smoke: install
+	PYTHONPATH=include $(PY) bench/run.py --smoke
 
 # Airflow's UI and scheduler on http://127.0.0.1:8080 against the embedded Postgres.
 airflow: install

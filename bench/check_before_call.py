@@ -29,13 +29,15 @@ from harness import (
     truncate,
 )
 
+from replayable.budget import RequestBudget
 from replayable.ledger import RunContext
 from replayable.runner import BatchResult, StageSpec, run_batch
-from replayable.settings import PipelineSettings
+from replayable.settings import DEFAULT_MAX_IN_FLIGHT, DEFAULT_MODEL, PipelineSettings
 from replayable.specs import ChunkSpec, EmbedSpec
 from replayable.stages import extract
 from replayable.stages.embed import HttpEmbeddingClient
 
+MODEL = DEFAULT_MODEL
 DOCS = 200
 SENTENCES = 60  # about 5.6 kB of text: 8 chunks per document at the default 800/100
 SMALL_BATCH = 20
@@ -54,7 +56,7 @@ def _run(
         lambda: run_batch(
             spec,
             doc_ids,
-            connect=counter.connect,
+            connect=counter.database,
             ctx=RunContext(owner="bench", run_id=run_id),
         )
     )
@@ -70,7 +72,7 @@ def _expect(result: BatchResult, doc_ids: Sequence[str], *, processed: int) -> N
         )
 
 
-def run(repeats: int = REPEATS) -> tuple[list[Row], dict[str, Any]]:
+def run(repeats: int = REPEATS, docs: int = DOCS) -> tuple[list[Row], dict[str, Any]]:
     """Measure first runs and re-runs of the chunk and embed stages."""
     settings = PipelineSettings()
     chunk_config = settings.chunk_config
@@ -80,16 +82,19 @@ def run(repeats: int = REPEATS) -> tuple[list[Row], dict[str, Any]]:
     statements: dict[tuple[str, str], int] = {}
     with services() as svc:
         svc.model.set_faults(latency_ms=LATENCY_MS)
-        doc_ids = seed_documents(svc.dsn, DOCS, SENTENCES, extractor_version=extract.VERSION)
+        doc_ids = seed_documents(svc.dsn, docs, SENTENCES, extractor_version=extract.VERSION)
         counter = StatementCounter(svc.dsn)
-        client = HttpEmbeddingClient(base_url=svc.model.base_url, model=settings.model)
+        client = HttpEmbeddingClient(base_url=svc.model.base_url, model=MODEL)
         specs: dict[str, StageSpec] = {
-            "chunk": ChunkSpec(config=chunk_config),
+            "chunk": ChunkSpec(config=chunk_config, connect=counter.database),
             "embed": EmbedSpec(
                 provider=client,
-                model=settings.model,
+                model=MODEL,
                 chunker_key=chunk_config.key,
+                connect=counter.database,
+                budget=RequestBudget(svc.model.base_url, DEFAULT_MAX_IN_FLIGHT),
                 inputs_per_call=settings.embed_inputs_per_call,
+                max_in_flight=DEFAULT_MAX_IN_FLIGHT,
             ),
         }
         try:
@@ -98,7 +103,7 @@ def run(repeats: int = REPEATS) -> tuple[list[Row], dict[str, Any]]:
                 for stage, which in runs:
                     svc.model.reset_stats()
                     seconds, result, sent = _run(specs[stage], doc_ids, counter, f"{r}-{which}")
-                    _expect(result, doc_ids, processed=DOCS if which == "first" else 0)
+                    _expect(result, doc_ids, processed=docs if which == "first" else 0)
                     times[stage, which].append(seconds)
                     statements[stage, which] = sent
                     if stage == "embed":
@@ -115,14 +120,16 @@ def run(repeats: int = REPEATS) -> tuple[list[Row], dict[str, Any]]:
     c = {which: Samples(tuple(v), unit="calls") for which, v in calls.items()}
     rows = [
         Row(
-            f"chunk: re-run vs first run ({DOCS} docs)",
+            "B2.chunk",
+            f"chunk: re-run vs first run ({docs} docs)",
             "first run",
             t["chunk", "first"],
             "re-run",
             t["chunk", "rerun"],
         ),
         Row(
-            f"embed: re-run vs first run ({DOCS} docs)",
+            "B2",
+            f"embed: re-run vs first run ({docs} docs)",
             "first run",
             t["embed", "first"],
             "re-run",
@@ -130,6 +137,7 @@ def run(repeats: int = REPEATS) -> tuple[list[Row], dict[str, Any]]:
             EMBED_TARGET,
         ),
         Row(
+            "B2.calls",
             "embed: model calls on re-run",
             "first run",
             c["first"],
@@ -139,30 +147,31 @@ def run(repeats: int = REPEATS) -> tuple[list[Row], dict[str, Any]]:
             target_on="measured",
         ),
         Row(
+            "B2.stmts",
             "embed: statements per re-run batch",
             f"{SMALL_BATCH} docs",
             Samples((small,), unit="stmts"),
-            f"{DOCS} docs",
+            f"{docs} docs",
             Samples((large,), unit="stmts"),
             notes=["O(1) per batch: a ratio of 1.00 means the count does not grow with the batch"],
         ),
     ]
     details: dict[str, Any] = {
-        "documents": DOCS,
+        "documents": docs,
         "chunks": chunks,
         "latency_ms": LATENCY_MS,
         "inputs_per_call": settings.embed_inputs_per_call,
         "statements_last_repeat": {f"{st}_{w}": n for (st, w), n in statements.items()},
-        "rerun_statements": {f"{SMALL_BATCH}_docs": small, f"{DOCS}_docs": large},
+        "rerun_statements": {f"{SMALL_BATCH}_docs": small, f"{docs}_docs": large},
         "pg_stat_statements": server_counted,
         "notes": [
-            f"{DOCS} documents, {chunks} chunks; embed: {settings.embed_inputs_per_call} inputs "
+            f"{docs} documents, {chunks} chunks; embed: {settings.embed_inputs_per_call} inputs "
             f"per call, {LATENCY_MS} ms injected latency per call",
             "items processed on re-run: 0 for both stages (checked)",
             "statements sent (last repeat): "
             + "; ".join(f"{st} {w} {n}" for (st, w), n in statements.items()),
             (
-                f"pg_stat_statements: {server_counted} statements on a {DOCS}-doc re-run"
+                f"pg_stat_statements: {server_counted} statements on a {docs}-doc re-run"
                 if isinstance(server_counted, int)
                 else f"pg_stat_statements {server_counted}; statements are counted client-side "
                 "instead: each cursor.execute on run_batch's connections is one"

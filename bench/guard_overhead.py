@@ -149,6 +149,7 @@ def run(repeats: int = REPEATS, documents: int = DOCUMENTS) -> tuple[list[Row], 
     pages = sum(e.page_count for e in expected)
     rows = [
         Row(
+            "B6",
             "guard: pooled on all cores, warm",
             f"{len(paths)} PDFs, ProcessPoolExecutor({cores})",
             plain,
@@ -157,6 +158,7 @@ def run(repeats: int = REPEATS, documents: int = DOCUMENTS) -> tuple[list[Row], 
             POOL_TARGET,
         ),
         Row(
+            "B6.fresh",
             "guard: fresh process per item (per item)",
             f"per item, ProcessPoolExecutor({cores})",
             per_item["unguarded_pool"],

@@ -24,6 +24,8 @@ from replayable import db, devenv
 from replayable.keys import sha256_bytes
 from replayable.provider.server import LocalModelServer
 
+ROOT = Path(__file__).resolve().parents[1]
+
 # Everything a stage writes; documents and extractions (the inputs) are kept.
 STAGE_TABLES = (
     "model_calls",
@@ -106,17 +108,25 @@ class Target:
     at_most: float | None = None
     equals: float | None = None
 
+    at_least: float | None = None
+    below: float | None = None
+
     def met(self, value: float) -> bool:
         if self.equals is not None:
             return value == self.equals
+        if self.at_least is not None:
+            return value >= self.at_least
+        if self.below is not None:
+            return value < self.below
         assert self.at_most is not None
         return value <= self.at_most
 
 
 @dataclass
 class Row:
-    """One line of the final table."""
+    """One line of the final table; ``fig`` is the figure's id (B1…B9, or Bn.x for context)."""
 
+    fig: str
     benchmark: str
     baseline_label: str
     baseline: Samples
@@ -140,15 +150,22 @@ class Row:
         value = self.ratio if self.target_on == "ratio" else self.measured.median
         return value is not None and self.target.met(value)
 
+    @property
+    def value(self) -> float | None:
+        """The figure the target applies to: the ratio, or the measured value itself."""
+        return self.ratio if self.target_on == "ratio" else self.measured.median
+
     def to_json(self) -> dict[str, Any]:
         return {
+            "id": self.fig,
+            "value": self.value,
+            "target": None if self.target is None else self.target.text,
+            "pass": self.passed,
             "benchmark": self.benchmark,
             "baseline": {"label": self.baseline_label, **self.baseline.to_json()},
             "measured": {"label": self.measured_label, **self.measured.to_json()},
             "ratio": self.ratio,
-            "target": None if self.target is None else self.target.text,
             "target_on": self.target_on,
-            "passed": self.passed,
             "notes": self.notes,
         }
 
@@ -196,6 +213,33 @@ def truncate(dsn: str, tables: tuple[str, ...]) -> None:
 
 # --- synthetic documents ------------------------------------------------------------
 
+CORPUS_SCRIPT = Path(__file__).resolve().parents[1] / "tests" / "corpus.py"
+
+
+@cache
+def corpus() -> Any:
+    """The PDF corpus generator of tests/ (tests/corpus.py), which is not a package."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("replayable_bench_corpus", CORPUS_SCRIPT)
+    if spec is None or spec.loader is None:
+        raise BenchError(f"cannot load the corpus generator {CORPUS_SCRIPT}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def pdf_corpus(n: int, *, seed: int = 11) -> Path:
+    """``n`` generated PDFs, made once per machine under ``.local/bench-corpus`` and reused."""
+    folder = Path(__file__).resolve().parents[1] / ".local" / "bench-corpus" / f"{n}-{seed}"
+    done = folder / ".complete"
+    if not done.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        corpus().write_sample_corpus(folder, n=n, seed=seed)
+        done.write_text("ok\n")
+    return folder
+
+
 _WORDS = (
     *("harbour", "ledger", "cargo", "tide", "manifest", "quay", "berth", "vessel", "crane"),
     *("pallet", "invoice", "customs", "pilot", "anchor", "draught", "tonnage", "freight"),
@@ -216,7 +260,7 @@ def synthetic_text(doc: int, sentences: int) -> str:
 def seed_documents(dsn: str, n: int, sentences: int, *, extractor_version: str) -> list[str]:
     """Insert ``n`` documents with extracted text, as the extract stage would leave them."""
     conn = db.connect(dsn)
-    ids = []
+    ids: list[str] = []
     try:
         texts = [synthetic_text(i, sentences) for i in range(n)]
         doc_ids = [sha256_bytes(t.encode()) for t in texts]
@@ -228,19 +272,15 @@ def seed_documents(dsn: str, n: int, sentences: int, *, extractor_version: str) 
                 for i, (d, t) in enumerate(zip(doc_ids, texts, strict=True))
             ],
         )
-        for doc_id, text in zip(doc_ids, texts, strict=True):
-            db.execute(
-                conn,
-                "insert_extraction",
-                {
-                    "doc_id": doc_id,
-                    "extractor_version": extractor_version,
-                    "page_count": 1,
-                    "text": text,
-                    "text_sha256": sha256_bytes(text.encode()),
-                },
-            )
-            ids.append(doc_id)
+        db.execute_values(
+            conn,
+            "insert_extraction",
+            [
+                (doc_id, extractor_version, 1, text, sha256_bytes(text.encode()), 0)
+                for doc_id, text in zip(doc_ids, texts, strict=True)
+            ],
+        )
+        ids = list(doc_ids)
         conn.commit()
     finally:
         conn.close()
@@ -293,6 +333,10 @@ class StatementCounter:
     def __init__(self, dsn: str) -> None:
         self.dsn = dsn
         self._opened: list[CountingConnection] = []
+
+    def database(self) -> db.Database:
+        """A :class:`replayable.db.Database` whose connections count their statements."""
+        return db.Database(self.dsn, connector=self.connect)
 
     def connect(self) -> Any:
         conn = psycopg2.connect(

@@ -1,9 +1,13 @@
 """Replayable's benchmarks: every figure is a ratio against a baseline from the same run.
 
-``make bench`` runs this file (``PYTHONPATH=include .venv/bin/python bench/run.py``).
-Each benchmark starts what it needs under a temporary folder and stops it before the next
-one begins. The results are printed as a table and written to ``.local/bench.json``; the
-exit status is 1 when a target is missed, naming it, and 0 otherwise. See bench/README.md.
+``make bench`` runs this file at full size and writes ``bench/results/latest.json`` (each
+figure with its ``id``, ``value``, ``target`` and ``pass``), ``latest.md`` (the table the
+README shows) and ``latest.png`` (a chart of each figure against its target). ``make
+bench-smoke`` runs every benchmark at a reduced size, checks that it runs and that its
+counts are right (calls, round trips, 429s), never its times, and writes
+``.local/bench-smoke.json``. Each benchmark starts what it needs under a temporary folder
+and stops it before the next one begins. The exit status is 1 when a checked target is
+missed, naming it. See bench/README.md.
 """
 
 from __future__ import annotations
@@ -19,19 +23,29 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import batching
+import bookkeeping
 import check_before_call
 import guard_overhead
+import ledger_reads
+import memory
+import saturation
+import scheduler
 from harness import Row
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / ".local" / "bench.json"
+RESULTS = ROOT / "bench" / "results"
+SMOKE_RESULTS = ROOT / ".local" / "bench-smoke.json"
 
-Benchmark = Callable[[], tuple[list[Row], dict[str, Any]]]
-BENCHMARKS: dict[str, Benchmark] = {
-    "check-before-call": check_before_call.run,
-    "guard-overhead": guard_overhead.run,
-    "batching": batching.run,
+Benchmark = Callable[..., tuple[list[Row], dict[str, Any]]]
+# name: (function, full-size arguments, smoke-size arguments)
+BENCHMARKS: dict[str, tuple[Benchmark, dict[str, Any], dict[str, Any]]] = {
+    "scheduler": (scheduler.run, {}, {"documents": 24, "per_doc_documents": 6}),
+    "check-before-call": (check_before_call.run, {}, {"repeats": 1, "docs": 24}),
+    "bookkeeping": (bookkeeping.run, {}, {"repeats": 1, "batch": 50}),
+    "saturation": (saturation.run, {}, {"repeats": 1, "docs": 40}),
+    "guard-overhead": (guard_overhead.run, {}, {"repeats": 1, "documents": 16}),
+    "ledger-reads": (ledger_reads.run, {}, {"repeats": 1, "documents": 20_000, "letters": 1000}),
+    "memory": (memory.run, {}, {"documents": 4, "big": 2 * 2**20, "small": 20 * 2**10}),
 }
 
 
@@ -42,46 +56,95 @@ def _ratio(row: Row) -> str:
     return f"{ratio:.3f}" if ratio < 0.1 else f"{ratio:.2f}"
 
 
-def _verdict(row: Row) -> str:
-    return {None: "info", True: "pass", False: "FAIL"}[row.passed]
+def _value(row: Row) -> str:
+    value = row.value
+    if value is None:
+        return "—"
+    if row.target_on == "measured" and row.measured.unit == "s":
+        return f"{value * 1000:.1f} ms"
+    return f"{value:.3f}" if abs(value) < 0.1 else f"{value:.2f}"
 
 
-def _print_section(name: str, rows: list[Row], details: dict[str, Any]) -> None:
+COUNTS = frozenset({"calls", "round trips", "429s", "stmts"})
+
+
+def _checked(row: Row, smoke: bool) -> bool:
+    """Whether the row's target decides the exit status: in a smoke run, only counts do."""
+    return row.target is not None and (not smoke or row.measured.unit in COUNTS)
+
+
+def _verdict(row: Row, smoke: bool) -> str:
+    if row.passed is None:
+        return "info"
+    if not _checked(row, smoke):
+        return "(not checked in a smoke run)"
+    return "pass" if row.passed else "FAIL"
+
+
+def _print_section(name: str, rows: list[Row], details: dict[str, Any], smoke: bool) -> None:
     print(f"\n== {name} ==")
     for note in details.get("notes", []):
         print(f"  {note}")
     for row in rows:
-        print(f"  {row.benchmark}")
+        print(f"  {row.fig}  {row.benchmark}")
         print(f"    baseline, {row.baseline_label}: {row.baseline.describe()}")
         print(f"    measured, {row.measured_label}: {row.measured.describe()}")
         target = f", target {row.target.text} ({row.target_on})" if row.target else ""
-        print(f"    ratio {_ratio(row)}{target}: {_verdict(row)}")
+        print(f"    value {_value(row)}{target}: {_verdict(row, smoke)}")
         for note in row.notes:
             print(f"    {note}")
     sys.stdout.flush()
 
 
-def _print_table(rows: list[Row]) -> None:
-    header = ("benchmark", "baseline", "measured", "ratio", "target", "result")
+def _table(rows: list[Row], smoke: bool) -> list[str]:
+    header = ("id", "figure", "baseline", "measured", "value", "target", "result")
     lines = [
         (
+            row.fig,
             row.benchmark,
             f"{row.baseline_label}: {row.baseline.short()}",
             f"{row.measured_label}: {row.measured.short()}",
-            _ratio(row),
+            _value(row),
             "—" if row.target is None else row.target.text,
-            _verdict(row),
+            _verdict(row, smoke),
         )
         for row in rows
     ]
-    widths = [max(len(line[i]) for line in [header, *lines]) for i in range(len(header))]
-    print()
-    for i, line in enumerate([header, *lines]):
-        print(
-            "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
-        )
-        if i == 0:
-            print("  ".join("-" * width for width in widths))
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(cell.replace("|", "/") for cell in line) + " |" for line in lines]
+    return out
+
+
+def _chart(rows: list[Row], path: Path) -> None:
+    """Each targeted figure as a bar of value / target: under 1 (or over, for ≥) passes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shown = [
+        r for r in rows if r.target is not None and r.value is not None and r.fig[1:].isdigit()
+    ]
+    names, shares, colours = [], [], []
+    for row in shown:
+        assert row.target is not None and row.value is not None
+        bound = row.target.at_most or row.target.at_least or row.target.below or 1.0
+        share = row.value / bound if bound else 0.0
+        if row.target.at_least is not None:
+            share = bound / row.value if row.value else float("inf")
+        names.append(f"{row.fig}\n{row.target.text}")
+        shares.append(min(share, 3.0))
+        colours.append("#3b8c5a" if row.passed else "#c0392b")
+    fig, ax = plt.subplots(figsize=(9, 4.2), dpi=110)
+    ax.bar(names, shares, color=colours)
+    ax.axhline(1.0, color="#333", linewidth=1, linestyle="--")
+    ax.set_ylabel("share of the target used (≤ 1 passes)")
+    ax.set_title("Replayable benchmarks: each figure against its target")
+    for i, share in enumerate(shares):
+        ax.text(i, share + 0.03, f"{share:.2f}", ha="center", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -92,6 +155,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         choices=list(BENCHMARKS),
         help="run only this benchmark (repeatable); default: all",
     )
+    parser.add_argument(
+        "--smoke", action="store_true", help="reduced sizes; check counts, never times"
+    )
     args = parser.parse_args(argv)
     # The benchmarks TRUNCATE tables in the Postgres that devenv starts for them; an
     # inherited REPLAYABLE_DATABASE_URL would point that at someone's real database.
@@ -101,42 +167,54 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows: list[Row] = []
     details: dict[str, Any] = {}
     for name in args.only or list(BENCHMARKS):
+        fn, full, smoke = BENCHMARKS[name]
         section_started = time.perf_counter()
-        section_rows, details[name] = BENCHMARKS[name]()
+        section_rows, details[name] = fn(**(smoke if args.smoke else full))
         details[name]["seconds"] = round(time.perf_counter() - section_started, 1)
-        _print_section(name, section_rows, details[name])
+        _print_section(name, section_rows, details[name], args.smoke)
         rows += section_rows
     duration = time.perf_counter() - started
 
-    _print_table(rows)
+    table = _table(rows, args.smoke)
+    print("\n" + "\n".join(table))
     print(f"\n{len(rows)} figures in {duration:.0f} s on {os.cpu_count()} CPU(s)")
-    missed = [row for row in rows if row.passed is False]
-    RESULTS.parent.mkdir(exist_ok=True)
-    RESULTS.write_text(
-        json.dumps(
-            {
-                "finished_at": datetime.now(UTC).isoformat(timespec="seconds"),
-                "duration_s": round(duration, 1),
-                "machine": {
-                    "cpus": os.cpu_count(),
-                    "python": platform.python_version(),
-                    "platform": platform.platform(),
-                },
-                "passed": not missed,
-                "rows": [row.to_json() for row in rows],
-                "details": details,
-            },
-            indent=2,
-            ensure_ascii=False,
-        )
-        + "\n"
-    )
-    print(f"results written to {RESULTS.relative_to(ROOT)}")
+    missed = [row for row in rows if _checked(row, args.smoke) and row.passed is False]
+    result = {
+        "finished_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "duration_s": round(duration, 1),
+        "smoke": args.smoke,
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+        },
+        "passed": not missed,
+        "figures": [row.to_json() for row in rows],
+        "details": details,
+    }
+    text = json.dumps(result, indent=2, ensure_ascii=False, default=str) + "\n"
+    if args.smoke:
+        SMOKE_RESULTS.parent.mkdir(exist_ok=True)
+        SMOKE_RESULTS.write_text(text)
+        print(f"results written to {SMOKE_RESULTS.relative_to(ROOT)}")
+    else:
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        (RESULTS / "latest.json").write_text(text)
+        when = result["finished_at"]
+        header = [
+            f"# Benchmark results ({when}, {os.cpu_count()} CPUs, {duration / 60:.0f} min)",
+            "",
+            "Produced by `make bench`; each value is a ratio against a baseline measured in",
+            "the same run, or a count (see bench/README.md).",
+            "",
+        ]
+        (RESULTS / "latest.md").write_text("\n".join([*header, *table]) + "\n")
+        _chart(rows, RESULTS / "latest.png")
+        print(f"results written to {(RESULTS / 'latest.json').relative_to(ROOT)} (+ .md, .png)")
     for row in missed:
         assert row.target is not None
-        value = _ratio(row) if row.target_on == "ratio" else f"{row.measured.median:g}"
         print(
-            f"bench: target missed: {row.benchmark}: {row.target_on} {value}, "
+            f"bench: target missed: {row.fig} {row.benchmark}: {_value(row)}, "
             f"target {row.target.text}",
             file=sys.stderr,
         )

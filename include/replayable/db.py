@@ -76,17 +76,26 @@ class Database:
     function must therefore be safe to run twice, as every keyed write here is.
     """
 
-    def __init__(self, dsn: str, *, outage_s: float = 300.0, autocommit: bool = False) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        outage_s: float = 300.0,
+        autocommit: bool = False,
+        connector: Callable[[], Connection] | None = None,
+    ) -> None:
         self.dsn = dsn
         self.outage_s = outage_s
         self.autocommit = autocommit
+        self._connector = connector or (lambda: connect(self.dsn))
         self._conn: Connection | None = None
 
     @property
     def conn(self) -> Connection:
         """The live connection, opened on first use (may raise psycopg2 errors)."""
         if self._conn is None or self._conn.closed:
-            self._conn = connect(self.dsn, autocommit=self.autocommit)
+            self._conn = self._connector()
+            self._conn.autocommit = self.autocommit
         return self._conn
 
     def close(self) -> None:
@@ -144,6 +153,34 @@ def execute(conn: Connection, query: str, params: Any = None) -> int:
     with conn.cursor() as cur:
         cur.execute(sql(query), params)
         return int(cur.rowcount)
+
+
+def values_statement(
+    conn: Connection, query: str, rows: list[tuple[Any, ...]], template: str | None = None
+) -> bytes:
+    """A named ``INSERT … VALUES %s`` query with every row bound, as one statement.
+
+    For :func:`fetch_script`, which sends several statements in one round trip.
+    """
+    head, tail = sql(query).split("%s", 1)
+    shape = template or "(" + ",".join(["%s"] * len(rows[0])) + ")"
+    with conn.cursor() as cur:
+        values = b",".join(cur.mogrify(shape, row) for row in rows)
+    return head.encode() + values + tail.encode()
+
+
+def fetch_script(
+    conn: Connection, before: list[bytes], query: str, params: Any = None
+) -> list[dict[str, Any]]:
+    """Run bound statements, then a named query, in one round trip; return the query's rows.
+
+    On an autocommit connection Postgres runs the whole string as one transaction: either
+    every statement takes effect or none does.
+    """
+    with conn.cursor(cursor_factory=psycopg2.extras.RealDictCursor) as cur:
+        last = cur.mogrify(sql(query), params)
+        cur.execute(b";\n".join([*before, last]))
+        return [dict(row) for row in cur.fetchall()]
 
 
 def execute_values(

@@ -230,6 +230,9 @@ def airflow_env(
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
         "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
+        # A local scheduler that reacts within a fifth of a second instead of a second: its
+        # idle loop costs little, and a run with nothing to do should end in seconds.
+        "AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME": "0.2",
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": services.airflow_db_url,
         "AIRFLOW__API__HOST": "127.0.0.1",
         "AIRFLOW__API__PORT": str(api_port),

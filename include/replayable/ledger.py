@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from replayable.db import Connection, Database, fetch_all
+from replayable.db import Connection, Database, fetch_all, fetch_script
 from replayable.retry import Classified
 
 
@@ -124,8 +124,14 @@ class Ledger:
         )
         return _states(rows)
 
-    def finish(self, conn: Connection, outcomes: Sequence[Outcome]) -> dict[str, ItemState]:
-        """Record ``outcomes`` on ``conn`` (the caller commits, with the items' outputs)."""
+    def finish(
+        self, conn: Connection, outcomes: Sequence[Outcome], *, outputs: Sequence[bytes] = ()
+    ) -> dict[str, ItemState]:
+        """Record ``outcomes``, after the items' bound ``outputs`` statements, in one round trip.
+
+        On an autocommit connection the outputs and the outcomes commit together or not at
+        all; on a transaction the caller commits.
+        """
         errors = [o.error for o in outcomes]
         params = {
             **self._params,
@@ -136,7 +142,7 @@ class Ledger:
             "errors": [e.message if e else None for e in errors],
             "tracebacks": [o.traceback for o in outcomes],
         }
-        return _states(fetch_all(conn, "finish_items", params))
+        return _states(fetch_script(conn, list(outputs), "finish_items", params))
 
     def renew(self, keys: Sequence[str]) -> set[str]:
         """Extend this worker's leases on ``keys``; return the keys it still holds."""

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from replayable.db import Connection, Database, execute_values
+from replayable.db import Connection, Database, values_statement
 from replayable.keys import config_hash
 from replayable.ledger import ItemState, Ledger, Outcome, Revival, RunContext
 from replayable.retry import Classified, ErrorKind, classify
@@ -268,8 +268,11 @@ class _Batch:
         self.spec = spec
         self.limits = limits
         self.revive = revive
+        # One round trip per statement: each bookkeeping query is its own transaction, and a
+        # flush sends its outputs and outcomes as one script (ADR 9).
         self.work = connect()
         self.control = connect()
+        self.work.autocommit = self.control.autocommit = True
         self.ledger = Ledger(
             self.control,
             spec.name,
@@ -281,6 +284,7 @@ class _Batch:
             max_attempts=limits.max_attempts,
         )
         keeper_db = connect()
+        keeper_db.autocommit = True
         keeper_db.outage_s = min(keeper_db.outage_s, limits.lease_s / 3)
         self.leases = _LeaseKeeper(
             Ledger(
@@ -495,9 +499,14 @@ class _Processing(BatchIO):
                 merged.setdefault((write.query, write.template), []).extend(write.rows)
 
         def store(conn: Connection) -> dict[str, ItemState]:
-            for (query, template), rows in merged.items():
-                execute_values(conn, query, rows, template=template)
-            return batch.ledger.finish(conn, [outcome for _, outcome, _ in pending])
+            outputs = [
+                values_statement(conn, query, rows, template)
+                for (query, template), rows in merged.items()
+                if rows
+            ]
+            return batch.ledger.finish(
+                conn, [outcome for _, outcome, _ in pending], outputs=outputs
+            )
 
         states = batch.work.transaction(store, describe=f"{batch.spec.name}: finish")
         batch.leases.release([item.item_key for item, _, _ in pending])

@@ -15,8 +15,12 @@ FROM (
     SELECT c.stage, c.status, 1
     FROM replayable.runs ru
     JOIN replayable.run_docs r ON r.dag_id = ru.dag_id AND r.run_id = ru.run_id
-    CROSS JOIN unnest(%(stages)s::text[]) AS st (stage)
-    JOIN replayable.stage_runs c ON c.stage = st.stage AND c.doc_id = r.doc_id AND c.is_current
+    CROSS JOIN LATERAL (
+        SELECT s.stage, s.status
+        FROM replayable.stage_runs s
+        WHERE s.stage = ANY(%(stages)s::text[]) AND s.doc_id = r.doc_id AND s.is_current
+        OFFSET 0  -- per document through (stage, doc_id), never a scan of every current row
+    ) c
     WHERE ru.run_id = %(run_id)s::text
 ) counted
 GROUP BY stage

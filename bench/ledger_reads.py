@@ -1,0 +1,160 @@
+"""B7, the ledger's read paths at a million documents: every page, command and sensor query.
+
+A synthetic ledger (``bench/sql/synthetic_ledger.sql``: 1,000,000 documents x 3 stages of
+current rows, 200,000 superseded rows, 50,000 dead letters, a million model calls) is loaded
+into a private Postgres; then each read that a person or a sensor makes runs five times warm
+and its median is taken. The figure is the slowest read, against a target of 50 ms; for
+scale, the same reads over a ledger a hundred times smaller.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from harness import Row, Samples, Target, services
+
+from replayable import cli, db, pipeline
+from replayable.settings import STAGES
+
+DOCUMENTS = 1_000_000
+LETTERS = 50_000
+REPEATS = 5
+TARGET = Target("< 50 ms", below=0.050)
+SYNTHETIC = Path(__file__).with_name("sql") / "synthetic_ledger.sql"
+
+Read = Callable[[db.Connection], Any]
+
+
+def load(dsn: str, documents: int, letters: int) -> float:
+    """Fill an empty ledger with the synthetic one; return the seconds it took."""
+    started = time.perf_counter()
+    conn = db.connect(dsn)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(
+                SYNTHETIC.read_text(),
+                {"documents": documents, "letters": letters, "calls": documents},
+            )
+        conn.commit()
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            cur.execute("VACUUM ANALYZE")
+    finally:
+        conn.close()
+    return time.perf_counter() - started
+
+
+def reads() -> dict[str, Read]:
+    """Every read a person (UI, CLI) or a sensor makes, by name."""
+    from replayable.web import app as web
+
+    def failed_page_two(conn: db.Connection) -> Any:
+        first = web.failed_items(conn, None, None, 100)
+        return web.failed_items(conn, None, None, 100, first.next_after)
+
+    def letters_page_two(conn: db.Connection) -> Any:
+        first = web.dead_letters(conn, None, "open", 100)
+        return web.dead_letters(conn, None, "open", 100, first.next_after)
+
+    def growth(stage: str | None) -> Read:
+        params = {"window_minutes": 60, "stage": stage}
+        return lambda conn: db.fetch_all(conn, "dead_letter_growth", params)
+
+    def rerun(**selection: Any) -> Read:
+        params = pipeline.rerun_params({"stage": "extract", **selection})
+        return lambda conn: db.fetch_all(conn, "count_rerun_docs", params)
+
+    some_docs = [f"{i:064x}" for i in range(100)]
+    return {
+        "ui overview (summary)": web.summary,
+        "ui failed items, page 1": lambda c: web.failed_items(c, None, None, 100),
+        "ui failed items, page 2 (keyset)": failed_page_two,
+        "ui failed items, stage + class": lambda c: web.failed_items(c, "embed", ["http_503"], 100),
+        "ui dead letters, open": lambda c: web.dead_letters(c, None, "open", 100),
+        "ui dead letters, all": lambda c: web.dead_letters(c, None, "all", 100),
+        "ui dead letters, stage": lambda c: web.dead_letters(c, "chunk", "open", 100),
+        "ui dead letters, page 2 (keyset)": letters_page_two,
+        "cli status": lambda c: cli.status_data(c, None),
+        "cli status --run (1,000 docs)": lambda c: cli.status_data(c, "run-small"),
+        "cli failed": lambda c: cli.failed_data(c, None, None, 50),
+        "cli dead-letters": lambda c: cli.dead_letters_data(c, None, "open", 50),
+        "sensor: dead-letter growth": growth(None),
+        "sensor: dead-letter growth, one stage": growth("embed"),
+        "rerun: failed, by class": rerun(status=["failed"], error_class=["http_503"]),
+        "rerun: dead": rerun(status=["dead"]),
+        "rerun: code_version_lt": rerun(code_version_lt="1.1"),
+        "rerun: doc ids": rerun(doc_ids=some_docs),
+        "report of a 1,000-doc run": lambda c: db.fetch_all(
+            c,
+            "report_stage_status",
+            {"dag_id": "document_pipeline", "run_id": "run-small", "stages": list(STAGES)},
+        ),
+    }
+
+
+def time_reads(dsn: str, repeats: int) -> dict[str, float]:
+    """Median seconds of each read, warm (one untimed call first)."""
+    conn = db.connect(dsn)
+    conn.set_session(readonly=True, autocommit=True)
+    medians: dict[str, float] = {}
+    try:
+        for name, read in reads().items():
+            read(conn)
+            samples = []
+            for _ in range(repeats):
+                started = time.perf_counter()
+                read(conn)
+                samples.append(time.perf_counter() - started)
+            medians[name] = statistics.median(samples)
+    finally:
+        conn.close()
+    return medians
+
+
+def run(
+    repeats: int = REPEATS, documents: int = DOCUMENTS, letters: int = LETTERS
+) -> tuple[list[Row], dict[str, Any]]:
+    small_docs = max(documents // 100, 1000)
+    with services() as svc:
+        small_load = load(svc.dsn, small_docs, max(letters // 100, 50))
+        small = time_reads(svc.dsn, repeats)
+    with services() as svc:
+        big_load = load(svc.dsn, documents, letters)
+        big = time_reads(svc.dsn, repeats)
+    slowest = max(big, key=lambda name: big[name])
+    rows = [
+        Row(
+            "B7",
+            f"slowest ledger read at {documents:,} documents ({slowest})",
+            "target",
+            Samples((TARGET.below or 0.0,)),
+            "median of 5, warm",
+            Samples((big[slowest],)),
+            TARGET,
+            target_on="measured",
+        ),
+        Row(
+            "B7.scale",
+            f"slowest read: {documents:,} vs {small_docs:,} documents",
+            f"{small_docs:,} documents",
+            Samples((max(small.values()),)),
+            f"{documents:,} documents",
+            Samples((big[slowest],)),
+            notes=["close to 1: the reads' cost does not grow with the ledger"],
+        ),
+    ]
+    details = {
+        "documents": documents,
+        "dead_letters": letters,
+        "load_seconds": {"small": round(small_load, 1), "large": round(big_load, 1)},
+        "reads_ms": {name: round(1000 * s, 2) for name, s in big.items()},
+        "reads_ms_small": {name: round(1000 * s, 2) for name, s in small.items()},
+        "notes": [
+            f"{name}: {1000 * s:.1f} ms" for name, s in sorted(big.items(), key=lambda kv: -kv[1])
+        ],
+    }
+    return rows, details

@@ -1,0 +1,162 @@
+"""B5, provider saturation: the embed stage keeps the provider's whole budget busy.
+
+The local model server answers every request after 100 ms and refuses (429) any request
+beyond C = 4 in flight at once. The embed stage runs over synthetic documents with
+``max_in_flight`` = C; its throughput in requests per second is compared with C / latency,
+the most any client could get, and with a plain client that keeps C requests open (measured
+in the same run, so the server's own overhead counts against both). The pipeline must cause
+no 429 at all: its shared budget never lets a (C+1)-th request out.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+from harness import (
+    BenchError,
+    Row,
+    Samples,
+    StatementCounter,
+    Target,
+    seed_documents,
+    services,
+    timed,
+    truncate,
+)
+
+from replayable.budget import RequestBudget
+from replayable.ledger import RunContext
+from replayable.runner import run_batch
+from replayable.settings import PipelineSettings
+from replayable.specs import ChunkSpec, EmbedSpec
+from replayable.stages import extract
+from replayable.stages.embed import HttpEmbeddingClient
+
+C = 4
+LATENCY_MS = 100
+DOCS = 600
+SENTENCES = 60
+PER_CALL = 32
+REPEATS = 3
+TARGET = Target("≥ 0.8", at_least=0.8)
+# What an embed run writes; emptied before each repeat so that every repeat pays in full.
+EMBED_TABLES = (
+    "model_call_items",
+    "model_call_counts",
+    "model_calls",
+    "embeddings",
+    "stage_counts",
+    "stage_runs",
+    "dead_letters",
+)
+NO_429 = Target("= 0", equals=0)
+
+
+def _raw(base_url: str, requests: int) -> float:
+    """Seconds for a plain client to send ``requests`` requests, C at a time."""
+    body = {"model": "m", "input": ["a plain request"] * PER_CALL}
+    with httpx.Client(base_url=base_url, trust_env=False, timeout=30) as http:
+
+        def one(i: int) -> None:
+            http.post("/embeddings", json=body, headers={"Idempotency-Key": f"raw-{i}"})
+
+        with ThreadPoolExecutor(C) as pool:
+            seconds, _ = timed(lambda: list(pool.map(one, range(requests))))
+    return seconds
+
+
+def run(repeats: int = REPEATS, docs: int = DOCS) -> tuple[list[Row], dict[str, Any]]:
+    settings = PipelineSettings()
+    pipeline: list[float] = []
+    raw: list[float] = []
+    ideal: list[float] = []
+    rejected: list[float] = []
+    peaks: list[int] = []
+    with services() as svc:
+        doc_ids = seed_documents(svc.dsn, docs, SENTENCES, extractor_version=extract.VERSION)
+        counter = StatementCounter(svc.dsn)
+        run_batch(
+            ChunkSpec(config=settings.chunk_config, connect=counter.database),
+            doc_ids,
+            connect=counter.database,
+            ctx=RunContext(owner="bench", run_id="chunk"),
+        )
+        client = HttpEmbeddingClient(base_url=svc.model.base_url, model="m", max_connections=C)
+        try:
+            for r in range(repeats):
+                truncate(svc.dsn, EMBED_TABLES)
+                svc.model.set_faults(latency_ms=LATENCY_MS, max_concurrency=C)
+                svc.model.reset_stats()
+                spec = EmbedSpec(
+                    provider=client,
+                    model="m",
+                    chunker_key=settings.chunk_config.key,
+                    connect=counter.database,
+                    budget=RequestBudget(svc.model.base_url, C),
+                    inputs_per_call=PER_CALL,
+                    max_in_flight=C,
+                )
+                seconds, result = timed(
+                    lambda r=r, spec=spec: run_batch(
+                        spec,
+                        doc_ids,
+                        connect=counter.database,
+                        ctx=RunContext(owner="bench", run_id=f"embed-{r}"),
+                    )
+                )
+                stats = svc.model.stats()
+                if len(result.done) != len(doc_ids):
+                    raise BenchError(f"embed: {len(result.done)} of {len(doc_ids)} done")
+                requests = stats["requests"]
+                pipeline.append(seconds / requests)
+                ideal.append(LATENCY_MS / 1000 / C)
+                rejected.append(stats["rejected_concurrency"])
+                peaks.append(stats["peak_in_flight"])
+                svc.model.reset_stats()
+                raw.append(_raw(svc.model.base_url, requests) / requests)
+        finally:
+            client.close()
+            svc.model.clear_faults()
+    # Seconds per request, so the ratio ideal / pipeline is throughput / (C / latency).
+    rows = [
+        Row(
+            "B5",
+            f"provider saturation: throughput / (C / latency), C={C}, {LATENCY_MS} ms",
+            "pipeline, s/request",
+            Samples(tuple(pipeline)),
+            "C / latency, s/request",
+            Samples(tuple(ideal)),
+            TARGET,
+            notes=["ratio = pipeline throughput / (C / latency) (higher is better)"],
+        ),
+        Row(
+            "B5.raw",
+            "provider saturation: throughput / a plain client keeping C open",
+            "pipeline, s/request",
+            Samples(tuple(pipeline)),
+            "plain client, s/request",
+            Samples(tuple(raw)),
+            notes=["ratio = pipeline throughput / plain-client throughput"],
+        ),
+        Row(
+            "B5.429",
+            "provider saturation: 429s the pipeline caused",
+            "requests refused",
+            Samples((0.0,), unit="429s"),
+            "pipeline",
+            Samples(tuple(rejected), unit="429s"),
+            NO_429,
+            target_on="measured",
+        ),
+    ]
+    details = {
+        "documents": docs,
+        "c": C,
+        "latency_ms": LATENCY_MS,
+        "inputs_per_call": PER_CALL,
+        "peak_in_flight": peaks,
+        "requests_per_run": requests,
+    }
+    return rows, details

@@ -1,0 +1,225 @@
+"""B1, B4, B9: the pipeline through a real scheduler (LocalExecutor, API server, DAG processor).
+
+- **B9** first run / physical floor. 1,000 generated PDFs, the provider answering after 100 ms.
+  The floor, measured in the same run, is the in-process extraction CPU time of the same
+  files divided by the cores, plus the fewest requests the chunks need (distinct chunks /
+  inputs per request) x latency / ``max_in_flight``: what the machine and the provider allow
+  at best. Target ≤ 1.5.
+- **B1** identical re-run / first run: the same trigger again. Target ≤ 0.05 with 0 model
+  calls.
+- **B4** one mapped task instance per document against batches of 50: 600 documents through
+  the extract stage (the stage every document goes through; the other stages multiply both
+  sides alike), on an empty ledger each. Target ≥ 10x.
+
+Wall time is from the REST trigger to the run's final state, as a person waiting sees it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+from harness import BenchError, Row, Samples, Target, count_rows, pdf_corpus, truncate
+
+from replayable import devenv, sources
+from replayable.provider.server import LocalModelServer
+from replayable.settings import DEFAULT_MAX_IN_FLIGHT, PipelineSettings
+from replayable.stages.extract import extract_file
+
+DOCUMENTS = 1000
+PER_DOC_DOCUMENTS = 600
+LATENCY_MS = 100
+BATCH = 50
+RERUN_TARGET = Target("≤ 0.05", at_most=0.05)
+NO_CALLS = Target("= 0 calls", equals=0)
+FLOOR_TARGET = Target("≤ 1.5", at_most=1.5)
+MAPPING_TARGET = Target("≥ 10", at_least=10)
+ALL_TABLES = (
+    "model_call_items",
+    "model_call_counts",
+    "stage_counts",
+    "run_docs",
+    "runs",
+    "file_cache",
+    "model_calls",
+    "embeddings",
+    "doc_chunks",
+    "chunks",
+    "extractions",
+    "dead_letters",
+    "stage_runs",
+    "run_reports",
+    "documents",
+)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class _Airflow:
+    """Triggers document_pipeline through the REST API and waits for the run to end."""
+
+    def __init__(self, procs: devenv.AirflowProcesses) -> None:
+        self.http = httpx.Client(
+            base_url=f"{procs.url}/api/v2",
+            headers={"Authorization": f"Bearer {procs.token()}"},
+            timeout=30,
+            trust_env=False,
+        )
+        deadline = time.monotonic() + 180
+        while self.http.get(f"/dags/{devenv.DAG_ID}").status_code != 200:
+            if time.monotonic() > deadline:
+                raise BenchError("the DAG was never parsed")
+            time.sleep(0.5)
+
+    def run(self, conf: dict[str, Any], timeout_s: float = 3600) -> tuple[float, str, str]:
+        """Trigger a run with ``conf``; return (seconds to its final state, state, run id)."""
+        started = time.perf_counter()
+        created = self.http.post(
+            f"/dags/{devenv.DAG_ID}/dagRuns", json={"logical_date": None, "conf": conf}
+        )
+        if created.status_code != 200:
+            raise BenchError(f"trigger refused: {created.text}")
+        run_id = created.json()["dag_run_id"]
+        while time.perf_counter() - started < timeout_s:
+            state = self.http.get(f"/dags/{devenv.DAG_ID}/dagRuns/{run_id}").json()["state"]
+            if state in ("success", "failed"):
+                return time.perf_counter() - started, state, run_id
+            time.sleep(0.05)
+        raise BenchError(f"run {run_id} did not finish within {timeout_s} s")
+
+
+def _extraction_cpu(folder: Path) -> tuple[float, int]:
+    """In-process CPU seconds to extract every PDF of ``folder``, and the pages."""
+    started = time.process_time()
+    pages = 0
+    for path in sorted(folder.glob("*.pdf")):
+        pages += extract_file(str(path)).page_count
+    return time.process_time() - started, pages
+
+
+def run(
+    documents: int = DOCUMENTS,
+    per_doc_documents: int = PER_DOC_DOCUMENTS,
+    latency_ms: int = LATENCY_MS,
+) -> tuple[list[Row], dict[str, Any]]:
+    corpus = pdf_corpus(documents)
+    cores = os.cpu_count() or 1
+    settings = PipelineSettings()
+    per_request = settings.embed_inputs_per_call
+    with (
+        tempfile.TemporaryDirectory(prefix="replayable-bench-") as tmp,
+        LocalModelServer(dim=64) as model,
+    ):
+        state = Path(tmp)
+        services = devenv.start(state, model_url=model.base_url)
+        try:
+            env = devenv.airflow_env(services, state, api_port=_free_port())
+            env[sources.ROOTS_ENV] = str(corpus.parent)
+            with devenv.AirflowProcesses(env, state / "logs") as procs:
+                airflow = _Airflow(procs)
+                model.set_faults(latency_ms=latency_ms)
+                conf = {"source": str(corpus), "batch_size": BATCH}
+                first, first_state, _ = airflow.run(conf)
+                first_calls = model.stats()["requests"]
+                model.reset_stats()
+                again, again_state, _ = airflow.run(conf)
+                again_calls = model.stats()["requests"]
+                chunks = count_rows(services.replayable_dsn, "chunks")
+                if first_state != "success" or again_state != "success":
+                    raise BenchError(f"runs ended {first_state} and {again_state}; see {state}")
+
+                # B4 on an empty ledger each time: one task instance per document, then 50.
+                subset = pdf_corpus(per_doc_documents, seed=12)
+                env_roots = str(subset.parent)
+                assert env_roots == env[sources.ROOTS_ENV]
+                mapped: dict[int, float] = {}
+                for size in (1, BATCH):
+                    truncate(services.replayable_dsn, ALL_TABLES)
+                    seconds, end, _ = airflow.run(
+                        {"source": str(subset), "batch_size": size, "stages": ["extract"]}
+                    )
+                    if end != "success":
+                        raise BenchError(f"the batch_size={size} run ended {end}")
+                    mapped[size] = seconds
+        finally:
+            devenv.stop(state)
+
+    cpu, pages = _extraction_cpu(corpus)
+    requests = math.ceil(chunks / per_request)
+    floor = cpu / cores + requests * (latency_ms / 1000) / DEFAULT_MAX_IN_FLIGHT
+    rows = [
+        Row(
+            "B9",
+            f"first run / physical floor ({documents} docs, {latency_ms} ms/request, "
+            f"{cores} cores)",
+            "floor",
+            Samples((floor,)),
+            "first run",
+            Samples((first,)),
+            FLOOR_TARGET,
+            notes=[
+                f"floor = {cpu:.1f} CPU-s extraction / {cores} cores + {requests} requests x "
+                f"{latency_ms} ms / {DEFAULT_MAX_IN_FLIGHT} in flight = {floor:.1f} s"
+            ],
+        ),
+        Row(
+            "B1",
+            f"identical re-run / first run ({documents} docs, real scheduler)",
+            "first run",
+            Samples((first,)),
+            "identical re-run",
+            Samples((again,)),
+            RERUN_TARGET,
+        ),
+        Row(
+            "B1.calls",
+            "model calls on the identical re-run",
+            "first run",
+            Samples((float(first_calls),), unit="calls"),
+            "re-run",
+            Samples((float(again_calls),), unit="calls"),
+            NO_CALLS,
+            target_on="measured",
+        ),
+        Row(
+            "B4",
+            f"one task instance per document / batches of {BATCH} ({per_doc_documents} docs)",
+            f"batches of {BATCH}",
+            Samples((mapped[BATCH],)),
+            "one per document",
+            Samples((mapped[1],)),
+            MAPPING_TARGET,
+            notes=["ratio = how many times faster batches are (higher is better)"],
+        ),
+    ]
+    details = {
+        "documents": documents,
+        "pages": pages,
+        "chunks": chunks,
+        "requests_minimal": requests,
+        "requests_first_run": first_calls,
+        "extraction_cpu_s": round(cpu, 2),
+        "floor_s": round(floor, 2),
+        "first_run_s": round(first, 2),
+        "rerun_s": round(again, 2),
+        "per_document_s": round(mapped[1], 2),
+        "batched_s": round(mapped[BATCH], 2),
+        "batch_size": BATCH,
+        "notes": [
+            f"{documents} PDFs, {pages} pages, {chunks} distinct chunks; first run "
+            f"{first:.1f} s ({first_calls} requests), re-run {again:.2f} s ({again_calls})",
+            f"extract stage, {per_doc_documents} PDFs: {mapped[1]:.1f} s one task instance "
+            f"per document, {mapped[BATCH]:.1f} s in batches of {BATCH}",
+        ],
+    }
+    return rows, details
