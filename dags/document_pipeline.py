@@ -1,4 +1,4 @@
-"""Discover PDFs, plan batches, then extract → chunk → embed each batch; report the run."""
+"""Discover PDFs and plan the batches with work left; extract → chunk → embed each; report."""
 
 from __future__ import annotations
 
@@ -23,8 +23,7 @@ LABEL = "{{ task.batch['label'] }}"
     doc_md=__doc__,
 )
 def document_pipeline() -> None:
-    discovered = task(dag_tasks.discover)()
-    batches = task(dag_tasks.plan)(discovered)
+    batches = task(dag_tasks.plan)()
 
     @task_group(group_id="batch")
     def process(batch: dict[str, object]) -> None:

@@ -1,4 +1,4 @@
-"""Task callables of the document pipeline that are not stages: discover, plan, report.
+"""Task callables of the document pipeline that are not stages: plan (with discover), report.
 
 Each returns a small reference or a count, never a list of documents (ADR 0010): the run's
 documents and batches live in the ``run_docs`` table.
@@ -20,50 +20,18 @@ from replayable.settings import PipelineSettings
 log = logging.getLogger(__name__)
 
 
-def discover(postgres_conn_id: str = "replayable_db") -> dict[str, Any]:
-    """Apply migrations, then record the run's documents; return how many there are.
+def plan(
+    postgres_conn_id: str = "replayable_db", model_conn_id: str = "replayable_model"
+) -> list[dict[str, Any]]:
+    """Record the run's documents, then map the ones with work left into batches.
 
     A plain run lists ``source`` (inside the allowed roots) and reads only new or changed
-    files. A ``rerun`` or ``redrive`` run picks its documents with a query over the ledger.
+    files; a ``rerun`` or ``redrive`` run picks its documents with a query over the ledger.
+    Then one statement decides which have work left under the current keys; their batches
+    (never more than ``[core] max_map_length``) are what the mapped task group expands over.
+    Discovering and planning are one task: a run with nothing to do costs as few task
+    instances as it can (B1 in bench/).
     """
-    context = get_current_context()
-    ti = context["ti"]
-    settings = PipelineSettings.from_params(context["params"])
-    conn = db.connect(connection_dsn(postgres_conn_id))
-    try:
-        db.migrate(conn)
-        if settings.rerun or settings.redrive:
-            documents = pipeline.select_documents(
-                conn, settings, dag_id=ti.dag_id, run_id=ti.run_id, by=triggered_by(context)
-            )
-            what = "rerun" if settings.rerun else "redrive"
-            log.info(
-                "%s selected %d documents: %s", what, documents, settings.rerun or settings.redrive
-            )
-        else:
-            try:
-                documents = pipeline.discover(
-                    conn,
-                    settings.source,
-                    dag_id=ti.dag_id,
-                    run_id=ti.run_id,
-                    roots=sources.allowed_roots(),
-                    max_bytes=settings.max_bytes,
-                )
-            except sources.SourceError as error:
-                raise AirflowFailException(str(error)) from error
-            log.info("discovered %d documents in %s", documents, settings.source)
-    finally:
-        conn.close()
-    return {"documents": documents}
-
-
-def plan(
-    discovered: dict[str, Any],
-    postgres_conn_id: str = "replayable_db",
-    model_conn_id: str = "replayable_model",
-) -> list[dict[str, Any]]:
-    """Map only the documents with work left, in batches of at most ``[core] max_map_length``."""
     from replayable.specs import spec_hashes
 
     context = get_current_context()
@@ -76,6 +44,8 @@ def plan(
         model, dimensions = settings.model or "", settings.dimensions
     conn = db.connect(connection_dsn(postgres_conn_id))
     try:
+        db.migrate(conn)
+        documents = _record_documents(conn, settings, context)
         batches = pipeline.plan_batches(
             conn,
             settings,
@@ -87,13 +57,34 @@ def plan(
     finally:
         conn.close()
     to_do = sum(batch["size"] for batch in batches)
-    log.info(
-        "%d documents, %d with work left, in %d batches",
-        discovered.get("documents", 0),
-        to_do,
-        len(batches),
-    )
+    log.info("%d documents, %d with work left, in %d batches", documents, to_do, len(batches))
     return batches
+
+
+def _record_documents(conn: db.Connection, settings: PipelineSettings, context: Any) -> int:
+    ti = context["ti"]
+    if settings.rerun or settings.redrive:
+        documents = pipeline.select_documents(
+            conn, settings, dag_id=ti.dag_id, run_id=ti.run_id, by=triggered_by(context)
+        )
+        what = "rerun" if settings.rerun else "redrive"
+        log.info(
+            "%s selected %d documents: %s", what, documents, settings.rerun or settings.redrive
+        )
+        return documents
+    try:
+        documents = pipeline.discover(
+            conn,
+            settings.source,
+            dag_id=ti.dag_id,
+            run_id=ti.run_id,
+            roots=sources.allowed_roots(),
+            max_bytes=settings.max_bytes,
+        )
+    except sources.SourceError as error:
+        raise AirflowFailException(str(error)) from error
+    log.info("discovered %d documents in %s", documents, settings.source)
+    return documents
 
 
 def report(postgres_conn_id: str = "replayable_db") -> dict[str, Any]:
