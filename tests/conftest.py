@@ -50,7 +50,7 @@ TABLES = (
 
 
 @pytest.fixture(scope="session", autouse=True)
-def nothing_left_running() -> Iterator[None]:
+def nothing_left_running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """After the whole session, no process started by a test may still be running.
 
     Set up first, so torn down last: every fixture that starts a server has stopped it by
@@ -60,19 +60,27 @@ def nothing_left_running() -> Iterator[None]:
 
     me = psutil.Process()
     started = time.time()
-    words = ("airflow", "replayable", "postgres", "celery", "redis", "uvicorn", "gunicorn")
+    # What marks a process as this session's: its command line or environment names the
+    # session's temporary folder (Postgres's data directory, Airflow's home, a state dir).
+    mark = str(tmp_path_factory.getbasetemp())
+
+    def session_orphan(proc: psutil.Process) -> bool:
+        info = proc.info
+        if info["ppid"] != 1 or (info["create_time"] or 0) < started:
+            return False
+        if mark in " ".join(info["cmdline"] or []):
+            return True
+        try:
+            return any(mark in value for value in proc.environ().values())
+        except psutil.Error:
+            return False
 
     def ours_left() -> list[psutil.Process]:
-        # Our descendants, and orphans started since (re-parented to init when a parent that
-        # was killed left them behind) that belong to the project's services.
+        # Our descendants, and orphans of this session (re-parented to init when a parent
+        # that was killed left them behind).
         found = {p.pid: p for p in me.children(recursive=True)}
         for proc in psutil.process_iter(["ppid", "create_time", "cmdline"]):
-            info = proc.info
-            if (
-                info["ppid"] == 1
-                and (info["create_time"] or 0) >= started
-                and any(w in " ".join(info["cmdline"] or []) for w in words)
-            ):
+            if session_orphan(proc):
                 found.setdefault(proc.pid, proc)
         alive = []
         for proc in found.values():

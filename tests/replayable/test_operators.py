@@ -49,3 +49,16 @@ def test_the_operator_brings_its_retry_policy():
     op = IdempotentStageOperator(task_id="x", stage="chunk", batch={"doc_ids": ["a"]})
     assert isinstance(op.retry_policy, BatchRetryPolicy)
     assert op.doc_ids("unused", "d", "r") == ["a"]
+
+
+def test_a_huge_retry_after_is_capped_by_max_retry_after_s():
+    """Retry-After: 31536000 must not park a task for a year."""
+    from replayable.runner import BatchResult
+    from replayable.settings import PipelineSettings
+
+    op = IdempotentStageOperator(task_id="x", stage="embed", batch={"doc_ids": ["a"]})
+    result = BatchResult("embed", failed=["a"], retry_after_s=31_536_000)
+    with pytest.raises(BatchIncompleteError) as info:
+        op._outcome(result, PipelineSettings(max_retry_after_s=300))
+    decision = decide(info.value)
+    assert decision.retry_delay == timedelta(seconds=300)

@@ -246,3 +246,29 @@ def test_the_report_reads_as_a_table():
     assert lines[2].split()[0] == "extract"  # pipeline order, not alphabetical
     assert "http_400=1" in lines[3]
     assert "4 (3 ok, 9 inputs embedded, 90 tokens)" in lines[-1]
+
+
+def test_redriving_a_letter_of_an_older_version_leaves_no_stale_row(conn, dsn, tmp_path):
+    """The redriven letter's item was keyed by an older extractor: nothing is reset to pending."""
+    shutil.copy(sorted(SAMPLES.glob("*.pdf"))[0], tmp_path / "a.pdf")
+    run_discover(conn, tmp_path)
+    (doc_id,) = run_docs(conn)
+    database = db.Database(dsn)
+    old = Ledger(database, "extract", "0.9", "c", "old-spec", RunContext(owner="w"))
+    old.claim([("old-key", doc_id)])
+    terminal = Classified("malformed", ErrorKind.TERMINAL, "parser bug")
+    database.transaction(lambda c: old.finish(c, [Outcome("old-key", "failed", terminal)]))
+    for stage in STAGES:  # the fixed extractor did it under a new key, and the rest followed
+        finish_all(database, stage, [doc_id])
+    database.close()
+    redrive = PipelineSettings(redrive={"stage": "extract", "reason": "parser fixed"})
+    assert pipeline.select_documents(conn, redrive, dag_id="d", run_id="rd", by="ana") == 1
+    assert rows(conn, "SELECT count(*) FROM replayable.stage_runs WHERE status = 'pending'") == [
+        (0,)
+    ]
+    assert plan_batches(conn, redrive, dag_id="d", run_id="rd", spec_hashes=HASHES) == []
+    report = pipeline.build_report(conn, dag_id="d", run_id="rd")
+    assert report["stages"]["extract"]["done"] == 1
+    assert rows(conn, "SELECT status, resolved_by FROM replayable.dead_letters") == [
+        ("redriven", "ana")
+    ]

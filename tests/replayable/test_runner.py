@@ -411,3 +411,56 @@ def _rows(conn, sql):
         found = cur.fetchall()
     conn.commit()
     return found
+
+
+def test_a_later_failure_keeps_the_vectors_already_paid_for(conn, dsn, model, chunked):
+    """Request 1 succeeds, request 2 fails for good: request 1's vectors stay, never re-paid."""
+    spec = embed_spec(model.base_url, dsn, in_flight=1, per_call=4)
+    spec.provider.retry = CallRetry(max_attempts=1)
+    spec.systemic_after = 100
+    # The first request goes through, then the provider fails every request.
+    calls = {"n": 0}
+    real_embed = spec.provider.embed
+
+    def first_then_down(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            model.set_faults(status_always=503)
+        return real_embed(*args, **kwargs)
+
+    spec.provider.embed = first_then_down
+    result = run(spec, dsn, chunked)
+    assert result.failed  # the batch did not finish
+    kept = count(conn, "SELECT count(*) FROM replayable.embeddings")
+    assert kept == 4  # the first request's four vectors were committed
+    model.clear_faults()
+    model.reset_stats()
+    again = run(embed_spec(model.base_url, dsn), dsn, chunked)
+    assert sorted(again.done) == chunked
+    charged = model.stats()["inputs_embedded"]
+    assert charged == count(conn, "SELECT count(*) FROM replayable.chunks") - kept
+
+
+def test_a_database_outage_mid_batch_costs_no_attempt(conn, dsn, model, chunked):
+    """Every session is dropped while requests are in flight: the batch reconnects and ends."""
+    model.set_faults(latency_ms=150)
+    outcome: dict[str, object] = {}
+
+    def worker():
+        outcome["result"] = run(embed_spec(model.base_url, dsn, per_call=2), dsn, chunked)
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    time.sleep(0.6)
+    with conn.cursor() as cur:
+        cur.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE application_name = 'replayable' AND pid <> pg_backend_pid()"
+        )
+        assert cur.fetchall()  # there were live sessions to drop
+    conn.commit()
+    thread.join(timeout=60)
+    assert sorted(outcome["result"].done) == chunked
+    assert count(conn, "SELECT max(attempts) FROM replayable.stage_runs WHERE stage = 'embed'") == 1
+    assert count(conn, "SELECT count(*) FROM replayable.dead_letters") == 0
+    paid_once(model, conn)

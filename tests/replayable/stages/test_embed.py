@@ -1,8 +1,10 @@
+import contextlib
+
 import httpx
 import pytest
 
 from replayable.provider.server import LocalModelServer
-from replayable.retry import CallRetry
+from replayable.retry import CallRetry, ItemError
 from replayable.stages.embed import CallRecord, HttpEmbeddingClient
 
 FAST = CallRetry(max_attempts=6, base_s=0.01, cap_s=0.05, max_total_s=30)
@@ -60,3 +62,44 @@ def test_the_api_key_is_sent_as_a_bearer_token_and_never_in_errors():
             bad.embed(["x"], idempotency_key="k")
         assert info.value.response.status_code == 401
         assert "sk-wrong-456" not in str(info.value)
+
+
+def test_a_server_that_trickles_its_answer_is_cut_off_at_the_request_deadline(model):
+    """httpx's timeouts are per phase: bytes every 0.1 s never trip them; the deadline does."""
+    model.set_faults(trickle_bytes_per_s=200)
+    slow = HttpEmbeddingClient(
+        base_url=model.base_url, model="m", retry=CallRetry(max_attempts=1), timeout_s=1.0
+    )
+    calls: list[CallRecord] = []
+    with pytest.raises(httpx.ReadTimeout, match="deadline"):
+        slow.embed(
+            ["a sentence with enough words to take a while"] * 4,
+            idempotency_key="k",
+            on_call=calls.append,
+        )
+    assert [c.status for c in calls] == ["read_timeout"]
+    slow.close()
+
+
+def test_an_oversized_answer_is_refused(client, model):
+    model.set_faults(pad_response_bytes=5_000_000)
+    with pytest.raises(ItemError, match="larger than"):
+        HttpEmbeddingClient(
+            base_url=model.base_url, model="m", retry=CallRetry(max_attempts=1)
+        ).embed(["x"], idempotency_key="k")
+
+
+def test_the_gate_is_held_around_each_attempt(client, model):
+    model.set_faults(status_rates={"503": 1.0}, retry_after="0")
+    entered: list[int] = []
+
+    @contextlib.contextmanager
+    def gate():
+        entered.append(1)
+        yield
+
+    with pytest.raises(httpx.HTTPStatusError):
+        HttpEmbeddingClient(
+            base_url=model.base_url, model="m", retry=CallRetry(max_attempts=3, base_s=0.01)
+        ).embed(["x"], idempotency_key="k", gate=gate)
+    assert len(entered) == model.stats()["requests"] == 3

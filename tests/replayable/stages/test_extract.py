@@ -1,3 +1,4 @@
+import hashlib
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -186,3 +187,14 @@ def test_postgres_text_refuses_nul_and_stores_sanitised_text_unchanged(dsn):
                 cur.execute("SELECT %s::text", ("a\x00b",))
     finally:
         conn.close()
+
+
+def test_a_file_rewritten_since_discover_is_not_stored_under_its_old_hash(tmp_path):
+    path = tmp_path / "doc.pdf"
+    corpus.write_pdf(path, ["The first version of this document."])
+    discovered = hashlib.sha256(path.read_bytes()).hexdigest()
+    corpus.write_pdf(path, ["A rewritten version of this document."])
+    with pytest.raises(ItemError) as info:
+        extract_file(str(path), expected_sha256=discovered)
+    assert info.value.error_class == "changed_on_disk"
+    assert extract_file(str(path), hashlib.sha256(path.read_bytes()).hexdigest()).text
