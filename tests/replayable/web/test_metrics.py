@@ -16,7 +16,8 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from checks import rows
+from checks import ledger_metrics, rows
+from conftest import ROOT
 from replayable import db
 from replayable.settings import STAGES
 from replayable.web import create_app
@@ -299,3 +300,17 @@ def test_the_counters_agree_with_the_ledger_tables(conn: Any, ledger: None) -> N
         "SELECT stage, count(*) FILTER (WHERE status = 'open')::int, count(*)::int"
         " FROM replayable.dead_letters GROUP BY stage ORDER BY stage",
     )
+
+
+@pytest.mark.bench
+def test_a_scrape_of_the_synthetic_ledger_matches_its_tables(
+    anonymous: TestClient, token: str, conn: Any
+) -> None:
+    """B7's synthetic ledger at a reduced size: every sample equals a count of the tables."""
+    synthetic = (ROOT / "bench" / "sql" / "synthetic_ledger.sql").read_text()
+    with conn.cursor() as cur:
+        cur.execute(synthetic, {"documents": 20_000, "letters": 1000, "calls": 20_000})
+    conn.commit()
+    samples = scrape(anonymous, Authorization=f"Bearer {token}")
+    assert samples == ledger_metrics(conn)
+    assert value(samples, "replayable_model_call_retries_total", stage="embed") == 1000
