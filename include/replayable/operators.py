@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -127,6 +128,23 @@ def connection_dsn(conn_id: str) -> str:
     return str(psycopg2.extensions.make_dsn(**{k: v for k, v in options.items() if v}))
 
 
+def emit_stats(result: BatchResult, seconds: float | None) -> None:
+    """Airflow metrics of one batch (StatsD or OpenTelemetry, as ``[metrics]`` configures).
+
+    ``replayable.items.{done,failed,dead}`` count the batch's documents in each end state
+    and ``replayable.batch.duration`` times the batch, all tagged with the stage. Tags reach
+    StatsD only with its Datadog or InfluxDB tagging on; OpenTelemetry keeps them.
+    """
+    from airflow.sdk.observability import stats
+
+    tags = {"stage": result.stage}
+    for state, items in (("done", result.done), ("failed", result.failed), ("dead", result.dead)):
+        if items:
+            stats.incr(f"replayable.items.{state}", count=len(items), tags=tags)
+    if seconds is not None:
+        stats.timing("replayable.batch.duration", timedelta(seconds=seconds), tags=tags)
+
+
 class IdempotentStageOperator(BaseOperator):
     """Run one pipeline stage over one batch of document ids.
 
@@ -194,6 +212,7 @@ class IdempotentStageOperator(BaseOperator):
         if self.stage not in settings.effective_stages:
             raise AirflowSkipException(f"stage {self.stage} is not in this run's stages")
         ti = context["ti"]
+        started = time.monotonic()
         ctx = RunContext(
             owner=f"{socket.gethostname()}:{os.getpid()}:{ti.run_id}:{ti.map_index}:{ti.try_number}",
             dag_id=ti.dag_id,
@@ -217,7 +236,7 @@ class IdempotentStageOperator(BaseOperator):
             result = run_batch(
                 spec, doc_ids, connect=connect, ctx=ctx, limits=limits, revive=revive
             )
-        return self._outcome(result, settings)
+        return self._outcome(result, settings, time.monotonic() - started)
 
     def _spec(
         self,
@@ -269,8 +288,11 @@ class IdempotentStageOperator(BaseOperator):
             max_in_flight=choice.max_in_flight,
         )
 
-    def _outcome(self, result: BatchResult, settings: PipelineSettings) -> dict[str, Any]:
+    def _outcome(
+        self, result: BatchResult, settings: PipelineSettings, seconds: float | None = None
+    ) -> dict[str, Any]:
         summary = result.summary()
+        emit_stats(result, seconds)
         self.log.info(
             "%s: %d done (%d already), %d failed, %d dead, %d without input",
             self.stage,
