@@ -16,8 +16,9 @@ from airflow.sdk.definitions.retry_policy import RetryDecision, RetryPolicy
 from airflow.sdk.exceptions import AirflowSkipException
 
 from replayable import db
+from replayable.hooks import EmbeddingsHook
 from replayable.ledger import Revival, RunContext
-from replayable.provider.config import ModelSettings, settings_from_connection
+from replayable.provider.config import ModelSettings
 from replayable.retry import CallRetry, Classified
 from replayable.runner import BatchResult, Limits, StageSpec, run_batch
 from replayable.settings import (
@@ -96,9 +97,13 @@ class ModelChoice:
     max_in_flight: int
 
 
-def model_choice(settings: PipelineSettings, conn_id: str) -> ModelChoice:
-    """Resolve the run's model once; it feeds the embed keys, so plan and stage must agree."""
-    provider = settings_from_connection(conn_id)
+def model_choice(settings: PipelineSettings, conn: str | EmbeddingsHook) -> ModelChoice:
+    """Resolve the run's model once; it feeds the embed keys, so plan and stage must agree.
+
+    ``conn`` is the model connection's id or a hook already made for it.
+    """
+    hook = conn if isinstance(conn, EmbeddingsHook) else EmbeddingsHook(conn)
+    provider = hook.get_settings()
     return ModelChoice(
         provider=provider,
         model=settings.model or provider.model or DEFAULT_MODEL,
@@ -250,7 +255,6 @@ class IdempotentStageOperator(BaseOperator):
         from replayable import guards, sources
         from replayable.budget import RequestBudget
         from replayable.specs import ChunkSpec, EmbedSpec, ExtractSpec, default_workers
-        from replayable.stages.embed import HttpEmbeddingClient
 
         if self.stage == "extract":
             pool = stack.enter_context(
@@ -265,15 +269,13 @@ class IdempotentStageOperator(BaseOperator):
             )
         if self.stage == "chunk":
             return ChunkSpec(config=settings.chunk_config, connect=connect)
-        choice = model_choice(settings, self.model_conn_id)
-        client = HttpEmbeddingClient(
-            base_url=choice.provider.base_url,
+        hook = EmbeddingsHook(self.model_conn_id)
+        choice = model_choice(settings, hook)
+        client = hook.get_client(
             model=choice.model,
-            api_key=choice.provider.api_key,
             dimensions=choice.dimensions,
-            timeout_s=choice.provider.timeout_s,
+            max_in_flight=choice.max_in_flight,
             retry=CallRetry(),
-            max_connections=choice.max_in_flight,
         )
         stack.callback(client.close)
         return EmbedSpec(
