@@ -42,6 +42,7 @@ import hmac
 import logging
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
@@ -296,21 +297,31 @@ async def authorize(request: Request) -> None:
         raise HTTPException(HTTPStatus.FORBIDDEN, "Forbidden")
 
 
+def _open(stack: ExitStack, state: Any) -> db.Connection:
+    """A read-only connection for one scrape, closed or given back when ``stack`` ends."""
+    pool = getattr(state, "pool", None)
+    if pool is not None:  # the app's shared connections, when it keeps a pool
+        conn: db.Connection = stack.enter_context(pool.connection(readonly=True))
+        return conn
+    provider: Callable[[], str] = state.dsn_provider
+    conn = db.connect(provider())
+    stack.callback(conn.close)
+    conn.set_session(readonly=True, autocommit=True)
+    return conn
+
+
 def _scrape(request: Request) -> tuple[bytes, str]:
-    provider: Callable[[], str] = request.app.state.dsn_provider
-    try:
-        conn = db.connect(provider())
-    except Exception as err:
-        # Prometheus records the failed scrape (up == 0); the details go to the log.
-        log.warning("replayable metrics cannot reach the database: %s", err)
-        raise HTTPException(
-            HTTPStatus.SERVICE_UNAVAILABLE, "The replayable database is unavailable."
-        ) from err
-    try:
-        conn.set_session(readonly=True, autocommit=True)
+    with ExitStack() as stack:
+        try:
+            conn = _open(stack, request.app.state)
+        # A missing Airflow connection or an unreachable server: Prometheus records the
+        # failed scrape (up == 0), the details go to the API server's log.
+        except Exception as err:
+            log.warning("replayable metrics cannot reach the database: %s", err)
+            raise HTTPException(
+                HTTPStatus.SERVICE_UNAVAILABLE, "The replayable database is unavailable."
+            ) from err
         return render(conn, request.headers.get("accept"))
-    finally:
-        conn.close()
 
 
 async def metrics_endpoint(request: Request) -> Response:

@@ -6,7 +6,9 @@ from the ledger's tables directly (never from the counters the endpoint reads).
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -164,6 +166,47 @@ def test_an_airflow_user_needs_the_plugins_view(
     assert response.status_code == status
     anonymous.cookies.set("_token", "jwt-of-carol")  # the UI's cookie works the same
     assert anonymous.get("/replayable/metrics").status_code == status
+
+
+def test_an_unreachable_database_is_a_503_that_names_nothing_secret(token: str) -> None:
+    def no_dsn() -> str:
+        raise RuntimeError("connection replayable_db not found (password=hunter2)")
+
+    create_auth_manager()
+    root = FastAPI()
+    root.mount("/replayable", create_app(dsn_provider=no_dsn))
+    response = TestClient(root).get(
+        "/replayable/metrics", headers={"Authorization": f"Bearer {token}"}
+    )
+    assert response.status_code == 503
+    assert "hunter2" not in response.text
+
+
+class _Pool:
+    """The shape of a connection pool an app may keep in ``app.state.pool``."""
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+        self.lent = 0
+
+    @contextlib.contextmanager
+    def connection(self, *, readonly: bool) -> Iterator[Any]:
+        assert readonly
+        self.lent += 1
+        conn = db.connect(self.dsn)
+        try:
+            yield conn
+        finally:
+            conn.close()
+
+
+def test_a_scrape_borrows_from_the_apps_pool_when_it_keeps_one(
+    app: FastAPI, anonymous: TestClient, token: str, ledger: None, dsn: str
+) -> None:
+    app.state.pool = _Pool(dsn)
+    samples = scrape(anonymous, Authorization=f"Bearer {token}")
+    assert value(samples, "replayable_items", stage="extract", status="done") == 2
+    assert app.state.pool.lent == 1
 
 
 # ---- what a scrape says ---------------------------------------------------------------------
