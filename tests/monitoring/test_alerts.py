@@ -6,6 +6,7 @@ tests skip only where apt itself is missing; any other failure to get promtool f
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 from pathlib import Path
@@ -92,3 +93,15 @@ def test_every_rule_has_a_firing_case_and_a_quiet_case() -> None:
     names = {rule["alert"] for rule in rules()}
     assert firing == names
     assert quiet == names
+
+
+def test_the_dashboard_queries_only_exported_metrics() -> None:
+    dashboard = json.loads((MONITORING / "grafana-dashboard.json").read_text())
+    used = {
+        name
+        for panel in dashboard["panels"]
+        for target in panel["targets"]
+        for name in METRIC.findall(target["expr"])
+    }
+    assert used
+    assert used <= METRIC_NAMES, used - METRIC_NAMES
