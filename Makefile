@@ -60,3 +60,18 @@ corpus: install
 
 clean: stop
 	rm -rf $(STATE)
+
+# ---- monitoring: Prometheus alert rules in monitoring/ --------------------------------------
+# promtool (from Debian's prometheus package) is installed into .local/tools when missing, so
+# that `make test` can run `promtool test rules`; exit status 2 means apt is unavailable, and
+# the tests then skip saying so.
+.PHONY: promtool alerts-test
+
+promtool:
+	@monitoring/install-promtool.sh >/dev/null || [ $$? -eq 2 ]
+
+test: promtool
+
+alerts-test: promtool
+	cd monitoring && "$$(./install-promtool.sh)" check rules alerts.yml
+	cd monitoring && "$$(./install-promtool.sh)" test rules alerts.test.yml

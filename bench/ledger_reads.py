@@ -1,4 +1,4 @@
-"""B7, the ledger's read paths at a million documents: every page, command and sensor query.
+"""B7, the ledger's read paths at a million documents: every page, command, sensor and scrape.
 
 A synthetic ledger (``bench/sql/synthetic_ledger.sql``: 1,000,000 documents x 3 stages of
 current rows, 200,000 superseded rows, 50,000 dead letters, a million model calls) is loaded
@@ -51,6 +51,7 @@ def load(dsn: str, documents: int, letters: int) -> float:
 def reads() -> dict[str, Read]:
     """Every read a person (UI, CLI) or a sensor makes, by name."""
     from replayable.web import app as web
+    from replayable.web import metrics
 
     def failed_page_two(conn: db.Connection) -> Any:
         first = web.failed_items(conn, None, None, 100)
@@ -88,6 +89,7 @@ def reads() -> dict[str, Read]:
         "rerun: dead": rerun(status=["dead"]),
         "rerun: code_version_lt": rerun(code_version_lt="1.1"),
         "rerun: doc ids": rerun(doc_ids=some_docs),
+        "metrics scrape": lambda c: metrics.render(c),
         "report of a 1,000-doc run": lambda c: db.fetch_all(
             c,
             "report_stage_status",

@@ -141,7 +141,10 @@ def run(
     outcome: dict[str, Any] = {}
     with services() as svc:
         for name, folder in (("small", small_folder), ("big", big_folder)):
-            truncate(svc.dsn, ("stage_counts", "stage_runs", "dead_letters", "extractions"))
+            truncate(
+                svc.dsn,
+                ("stage_counts", "stage_runs", "dead_letters", "dead_letter_counts", "extractions"),
+            )
             ids = _record(svc.dsn, folder)
             peaks[name], outcome[name] = _peak_rss(svc.dsn, ids)
             if outcome[name]["done"] != documents:

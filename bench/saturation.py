@@ -50,6 +50,7 @@ EMBED_TABLES = (
     "stage_counts",
     "stage_runs",
     "dead_letters",
+    "dead_letter_counts",
 )
 NO_429 = Target("= 0", equals=0)
 

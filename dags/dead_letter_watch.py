@@ -1,14 +1,17 @@
 """Every 15 minutes, watch how fast dead letters arrive and alert on a spike.
 
 The sensor waits for more than `max_new` new dead letters within `window_minutes`; when it
-fires, `alert` fails the run with the numbers, so failure notifications carry them. A quiet
-interval ends with the sensor skipped and the run green. See `replayable.sensors`.
+fires, `alert` fails the run with the numbers, and its failure callback posts them to the
+webhook of the Airflow connection `replayable_alerts`. A quiet interval ends with the
+sensor skipped and the run green; a watch that cannot read the ledger fails the sensor and
+posts that instead. See `replayable.sensors` and `replayable.notifications`.
 """
 
 from __future__ import annotations
 
 from airflow.sdk import Param, dag, task
 
+from replayable.notifications import WebhookNotifier
 from replayable.sensors import DeadLetterGrowthSensor, alert
 from replayable.settings import STAGES
 
@@ -43,8 +46,10 @@ def dead_letter_watch() -> None:
         poke_interval="{{ params.poke_interval_s }}",
         timeout="{{ params.timeout_s }}",
         soft_fail=True,
+        on_failure_callback=WebhookNotifier(title="Dead-letter watch failed"),
     )
-    task(alert, task_id="alert")(spike.output)
+    notify_spike = WebhookNotifier(title="Dead-letter spike")
+    task(alert, task_id="alert", on_failure_callback=notify_spike)(spike.output)
 
 
 dead_letter_watch()

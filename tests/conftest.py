@@ -34,6 +34,7 @@ TABLES = (
     "model_call_items",
     "model_call_counts",
     "stage_counts",
+    "dead_letter_counts",
     "run_docs",
     "runs",
     "file_cache",

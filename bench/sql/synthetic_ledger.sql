@@ -3,8 +3,8 @@
 -- failed, 0.1 percent running, the rest done; 1 percent of extract rows on an older code
 -- version), a fifth of them has an older, superseded extract row, %(letters)s dead letters
 -- (60 percent open, 30 percent redriven, 10 percent ignored) spread over 30 days with a
--- burst in the last hour, %(calls)s model calls over 1,000 runs, and two runs of 1,000 and
--- 10,000 documents in run_docs.
+-- burst in the last hour, %(calls)s model calls over 1,000 runs (5 percent failed, 5 percent
+-- retries), and two runs of 1,000 and 10,000 documents in run_docs.
 INSERT INTO replayable.documents (doc_id, uri, size_bytes, first_seen)
 SELECT encode(sha256(('doc-' || i)::bytea), 'hex'),
        '/corpus/' || (i %% 1000) || '/report-' || i || '.pdf',
@@ -76,7 +76,7 @@ WHERE n <= %(letters)s;
 INSERT INTO replayable.model_calls
     (stage, item_key, attempt, call_try, status, http_status, latency_ms, n_inputs, tokens,
      idempotency_key, run_id, created_at)
-SELECT 'embed', NULL, 1, 1,
+SELECT 'embed', NULL, 1, CASE WHEN i %% 20 = 1 THEN 2 ELSE 1 END,
        CASE WHEN i %% 20 = 0 THEN 'http_503' ELSE 'ok' END,
        CASE WHEN i %% 20 = 0 THEN 503 ELSE 200 END,
        20 + (i * 37) %% 400, 32, CASE WHEN i %% 20 = 0 THEN 0 ELSE 6400 END,

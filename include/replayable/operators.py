@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -15,8 +16,9 @@ from airflow.sdk.definitions.retry_policy import RetryDecision, RetryPolicy
 from airflow.sdk.exceptions import AirflowSkipException
 
 from replayable import db
+from replayable.hooks import EmbeddingsHook
 from replayable.ledger import Revival, RunContext
-from replayable.provider.config import ModelSettings, settings_from_connection
+from replayable.provider.config import ModelSettings
 from replayable.retry import CallRetry, Classified
 from replayable.runner import BatchResult, Limits, StageSpec, run_batch
 from replayable.settings import (
@@ -95,9 +97,13 @@ class ModelChoice:
     max_in_flight: int
 
 
-def model_choice(settings: PipelineSettings, conn_id: str) -> ModelChoice:
-    """Resolve the run's model once; it feeds the embed keys, so plan and stage must agree."""
-    provider = settings_from_connection(conn_id)
+def model_choice(settings: PipelineSettings, conn: str | EmbeddingsHook) -> ModelChoice:
+    """Resolve the run's model once; it feeds the embed keys, so plan and stage must agree.
+
+    ``conn`` is the model connection's id or a hook already made for it.
+    """
+    hook = conn if isinstance(conn, EmbeddingsHook) else EmbeddingsHook(conn)
+    provider = hook.get_settings()
     return ModelChoice(
         provider=provider,
         model=settings.model or provider.model or DEFAULT_MODEL,
@@ -125,6 +131,23 @@ def connection_dsn(conn_id: str) -> str:
         "dbname": conn.schema,
     }
     return str(psycopg2.extensions.make_dsn(**{k: v for k, v in options.items() if v}))
+
+
+def emit_stats(result: BatchResult, seconds: float | None) -> None:
+    """Airflow metrics of one batch (StatsD or OpenTelemetry, as ``[metrics]`` configures).
+
+    ``replayable.items.{done,failed,dead}`` count the batch's documents in each end state
+    and ``replayable.batch.duration`` times the batch, all tagged with the stage. Tags reach
+    StatsD only with its Datadog or InfluxDB tagging on; OpenTelemetry keeps them.
+    """
+    from airflow.sdk.observability import stats
+
+    tags = {"stage": result.stage}
+    for state, items in (("done", result.done), ("failed", result.failed), ("dead", result.dead)):
+        if items:
+            stats.incr(f"replayable.items.{state}", count=len(items), tags=tags)
+    if seconds is not None:
+        stats.timing("replayable.batch.duration", timedelta(seconds=seconds), tags=tags)
 
 
 class IdempotentStageOperator(BaseOperator):
@@ -194,6 +217,7 @@ class IdempotentStageOperator(BaseOperator):
         if self.stage not in settings.effective_stages:
             raise AirflowSkipException(f"stage {self.stage} is not in this run's stages")
         ti = context["ti"]
+        started = time.monotonic()
         ctx = RunContext(
             owner=f"{socket.gethostname()}:{os.getpid()}:{ti.run_id}:{ti.map_index}:{ti.try_number}",
             dag_id=ti.dag_id,
@@ -217,7 +241,7 @@ class IdempotentStageOperator(BaseOperator):
             result = run_batch(
                 spec, doc_ids, connect=connect, ctx=ctx, limits=limits, revive=revive
             )
-        return self._outcome(result, settings)
+        return self._outcome(result, settings, time.monotonic() - started)
 
     def _spec(
         self,
@@ -231,7 +255,6 @@ class IdempotentStageOperator(BaseOperator):
         from replayable import guards, sources
         from replayable.budget import RequestBudget
         from replayable.specs import ChunkSpec, EmbedSpec, ExtractSpec, default_workers
-        from replayable.stages.embed import HttpEmbeddingClient
 
         if self.stage == "extract":
             pool = stack.enter_context(
@@ -246,15 +269,13 @@ class IdempotentStageOperator(BaseOperator):
             )
         if self.stage == "chunk":
             return ChunkSpec(config=settings.chunk_config, connect=connect)
-        choice = model_choice(settings, self.model_conn_id)
-        client = HttpEmbeddingClient(
-            base_url=choice.provider.base_url,
+        hook = EmbeddingsHook(self.model_conn_id)
+        choice = model_choice(settings, hook)
+        client = hook.get_client(
             model=choice.model,
-            api_key=choice.provider.api_key,
             dimensions=choice.dimensions,
-            timeout_s=choice.provider.timeout_s,
+            max_in_flight=choice.max_in_flight,
             retry=CallRetry(),
-            max_connections=choice.max_in_flight,
         )
         stack.callback(client.close)
         return EmbedSpec(
@@ -269,8 +290,11 @@ class IdempotentStageOperator(BaseOperator):
             max_in_flight=choice.max_in_flight,
         )
 
-    def _outcome(self, result: BatchResult, settings: PipelineSettings) -> dict[str, Any]:
+    def _outcome(
+        self, result: BatchResult, settings: PipelineSettings, seconds: float | None = None
+    ) -> dict[str, Any]:
         summary = result.summary()
+        emit_stats(result, seconds)
         self.log.info(
             "%s: %d done (%d already), %d failed, %d dead, %d without input",
             self.stage,

@@ -102,3 +102,21 @@ def test_bad_conf_is_rejected_naming_the_field(conf, field):
     with pytest.raises(ParamValidationError, match=field):
         params.update(conf)  # a ParamsDict checks each value as it is set
         params.validate()
+
+
+def test_a_spike_is_posted_to_the_alerts_webhook(airflow_env, conn, model, tmp_path):
+    """The alert task's failure callback delivers the numbers to a loopback receiver."""
+    add_letters(conn, 4, error_class="http_500")
+    model.set_faults(webhook_statuses=[503, 200])  # the first delivery is retried
+    alerts = {"conn_type": "http", "host": model.webhook_url("replayable-alerts")}
+    env = {**airflow_env, "AIRFLOW_CONN_REPLAYABLE_ALERTS": json.dumps(alerts)}
+    log_path = tmp_path / "notify.log"
+    code, states = watch(env, log_path, {"max_new": 3, "stage": "embed"})
+    assert code != 0
+    assert states == {"wait_for_growth": "success", "alert": "failed"}, log_path
+    (event,) = model.webhook_events("replayable-alerts")
+    body = event["body"]
+    assert body["title"] == "Dead-letter spike"
+    assert body["message"].startswith("Dead-letter spike: 4 new dead letters in the last 60 min")
+    assert (body["dag_id"], body["task_id"]) == (DAG_ID, "alert")
+    assert "alert delivered to http://127.0.0.1" in log_path.read_text()

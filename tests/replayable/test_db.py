@@ -34,3 +34,34 @@ def test_named_queries_bind_values_instead_of_formatting_them(conn):
     conn.commit()
     rows = db.fetch_all(conn, "documents_by_id", {"doc_ids": [hostile]})
     assert rows == [{"doc_id": hostile, "uri": hostile, "size_bytes": 1}]
+
+
+def test_the_metrics_migration_counts_what_was_there_before_it(conn):
+    """0005 rebuilds its counters from the tables, so calls and letters from before count."""
+    with conn.cursor() as cur:
+        cur.executemany(
+            "INSERT INTO replayable.model_calls (stage, attempt, call_try, status, latency_ms,"
+            " n_inputs, tokens, idempotency_key) VALUES ('embed', 1, %s, %s, 20, 1, 5, 'k')",
+            [(1, "ok"), (2, "ok"), (3, "http_503")],
+        )
+        cur.executemany(
+            "INSERT INTO replayable.dead_letters (stage, item_key, doc_id, error_class,"
+            " error_kind, error, attempts, code_version, status)"
+            " VALUES ('embed', %s, 'd', 'http_400', 'terminal', 'e', 1, '1', %s)",
+            [("i1", "open"), ("i2", "open"), ("i3", "redriven")],
+        )
+        # As if the rows were written before the migration: no counter knows them.
+        cur.execute("TRUNCATE replayable.model_call_counts, replayable.dead_letter_counts")
+    conn.commit()
+    (text,) = [text for name, text in db._migrations() if name == "0005_metrics"]
+    for _ in range(2):  # and applying it twice changes nothing
+        with conn.cursor() as cur:
+            cur.execute(text)
+            cur.execute("SELECT sum(calls), sum(retries) FROM replayable.model_call_counts")
+            assert cur.fetchone() == (3, 2)
+            cur.execute(
+                "SELECT sum(n) FILTER (WHERE status = 'open'), sum(created)"
+                " FROM replayable.dead_letter_counts"
+            )
+            assert cur.fetchone() == (2, 3)
+        conn.commit()

@@ -59,6 +59,41 @@ def test_a_huge_retry_after_is_capped_by_max_retry_after_s():
     op = IdempotentStageOperator(task_id="x", stage="embed", batch={"doc_ids": ["a"]})
     result = BatchResult("embed", failed=["a"], retry_after_s=31_536_000)
     with pytest.raises(BatchIncompleteError) as info:
-        op._outcome(result, PipelineSettings(max_retry_after_s=300))
+        op._outcome(result, PipelineSettings(max_retry_after_s=300), 1.0)
     decision = decide(info.value)
     assert decision.retry_delay == timedelta(seconds=300)
+
+
+class _RecordingStats:
+    """A stats backend that keeps every call, installed through the SDK's own initialize()."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str, object, dict]] = []
+
+    def incr(self, stat, count=1, rate=1, *, tags=None):
+        self.calls.append(("incr", stat, count, tags or {}))
+
+    def timing(self, stat, dt, *, tags=None):
+        self.calls.append(("timing", stat, dt, tags or {}))
+
+
+def test_a_batch_emits_airflow_metrics_tagged_with_its_stage(monkeypatch):
+    from airflow.sdk._shared.observability.metrics import stats as backend_state
+    from airflow.sdk.observability import stats
+
+    from replayable.runner import BatchResult
+    from replayable.settings import PipelineSettings
+
+    for name in ("_factory", "_backend", "_export_legacy_names"):
+        monkeypatch.setattr(backend_state, name, getattr(backend_state, name))
+    recorder = _RecordingStats()
+    stats.initialize(factory=lambda: recorder, export_legacy_names=False)
+    op = IdempotentStageOperator(task_id="x", stage="embed", batch={"doc_ids": ["a"]})
+    result = BatchResult(stage="embed", done=["a", "b", "c"], dead=["d"])
+    op._outcome(result, PipelineSettings.from_params({}), 2.5)
+    tags = {"stage": "embed"}
+    assert recorder.calls == [
+        ("incr", "replayable.items.done", 3, tags),
+        ("incr", "replayable.items.dead", 1, tags),
+        ("timing", "replayable.batch.duration", timedelta(seconds=2.5), tags),
+    ]

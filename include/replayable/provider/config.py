@@ -1,6 +1,8 @@
-"""Which embedding endpoint is used: decided here, from the Airflow connection.
+"""Which embedding endpoint is used: decided here, from the Airflow connection's fields.
 
-The connection (default id ``replayable_model``) holds the endpoint and the secret:
+:class:`replayable.hooks.EmbeddingsHook` reads the connection (default id
+``replayable_model``) and hands its fields to :func:`settings_from_fields`. It holds the
+endpoint and the secret:
 
 - ``host``: the API root including ``/v1`` (``https://api.openai.com/v1``,
   ``http://127.0.0.1:11434/v1`` for Ollama, …), or a bare host with ``port`` and
@@ -56,11 +58,3 @@ def settings_from_fields(
         timeout_s=float(extra.get("timeout_s", 30.0)),
         max_in_flight=int(extra["max_in_flight"]) if extra.get("max_in_flight") else None,
     )
-
-
-def settings_from_connection(conn_id: str) -> ModelSettings:
-    """Read the Airflow connection ``conn_id`` (an Airflow import, so only called in tasks)."""
-    from airflow.sdk import BaseHook
-
-    conn = BaseHook.get_connection(conn_id)
-    return settings_from_fields(conn.host, conn.port, conn.schema, conn.password, conn.extra_dejson)

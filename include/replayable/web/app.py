@@ -45,6 +45,7 @@ from pydantic import BaseModel, BeforeValidator
 
 from replayable import db
 from replayable.settings import STAGES
+from replayable.web.metrics import router as metrics_router
 
 log = logging.getLogger(__name__)
 
@@ -543,6 +544,7 @@ def create_app(dsn_provider: Callable[[], str] | None = None) -> FastAPI:
     )
     app.state.dsn_provider = dsn_provider or _default_dsn
     app.include_router(router)
+    app.include_router(metrics_router)  # its own auth: Airflow's or the scrape token
     app.add_exception_handler(psycopg2.errors.UndefinedTable, _schema_missing)
 
     @app.middleware("http")

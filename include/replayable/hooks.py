@@ -1,0 +1,164 @@
+"""EmbeddingsHook: the embeddings provider's Airflow connection, turned into a client.
+
+In the shape of the providers' hooks (``PostgresHook``, ``HttpHook``): the hook owns the
+connection (``replayable_model`` by default), the operator owns its arguments and asks the
+hook for a client. The connection holds:
+
+- ``host``: the API root including ``/v1`` (``https://api.openai.com/v1``, Ollama's
+  ``http://127.0.0.1:11434/v1``, …), or a bare host with ``port``, ``schema`` and
+  ``extra.base_path`` (see :func:`replayable.provider.config.settings_from_fields`);
+- ``password``: the API key, if any: sent as a bearer token, never logged or returned;
+- extra fields ``model``, ``dimensions``, ``timeout_s`` and ``max_in_flight`` (the
+  provider's budget of concurrent requests, shared by every task and worker).
+
+The connection type ``replayable_embeddings`` and its form fields are declared in
+:func:`replayable.get_provider_info.get_provider_info`, the way Airflow 3.2+ wants them;
+a connection of any other type (``http`` in the dev environment) works all the same.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseHook
+
+from replayable.provider.config import ModelSettings, settings_from_fields
+from replayable.settings import DEFAULT_MAX_IN_FLIGHT, DEFAULT_MODEL
+
+if TYPE_CHECKING:
+    from replayable.retry import CallRetry
+    from replayable.stages.embed import HttpEmbeddingClient
+
+__all__ = ["CONNECTION_FIELDS", "UI_FIELD_BEHAVIOUR", "EmbeddingsHook"]
+
+# Airflow's declarative connection form (provider info "conn-fields"): stored in extra.
+CONNECTION_FIELDS: dict[str, dict[str, Any]] = {
+    "model": {
+        "label": "Model",
+        "description": "Embedding model sent with each request, unless a run's params name one.",
+        "schema": {"type": ["string", "null"]},
+    },
+    "dimensions": {
+        "label": "Dimensions",
+        "description": "Output size, for models that accept one; empty for the model's own.",
+        "schema": {"type": ["integer", "null"], "minimum": 1},
+    },
+    "timeout_s": {
+        "label": "Timeout (seconds)",
+        "description": "Deadline of one request, from sending to the last byte.",
+        "schema": {"type": ["number", "null"], "exclusiveMinimum": 0},
+    },
+    "max_in_flight": {
+        "label": "Max requests in flight",
+        "description": "The provider's budget of concurrent requests, shared by every worker.",
+        "schema": {"type": ["integer", "null"], "minimum": 1},
+    },
+}
+UI_FIELD_BEHAVIOUR: dict[str, Any] = {
+    "hidden-fields": ["login", "schema", "port"],
+    "relabeling": {"host": "API root URL", "password": "API key"},
+    "placeholders": {
+        "host": "https://api.openai.com/v1 (the root that /embeddings is under)",
+        "password": "sk-… (sent as a bearer token; leave empty for a local server)",
+    },
+}
+
+
+class EmbeddingsHook(BaseHook):
+    """Reads the embeddings connection and builds :class:`HttpEmbeddingClient` from it.
+
+    :param embeddings_conn_id: Airflow connection of the OpenAI-compatible endpoint.
+    """
+
+    conn_name_attr = "embeddings_conn_id"
+    default_conn_name = "replayable_model"
+    conn_type = "replayable_embeddings"
+    hook_name = "Replayable embeddings (OpenAI-compatible)"
+
+    def __init__(self, embeddings_conn_id: str = default_conn_name, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.embeddings_conn_id = embeddings_conn_id
+        self._settings: ModelSettings | None = None
+
+    @classmethod
+    def get_ui_field_behaviour(cls) -> dict[str, Any]:
+        """The form's hidden, relabelled and prefilled standard fields (snake_case keys).
+
+        Airflow 3.2+ reads the same from the provider info; this is for callers that ask
+        the hook, as Airflow 2 did.
+        """
+        return {key.replace("-", "_"): value for key, value in UI_FIELD_BEHAVIOUR.items()}
+
+    def get_settings(self) -> ModelSettings:
+        """Endpoint, key and defaults from the connection (read once per hook)."""
+        if self._settings is None:
+            conn = self.get_connection(self.embeddings_conn_id)
+            self._settings = settings_from_fields(
+                conn.host, conn.port, conn.schema, conn.password, conn.extra_dejson
+            )
+        return self._settings
+
+    def get_client(
+        self,
+        *,
+        model: str | None = None,
+        dimensions: int | None = None,
+        max_in_flight: int | None = None,
+        retry: CallRetry | None = None,
+    ) -> HttpEmbeddingClient:
+        """A client for the connection's endpoint; arguments win over the connection's extra.
+
+        The caller closes it (``client.close()``).
+        """
+        # Imported here: httpx is a task-time need, not a DAG-parse-time one.
+        from replayable.retry import CallRetry
+        from replayable.stages.embed import HttpEmbeddingClient
+
+        settings = self.get_settings()
+        return HttpEmbeddingClient(
+            base_url=settings.base_url,
+            model=model or settings.model or DEFAULT_MODEL,
+            api_key=settings.api_key,
+            dimensions=dimensions or settings.dimensions,
+            timeout_s=settings.timeout_s,
+            retry=retry or CallRetry(),
+            max_connections=max_in_flight or settings.max_in_flight or DEFAULT_MAX_IN_FLIGHT,
+        )
+
+    def get_conn(self) -> HttpEmbeddingClient:
+        """The hook protocol's name for :meth:`get_client` with the connection's defaults."""
+        return self.get_client()
+
+    def test_connection(self) -> tuple[bool, str]:
+        """Make one tiny embeddings call; return (ok, message). The key never appears in it.
+
+        Used by Airflow's "Test" button (when ``[core] test_connection`` is enabled) and
+        handy in a shell. The call is not retried, so a refused key or an endpoint that is
+        down answers at once.
+        """
+        from replayable.retry import CallRetry, classify
+
+        api_key: str | None = None
+        try:
+            settings = self.get_settings()
+            api_key = settings.api_key
+            client = self.get_client(retry=CallRetry(max_attempts=1))
+            try:
+                result = client.embed(
+                    ["Replayable connection test"],
+                    idempotency_key=f"replayable-connection-test-{uuid.uuid4().hex}",
+                )
+            finally:
+                client.close()
+        except Exception as error:
+            failure = classify(error)
+            message = f"{failure.error_class}: {failure.message}"
+            if api_key:
+                message = message.replace(api_key, "***")
+            return False, message
+        return (
+            True,
+            f"{client.model} at {settings.base_url} answered with a vector of "
+            f"{len(result.vectors[0])} dimensions ({result.tokens} token(s) billed)",
+        )

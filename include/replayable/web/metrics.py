@@ -1,0 +1,335 @@
+"""Prometheus metrics of the ledger at ``/replayable/metrics``, read from counters per scrape.
+
+Airflow has no Prometheus endpoint of its own, so the Replayable UI app serves one. Each
+scrape builds a fresh registry with one :class:`LedgerCollector`, which reads the counter
+tables that triggers keep in the transaction of every change (``stage_counts``,
+``dead_letter_counts``, ``model_call_counts``): there is no global mutable metric, every API
+server worker answers the same, and a scrape costs the same at a thousand documents as at a
+million (ADR 0050).
+
+Exported families (every label value comes from the ledger):
+
+``replayable_items{stage,status}`` (gauge)
+    items whose current row in the stage has the status (pending, running, done, failed,
+    dead); every pipeline stage and status is present, zeros included.
+``replayable_dead_letters_open{stage}`` (gauge)
+    open dead letters: the work list's depth.
+``replayable_dead_letters_created_total{stage}`` (counter)
+    dead letters ever created, whatever became of them: alert on its rate, not the depth.
+``replayable_model_calls_total{stage,outcome}`` (counter)
+    billable model requests, ``outcome`` being ``ok`` or the error class (``http_503``, …).
+``replayable_model_call_retries_total{stage}`` (counter)
+    requests that were a retry inside an item's attempt (``call_try > 1``).
+``replayable_model_tokens_total{stage}`` (counter)
+    tokens the provider billed.
+``replayable_model_call_latency_seconds{stage}`` (histogram)
+    request latency of every call, failed ones included; buckets from 5 ms to 30 s.
+
+**Who may scrape.** Like every route of the app, a request with an Airflow JWT (bearer or
+the UI cookie) of a user allowed to see plugins. A Prometheus server has no Airflow login,
+so the endpoint also takes a scrape token: the Airflow Variable ``replayable_metrics_token``
+(:data:`TOKEN_VARIABLE`), sent as ``Authorization: Bearer <token>`` and compared in constant
+time. Without the Variable only Airflow's auth applies; an anonymous request gets 401.
+
+This route is a plain Starlette route, not an ``APIRoute``: the app-wide Airflow dependency
+would refuse the scrape token as a malformed JWT before any route code ran, so the route
+checks both ways itself (:func:`authorize`) and never answers before one has passed.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import Any
+
+from airflow.api_fastapi.app import get_auth_manager
+from airflow.api_fastapi.auth.managers.models.resource_details import AccessView
+from airflow.api_fastapi.core_api.security import bearer_scheme, get_user
+from fastapi import APIRouter, HTTPException, Request
+from fastapi.responses import Response
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from starlette.concurrency import run_in_threadpool
+
+from replayable import db
+from replayable.settings import STAGES
+
+__all__ = [
+    "LATENCY_BOUNDS_MS",
+    "METRIC_NAMES",
+    "TOKEN_VARIABLE",
+    "LedgerCollector",
+    "LedgerSnapshot",
+    "authorize",
+    "read_snapshot",
+    "render",
+    "router",
+]
+
+log = logging.getLogger(__name__)
+
+TOKEN_VARIABLE = "replayable_metrics_token"  # noqa: S105 - a Variable's name, not a secret
+ITEM_STATUSES = ("pending", "running", "done", "failed", "dead")
+# replayable.latency_bucket()'s upper bounds (migration 0002); -1 in the counters is +Inf.
+LATENCY_BOUNDS_MS = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000)
+_INF = -1
+
+Row = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class LedgerSnapshot:
+    """The counter rows one scrape reads (see the ``metrics_*`` queries)."""
+
+    items: list[Row]
+    dead_letters: list[Row]
+    model_calls: list[Row]
+
+
+def read_snapshot(conn: db.Connection) -> LedgerSnapshot:
+    """Read the counters: three small queries that never touch the ledger's history."""
+    return LedgerSnapshot(
+        items=db.fetch_all(conn, "metrics_items"),
+        dead_letters=db.fetch_all(conn, "metrics_dead_letters"),
+        model_calls=db.fetch_all(conn, "metrics_model_calls"),
+    )
+
+
+@dataclass(frozen=True)
+class _Families:
+    """Every family this endpoint exports, empty; :class:`LedgerCollector` fills them."""
+
+    items: GaugeMetricFamily
+    open: GaugeMetricFamily
+    created: CounterMetricFamily
+    calls: CounterMetricFamily
+    retries: CounterMetricFamily
+    tokens: CounterMetricFamily
+    latency: HistogramMetricFamily
+
+    @classmethod
+    def empty(cls) -> _Families:
+        return cls(
+            items=GaugeMetricFamily(
+                "replayable_items",
+                "Items whose current row in the stage has the status.",
+                labels=["stage", "status"],
+            ),
+            open=GaugeMetricFamily(
+                "replayable_dead_letters_open",
+                "Open dead letters (the work list's depth).",
+                labels=["stage"],
+            ),
+            created=CounterMetricFamily(
+                "replayable_dead_letters_created",
+                "Dead letters ever created, whatever their status now.",
+                labels=["stage"],
+            ),
+            calls=CounterMetricFamily(
+                "replayable_model_calls",
+                "Billable model requests by outcome: ok or the error class.",
+                labels=["stage", "outcome"],
+            ),
+            retries=CounterMetricFamily(
+                "replayable_model_call_retries",
+                "Model requests that retried a failed request of the same item attempt.",
+                labels=["stage"],
+            ),
+            tokens=CounterMetricFamily(
+                "replayable_model_tokens",
+                "Tokens the model provider billed.",
+                labels=["stage"],
+            ),
+            latency=HistogramMetricFamily(
+                "replayable_model_call_latency_seconds",
+                "Model request latency, failed requests included.",
+                labels=["stage"],
+            ),
+        )
+
+    def all(self) -> list[Metric]:
+        return [
+            self.items,
+            self.open,
+            self.created,
+            self.calls,
+            self.retries,
+            self.tokens,
+            self.latency,
+        ]
+
+
+def _sample_name(family: Metric) -> str:
+    return f"{family.name}_total" if family.type == "counter" else family.name
+
+
+METRIC_NAMES: frozenset[str] = frozenset(
+    name
+    for family in _Families.empty().all()
+    for name in (
+        [f"{family.name}_bucket", f"{family.name}_sum", f"{family.name}_count"]
+        if family.type == "histogram"
+        else [_sample_name(family)]
+    )
+)
+"""The sample names a scrape can hold, as PromQL sees them (the alert rules' vocabulary)."""
+
+
+def _ordered(stages: Iterable[str]) -> list[str]:
+    """The pipeline's stages in order, then any other stage the counters name."""
+    seen = set(stages)
+    return [*STAGES, *sorted(seen - set(STAGES))]
+
+
+class LedgerCollector:
+    """A prometheus_client collector over one :class:`LedgerSnapshot` read per collect."""
+
+    def __init__(self, read: Callable[[], LedgerSnapshot]) -> None:
+        self._read = read
+
+    def describe(self) -> Iterable[Metric]:
+        # Registering must not read the database: describe with empty families.
+        return _Families.empty().all()
+
+    def collect(self) -> Iterator[Metric]:
+        snapshot = self._read()
+        families = _Families.empty()
+
+        items: dict[tuple[str, str], int] = defaultdict(int)
+        for row in snapshot.items:
+            items[(row["stage"], row["status"])] += int(row["n"])
+        # Every stage and status, zeros included, so that a series never vanishes.
+        for stage in _ordered(stage for stage, _ in items):
+            for status in ITEM_STATUSES:
+                families.items.add_metric([stage, status], items.get((stage, status), 0))
+
+        letters = {row["stage"]: row for row in snapshot.dead_letters}
+        for stage in _ordered(letters):
+            row = letters.get(stage, {})
+            families.open.add_metric([stage], int(row.get("open", 0)))
+            families.created.add_metric([stage], int(row.get("created", 0)))
+
+        calls: dict[tuple[str, str], int] = defaultdict(int)
+        per_stage: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+        by_bucket: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))
+        for row in snapshot.model_calls:
+            stage = row["stage"]
+            calls[(stage, row["status"])] += int(row["calls"])
+            totals = per_stage[stage]
+            totals["retries"] += int(row["retries"])
+            totals["tokens"] += int(row["tokens"])
+            totals["latency_ms"] += int(row["latency_ms"])
+            totals["count"] += int(row["calls"])
+            by_bucket[stage][int(row["le_ms"])] += int(row["calls"])
+        for (stage, outcome), n in sorted(calls.items()):
+            families.calls.add_metric([stage, outcome], n)
+        for stage in sorted(per_stage):
+            totals = per_stage[stage]
+            families.retries.add_metric([stage], totals["retries"])
+            families.tokens.add_metric([stage], totals["tokens"])
+            families.latency.add_metric(
+                [stage],
+                buckets=_cumulative(by_bucket[stage], totals["count"]),
+                sum_value=totals["latency_ms"] / 1000,
+            )
+        return iter(families.all())
+
+
+def _cumulative(counts: dict[int, int], total: int) -> list[tuple[str, float]]:
+    """Histogram buckets as Prometheus wants them: cumulative, in seconds, ending at +Inf."""
+    buckets: list[tuple[str, float]] = []
+    running = 0
+    for bound in LATENCY_BOUNDS_MS:
+        running += counts.get(bound, 0)
+        buckets.append((str(bound / 1000), running))  # Go-style: 0.005, 1.0
+    buckets.append(("+Inf", total))
+    return buckets
+
+
+def render(conn: db.Connection, accept: str | None = None) -> tuple[bytes, str]:
+    """One scrape: the exposition text (format chosen by ``accept``) and its content type."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(LedgerCollector(lambda: read_snapshot(conn)))
+    encode, content_type = choose_encoder(accept or "")
+    return encode(registry), content_type
+
+
+# ---- the route -----------------------------------------------------------------------------
+
+
+def scrape_token() -> str | None:
+    """The configured scrape token, or None when the Variable is unset or blank."""
+    from airflow.sdk import Variable
+
+    value = Variable.get(TOKEN_VARIABLE, default=None)
+    if value is None:
+        return None
+    return str(value).strip() or None
+
+
+async def authorize(request: Request) -> None:
+    """Let the request through with the scrape token or Airflow's own check; else raise.
+
+    The token is compared in constant time and only when a bearer credential is presented.
+    Any other request is judged exactly as the rest of the app judges it: Airflow resolves
+    the user from the bearer JWT or the UI cookie (401 without either, 403 for a bad one)
+    and the auth manager must allow the plugins view.
+    """
+    credentials = await bearer_scheme(request)
+    if credentials is not None:
+        expected = await run_in_threadpool(scrape_token)
+        presented = credentials.credentials.encode()
+        if expected is not None and hmac.compare_digest(presented, expected.encode()):
+            return
+    user = await get_user(request, None, credentials)
+    if not get_auth_manager().is_authorized_view(access_view=AccessView.PLUGINS, user=user):
+        raise HTTPException(HTTPStatus.FORBIDDEN, "Forbidden")
+
+
+def _open(stack: ExitStack, state: Any) -> db.Connection:
+    """A read-only connection for one scrape, closed or given back when ``stack`` ends."""
+    pool = getattr(state, "pool", None)
+    if pool is not None:  # the app's shared connections, when it keeps a pool
+        conn: db.Connection = stack.enter_context(pool.connection(readonly=True))
+        return conn
+    provider: Callable[[], str] = state.dsn_provider
+    conn = db.connect(provider())
+    stack.callback(conn.close)
+    conn.set_session(readonly=True, autocommit=True)
+    return conn
+
+
+def _scrape(request: Request) -> tuple[bytes, str]:
+    with ExitStack() as stack:
+        try:
+            conn = _open(stack, request.app.state)
+        # A missing Airflow connection or an unreachable server: Prometheus records the
+        # failed scrape (up == 0), the details go to the API server's log.
+        except Exception as err:
+            log.warning("replayable metrics cannot reach the database: %s", err)
+            raise HTTPException(
+                HTTPStatus.SERVICE_UNAVAILABLE, "The replayable database is unavailable."
+            ) from err
+        return render(conn, request.headers.get("accept"))
+
+
+async def metrics_endpoint(request: Request) -> Response:
+    """``GET /metrics``: Prometheus exposition text of the ledger's counters."""
+    await authorize(request)
+    body, content_type = await run_in_threadpool(_scrape, request)
+    return Response(body, headers={"Content-Type": content_type, "Cache-Control": "no-store"})
+
+
+router = APIRouter()
+router.add_route("/metrics", metrics_endpoint, methods=["GET"], include_in_schema=False)

@@ -1,0 +1,64 @@
+"""/replayable/metrics after a real document_pipeline run with faults (`airflow dags test`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from airflow.api_fastapi.app import create_auth_manager
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
+
+import corpus
+from checks import assert_nothing_lost, ledger_metrics, subset
+from replayable.web import create_app
+from replayable.web.metrics import TOKEN_VARIABLE
+
+pytestmark = pytest.mark.e2e
+
+TOKEN = "e2e-scrape-token"  # noqa: S105 - a test value
+
+
+def test_a_scrape_after_a_run_with_faults_matches_the_ledger(
+    run_dag: Any, conn: Any, model: Any, dsn: str, tmp_path: Any, monkeypatch: Any
+) -> None:
+    folder = subset(tmp_path, 8)
+    corpus.write_pdf(folder / "poisoned.pdf", ["This text makes the provider answer POISON-400."])
+    model.set_faults(
+        status_rates={"503": 0.3, "429": 0.1},
+        retry_after="1",
+        fail_inputs_containing={"POISON-400": 400},
+        seed=11,
+    )
+    report = run_dag({"source": str(folder), "batch_size": 5, "embed_inputs_per_call": 4})
+    assert report["_returncode"] == 0, report["_log"]
+    assert_nothing_lost(conn)
+
+    monkeypatch.setenv(f"AIRFLOW_VAR_{TOKEN_VARIABLE.upper()}", TOKEN)
+    create_auth_manager()
+    root = FastAPI()
+    root.mount("/replayable", create_app(dsn_provider=lambda: dsn))
+    response = TestClient(root).get(
+        "/replayable/metrics", headers={"Authorization": f"Bearer {TOKEN}"}
+    )
+    assert response.status_code == 200, response.text
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(response.text)
+        for s in family.samples
+    }
+    assert samples == ledger_metrics(conn)
+
+    def get(name: str, **labels: str) -> float:
+        return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+    # The faults show: errors by class, retries inside attempts, one dead letter, 9 done.
+    assert get("replayable_model_calls_total", stage="embed", outcome="http_503") > 0
+    assert get("replayable_model_calls_total", stage="embed", outcome="http_400") > 0
+    assert get("replayable_model_call_retries_total", stage="embed") > 0
+    assert get("replayable_dead_letters_created_total", stage="embed") == 1
+    assert get("replayable_dead_letters_open", stage="embed") == 1
+    assert get("replayable_items", stage="embed", status="done") == 8
+    assert get("replayable_items", stage="embed", status="dead") == 1
+    assert get("replayable_model_tokens_total", stage="embed") > 0
