@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
+from datetime import timedelta
 from typing import Any
 
 from replayable.stages.chunk import ChunkConfig
@@ -31,6 +32,21 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "max_attempts": (1, 20),
     "lease_s": (1, 86_400),
     "max_retry_after_s": (0, 3600),
+}
+
+# Airflow fixes a task's execution_timeout when it parses the DAG, before any run's params
+# are known, so each one is a backstop derived from the params' maxima; a stage task also
+# keeps its own run's deadline (PipelineSettings.batch_deadline_s), which always comes first
+# (ADR 0014). A batch's deadline is at most the longest lease plus the longest Retry-After
+# any run may set; the items in flight then need at most one item timeout more.
+BATCH_DEADLINE_CAP_S = BOUNDS["lease_s"][1] + BOUNDS["max_retry_after_s"][1]
+TASK_TIMEOUTS: dict[str, timedelta] = {
+    # Hashes only new or changed files; 6 h is hundreds of GB at disk speed.
+    "discover": timedelta(hours=6),
+    # A few indexed queries (ADR 0009): seconds at a million documents.
+    "plan": timedelta(minutes=30),
+    "report": timedelta(minutes=30),
+    "stage": timedelta(seconds=BATCH_DEADLINE_CAP_S + BOUNDS["item_timeout_s"][1]),
 }
 
 
@@ -96,6 +112,17 @@ class PipelineSettings:
             return False
         statuses = self.rerun.get("status")
         return statuses is None or "dead" in statuses
+
+    def batch_deadline_s(self, documents: int) -> float:
+        """How long one try of a stage task may take over ``documents`` under these settings.
+
+        Every document may use its whole item timeout, one after another; the batch may wait
+        out one lease of a worker that died holding its items, and one provider Retry-After.
+        Capped at :data:`BATCH_DEADLINE_CAP_S`, so that it ends before the task's
+        execution_timeout.
+        """
+        budget = documents * self.item_timeout_s + self.lease_s + self.max_retry_after_s
+        return min(budget, BATCH_DEADLINE_CAP_S)
 
     @property
     def chunk_config(self) -> ChunkConfig:

@@ -49,3 +49,8 @@ def test_the_operator_brings_its_retry_policy():
     op = IdempotentStageOperator(task_id="x", stage="chunk", batch={"doc_ids": ["a"]})
     assert isinstance(op.retry_policy, BatchRetryPolicy)
     assert op.doc_ids("unused", "d", "r") == ["a"]
+
+
+def test_a_batch_past_its_deadline_is_retried_not_failed():
+    error = Classified("deadline", ErrorKind.SYSTEMIC, "past this run's deadline")
+    assert decide(SystemicFailureError(error)).action is RetryAction.DEFAULT
