@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -27,6 +28,10 @@ from replayable.provider.server import LocalModelServer
 
 # Airflow reads its home when first imported: keep the tests' own Airflow out of ~/airflow.
 os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="replayable-airflow-"))
+# Every process this session starts inherits the mark, so that the check for survivors
+# below never takes a process of another test session on the same machine for ours.
+SESSION_MARK = "REPLAYABLE_TEST_SESSION"
+os.environ[SESSION_MARK] = uuid.uuid4().hex
 os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,9 +67,16 @@ def nothing_left_running() -> Iterator[None]:
     started = time.time()
     words = ("airflow", "replayable", "postgres", "celery", "redis", "uvicorn", "gunicorn")
 
+    def ours(proc: psutil.Process) -> bool:
+        try:
+            return proc.environ().get(SESSION_MARK) == os.environ[SESSION_MARK]
+        except psutil.Error:
+            return False
+
     def ours_left() -> list[psutil.Process]:
         # Our descendants, and orphans started since (re-parented to init when a parent that
-        # was killed left them behind) that belong to the project's services.
+        # was killed left them behind) that belong to the project's services and carry this
+        # session's mark.
         found = {p.pid: p for p in me.children(recursive=True)}
         for proc in psutil.process_iter(["ppid", "create_time", "cmdline"]):
             info = proc.info
@@ -72,6 +84,7 @@ def nothing_left_running() -> Iterator[None]:
                 info["ppid"] == 1
                 and (info["create_time"] or 0) >= started
                 and any(w in " ".join(info["cmdline"] or []) for w in words)
+                and ours(proc)
             ):
                 found.setdefault(proc.pid, proc)
         alive = []
