@@ -3,10 +3,10 @@
 import time
 
 import pytest
+from test_runner import count, run, seed_documents
 
 from replayable.deadline import ERROR_CLASS, DeadlineSpec
 from replayable.runner import WorkItem
-from test_runner import count, run, seed_documents
 
 pytestmark = pytest.mark.db
 
@@ -48,7 +48,8 @@ def test_past_the_deadline_the_batch_stops_and_releases_what_is_left(conn, dsn):
     assert len(stage.started) == 2 and sorted(result.done) == sorted(stage.started)
     assert sorted(result.failed) == sorted(set(doc_ids) - set(stage.started))
     # Released, not failed: no attempt spent and no dead letter.
-    assert count(conn, "SELECT max(attempts) FROM replayable.stage_runs WHERE status <> 'done'") == 0
+    left = "SELECT max(attempts) FROM replayable.stage_runs WHERE status <> 'done'"
+    assert count(conn, left) == 0
     assert count(conn, "SELECT count(*) FROM replayable.dead_letters") == 0
 
 
