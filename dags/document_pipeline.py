@@ -11,7 +11,7 @@ from replayable import TASK_TIMEOUTS, IdempotentStageOperator, dag_tasks, pipeli
 
 SAMPLES = Path(__file__).resolve().parents[1] / "data" / "samples"
 LABEL = "{{ task.batch['label'] }}"
-# Backstops fixed at parse time; each batch also keeps its run's own deadline (ADR 0014).
+# Backstops fixed at parse time; each batch also keeps its run's own deadline (ADR 0012).
 STAGE = {"map_index_template": LABEL, "execution_timeout": TASK_TIMEOUTS["stage"]}
 
 

@@ -3,7 +3,7 @@
 Airflow's ``execution_timeout`` is fixed when the DAG is parsed and kills the task where it
 stands; the deadline here comes from the run's params (``PipelineSettings.batch_deadline_s``)
 and ends the batch the way a systemic failure does: no new item starts, the items not yet
-finished are released without spending an attempt, and the task fails retryably (ADR 0014).
+finished are released without spending an attempt, and the task fails retryably (ADR 0012).
 Nothing here imports Airflow.
 """
 

@@ -37,7 +37,7 @@ BOUNDS: dict[str, tuple[float, float]] = {
 # Airflow fixes a task's execution_timeout when it parses the DAG, before any run's params
 # are known, so each one is a backstop derived from the params' maxima; a stage task also
 # keeps its own run's deadline (PipelineSettings.batch_deadline_s), which always comes first
-# (ADR 0014). A batch's deadline is at most the longest lease plus the longest Retry-After
+# (ADR 0012). A batch's deadline is at most the longest lease plus the longest Retry-After
 # any run may set; the items in flight then need at most one item timeout more.
 BATCH_DEADLINE_CAP_S = BOUNDS["lease_s"][1] + BOUNDS["max_retry_after_s"][1]
 TASK_TIMEOUTS: dict[str, timedelta] = {
