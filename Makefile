@@ -55,3 +55,10 @@ corpus: install
 
 clean: stop
 	rm -rf $(STATE)
+
+# ---- security (issue 9) -----------------------------------------------------------------
+# `make secrets` writes .env for docker-compose.yaml with fresh random secrets. An existing
+# .env is kept (at a terminal you are asked); `make secrets FORCE=1` replaces its secrets.
+.PHONY: secrets
+secrets:
+	@$(PYTHON) docker/make_secrets.py --env .env $(if $(FORCE),--force)
