@@ -31,7 +31,7 @@ DANGEROUS = [chr(c) for c in (*range(0x20), *range(0x7F, 0xA0))] + [
         ("name\u202etxt.exe", "name�txt.exe"),  # right-to-left override
         ("line\nbreak\ttab\rreturn\x08back", "line�break�tab�return�back"),
         ("a lone ESC at the end\x1b", "a lone ESC at the end�"),
-        ("plain ünïcödé – fine.pdf", "plain ünïcödé – fine.pdf"),
+        ("plain ünïcödé \u2013 fine.pdf", "plain ünïcödé \u2013 fine.pdf"),
     ],
 )
 def test_escape_sequences_and_controls_become_one_visible_mark(text, shown):
