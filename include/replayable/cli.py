@@ -48,7 +48,7 @@ RERUN_COUNT = "count_rerun_docs"
 # The same values as replayable.params (test_cli checks that they agree); importing params
 # here would load Airflow, which costs seconds on every command.
 ITEM_STATUSES = ("pending", "running", "done", "failed", "dead")
-VERSION_PATTERN = r"^[0-9]+(\.[0-9]+)*$"
+VERSION_PATTERN = r"^[0-9]{1,9}(\.[0-9]{1,9})*$"
 DEAD_LETTER_STATUSES = ("open", "redriven", "ignored")
 
 _DOC_ID = re.compile(r"[0-9a-f]{64}")

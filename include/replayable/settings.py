@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from replayable.stages.chunk import ChunkConfig
@@ -85,12 +85,21 @@ class PipelineSettings:
                 f"item_timeout_s ({self.item_timeout_s}) must be below lease_s ({self.lease_s}), "
                 "or a slow item would lose its lease while still running"
             )
-        self.chunk_config  # noqa: B018 - validates size and overlap now, not mid-batch
+        try:
+            self.chunk_config  # noqa: B018 - validates size and overlap now, not mid-batch
+        except ValueError as error:
+            raise ValueError(f"chunk_size and chunk_overlap: {error}") from None
         if self.rerun and self.redrive:
             raise ValueError("rerun and redrive: give one or the other, not both")
         for name, value in (("rerun", self.rerun), ("redrive", self.redrive)):
             if value and value.get("stage") not in STAGES:
                 raise ValueError(f"{name}.stage: {value.get('stage')!r} is not one of {STAGES}")
+        since = (self.rerun or {}).get("since")
+        if since is not None:
+            try:
+                datetime.fromisoformat(since)
+            except (TypeError, ValueError):
+                raise ValueError(f"rerun.since: {since!r} is not an ISO 8601 time") from None
 
     @property
     def first_stage(self) -> str | None:

@@ -499,7 +499,9 @@ ReturnField = Annotated[ReturnTo, Form()]
 
 
 def _problem(description: str) -> dict[str, Any]:
-    return {"model": Problem, "description": description}
+    # Inline and always JSON: with `model`, FastAPI would document a page's refusals as HTML.
+    schema = {**Problem.model_json_schema(), "additionalProperties": False}
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
 
 
 # Documented so that clients (and the schema fuzzer) know every answer a route can give.
