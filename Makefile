@@ -75,3 +75,17 @@ test: promtool
 alerts-test: promtool
 	cd monitoring && "$$(./install-promtool.sh)" check rules alerts.yml
 	cd monitoring && "$$(./install-promtool.sh)" test rules alerts.test.yml
+
+# ---- security (issue 9) -----------------------------------------------------------------
+# `make secrets` writes .env for docker-compose.yaml with fresh random secrets. An existing
+# .env is kept (at a terminal you are asked); `make secrets FORCE=1` replaces its secrets.
+# `make test` first installs Debian's Chromium for the browser test (idempotent and quiet;
+# if it cannot, that test skips and says why). The Python packages come with `install`.
+.PHONY: secrets browser
+secrets:
+	@$(PYTHON) docker/make_secrets.py --env .env $(if $(FORCE),--force)
+
+browser:
+	@tests/install-browser.sh || echo "make browser: Chromium is not installed; the browser test will skip"
+
+test: browser

@@ -7,10 +7,12 @@ from pathlib import Path
 
 from airflow.sdk import dag, task, task_group
 
-from replayable import IdempotentStageOperator, dag_tasks, pipeline_params, sources
+from replayable import TASK_TIMEOUTS, IdempotentStageOperator, dag_tasks, pipeline_params, sources
 
 SAMPLES = Path(__file__).resolve().parents[1] / "data" / "samples"
 LABEL = "{{ task.batch['label'] }}"
+# Backstops fixed at parse time; each batch also keeps its run's own deadline (ADR 0012).
+STAGE = {"map_index_template": LABEL, "execution_timeout": TASK_TIMEOUTS["stage"]}
 
 
 @dag(
@@ -23,31 +25,24 @@ LABEL = "{{ task.batch['label'] }}"
     doc_md=__doc__,
 )
 def document_pipeline() -> None:
-    batches = task(dag_tasks.plan)()
+    batches = task(dag_tasks.plan, execution_timeout=TASK_TIMEOUTS["plan"])()
 
     @task_group(group_id="batch")
     def process(batch: dict[str, object]) -> None:
-        extract = IdempotentStageOperator(
-            task_id="extract", stage="extract", batch=batch, map_index_template=LABEL
-        )
+        extract = IdempotentStageOperator(task_id="extract", stage="extract", batch=batch, **STAGE)
         chunk = IdempotentStageOperator(
-            task_id="chunk",
-            stage="chunk",
-            batch=batch,
-            map_index_template=LABEL,
-            trigger_rule="none_failed",
+            task_id="chunk", stage="chunk", batch=batch, trigger_rule="none_failed", **STAGE
         )
         embed = IdempotentStageOperator(
-            task_id="embed",
-            stage="embed",
-            batch=batch,
-            map_index_template=LABEL,
-            trigger_rule="none_failed",
+            task_id="embed", stage="embed", batch=batch, trigger_rule="none_failed", **STAGE
         )
         extract >> chunk >> embed
 
     done = process.expand(batch=batches)
-    done >> task(dag_tasks.report, trigger_rule="all_done")()
+    report = task(
+        dag_tasks.report, trigger_rule="all_done", execution_timeout=TASK_TIMEOUTS["report"]
+    )
+    done >> report()
 
 
 document_pipeline()

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -27,6 +28,10 @@ from replayable.provider.server import LocalModelServer
 
 # Airflow reads its home when first imported: keep the tests' own Airflow out of ~/airflow.
 os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="replayable-airflow-"))
+# Every process this session starts inherits the mark, so that the check for survivors
+# below never takes a process of another test session on the same machine for ours.
+SESSION_MARK = "REPLAYABLE_TEST_SESSION"
+os.environ[SESSION_MARK] = uuid.uuid4().hex
 os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,9 +77,12 @@ def nothing_left_running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[N
         if mark in " ".join(info["cmdline"] or []):
             return True
         try:
-            return any(mark in value for value in proc.environ().values())
+            environ = proc.environ()
         except psutil.Error:
             return False
+        return environ.get(SESSION_MARK) == os.environ[SESSION_MARK] or any(
+            mark in value for value in environ.values()
+        )
 
     def ours_left() -> list[psutil.Process]:
         # Our descendants, and orphans of this session (re-parented to init when a parent

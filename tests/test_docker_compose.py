@@ -2,13 +2,19 @@
 
 The file is read with ``yaml.safe_load`` (which resolves the ``x-airflow-common`` anchors and
 merge keys as Compose does), and ``${VAR:-default}`` references are resolved the way Compose
-interpolates them, with only the variables a user must set.
+interpolates them, with only the variables a user must set: the model connection and the
+secrets that ``make secrets`` (docker/make_secrets.py) writes to ``.env``.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import json
+import os
 import re
+import stat
+import subprocess
+import sys
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -21,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 COMPOSE_FILE = ROOT / "docker-compose.yaml"
 DOCKERFILE = ROOT / "docker" / "Dockerfile"
 INIT_SQL = ROOT / "docker" / "init-databases.sql"
+SECRETS_SCRIPT = ROOT / "docker" / "make_secrets.py"
 
 AIRFLOW_VERSION = "3.3.2"
 # ARCHITECTURE.md, Runtime: Postgres, Redis, API server, scheduler, DAG processor,
@@ -34,8 +41,21 @@ COMMANDS = {
     "airflow-worker": ["airflow", "celery", "worker"],
 }
 AIRFLOW_SERVICES = sorted(COMMANDS)
-# The only variable without a default: the model provider's connection.
-USER_ENV = {"REPLAYABLE_MODEL_CONN": '{"conn_type": "http", "host": "https://example.test/v1"}'}
+# The variables without a default: the model provider's connection and the secrets.
+MODEL_ENV = {"REPLAYABLE_MODEL_CONN": '{"conn_type": "http", "host": "https://example.test/v1"}'}
+SECRETS = {
+    "AIRFLOW__API_AUTH__JWT_SECRET": "AIRFLOW_JWT_SECRET",
+    "AIRFLOW__API__SECRET_KEY": "AIRFLOW_API_SECRET_KEY",
+    "AIRFLOW__CORE__FERNET_KEY": "AIRFLOW_FERNET_KEY",
+}
+SECRET_VARIABLES = [*SECRETS.values(), "REPLAYABLE_POSTGRES_PASSWORD"]
+USER_ENV = {
+    **MODEL_ENV,
+    "AIRFLOW_JWT_SECRET": "jwt-from-env",
+    "AIRFLOW_API_SECRET_KEY": "api-from-env",
+    "AIRFLOW_FERNET_KEY": "fernet-from-env",
+    "REPLAYABLE_POSTGRES_PASSWORD": "pg-from-env",
+}
 
 _VAR = re.compile(
     r"\$(?:(?P<escaped>\$)|\{(?P<name>\w+)(?:(?P<op>:?[-?+])(?P<arg>[^}]*))?\}|(?P<bare>\w+))"
@@ -127,7 +147,7 @@ def test_every_service_the_architecture_names_exists() -> None:
     assert set(compose()["services"]) >= {"postgres", "redis", *AIRFLOW_SERVICES}
 
 
-def test_file_resolves_with_only_the_model_connection_set() -> None:
+def test_file_resolves_with_the_model_connection_and_the_secrets_set() -> None:
     # Every other variable has a default: `docker compose up` needs nothing else.
     assert compose()["services"]
 
@@ -235,7 +255,7 @@ def test_model_connection_is_required_from_the_environment() -> None:
     match = re.fullmatch(r"\$\{REPLAYABLE_MODEL_CONN:\?(?P<message>[^}]+)\}", value)
     assert match and "REPLAYABLE_MODEL_CONN" in match["message"]
     with pytest.raises(UnsetVariableError, match="REPLAYABLE_MODEL_CONN"):
-        resolve(raw(), {})
+        resolve(raw(), {k: v for k, v in USER_ENV.items() if k != "REPLAYABLE_MODEL_CONN"})
     assert (
         env_of("airflow-worker")["AIRFLOW_CONN_REPLAYABLE_MODEL"]
         == (USER_ENV["REPLAYABLE_MODEL_CONN"])
@@ -248,14 +268,124 @@ def test_no_api_key_is_committed() -> None:
     assert not re.search(r'"password":\s*"(?!\$\{)', text)
 
 
-def test_shared_secrets_come_from_the_environment_with_change_me_defaults() -> None:
-    env = env_of("airflow-apiserver", resolved=False)
-    for key, variable in (
-        ("AIRFLOW__API_AUTH__JWT_SECRET", "AIRFLOW_JWT_SECRET"),
-        ("AIRFLOW__API__SECRET_KEY", "AIRFLOW_API_SECRET_KEY"),
-    ):
-        assert re.fullmatch(rf"\$\{{{variable}:-change-me[\w-]*\}}", env[key]), env[key]
-        assert resolve(env[key], {variable: "from-env"}) == "from-env"
+@pytest.mark.parametrize(("key", "variable"), SECRETS.items())
+def test_shared_secrets_are_required_from_the_environment(key: str, variable: str) -> None:
+    """No default: a well-known JWT secret lets anyone who reaches the API sign a token."""
+    value = env_of("airflow-apiserver", resolved=False)[key]
+    match = re.fullmatch(rf"\$\{{{variable}:\?(?P<message>[^}}]+)\}}", value)
+    assert match and "make secrets" in match["message"], value
+    assert resolve(value, {variable: "from-env"}) == "from-env"
+    for missing in ({}, {variable: ""}):  # `:?` refuses an empty value too
+        with pytest.raises(UnsetVariableError, match=variable):
+            resolve(value, missing)
+
+
+@pytest.mark.parametrize("variable", SECRET_VARIABLES)
+def test_compose_refuses_to_start_without_each_secret(variable: str) -> None:
+    with pytest.raises(UnsetVariableError, match=variable):
+        resolve(raw(), {k: v for k, v in USER_ENV.items() if k != variable})
+
+
+def test_no_secret_has_a_default_anywhere_in_the_file() -> None:
+    text = COMPOSE_FILE.read_text()
+    for variable in SECRET_VARIABLES:
+        uses = re.findall(rf"\$\{{{variable}(?P<op>[^}}]*)\}}", text)
+        assert uses, variable
+        assert all(op.startswith(":?") for op in uses), (variable, uses)
+    assert "change-me" not in text
+
+
+def test_env_files_are_kept_out_of_the_build_context() -> None:
+    patterns = [
+        line.strip()
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    for name in (".env", ".env.local", ".env.production"):
+        assert any(fnmatch.fnmatch(name, pattern) for pattern in patterns), name
+    assert not any(p.startswith("!") and fnmatch.fnmatch(".env", p[1:]) for p in patterns)
+    assert ".env" in (ROOT / ".gitignore").read_text().splitlines()
+
+
+def _write_secrets(path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(SECRETS_SCRIPT), "--env", str(path), *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        stdin=subprocess.DEVNULL,
+        timeout=30,
+    )
+
+
+def dotenv(path: Path) -> dict[str, str]:
+    """``KEY=value`` lines, as Compose reads them (single quotes removed)."""
+    found = {}
+    for line in path.read_text().splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            key, _, value = line.partition("=")
+            found[key.strip()] = value.strip().removeprefix("'").removesuffix("'")
+    return found
+
+
+def test_make_secrets_writes_fresh_secrets_the_file_resolves_with(tmp_path: Path) -> None:
+    env_file = tmp_path / ".env"
+    done = _write_secrets(env_file)
+    assert done.returncode == 0, done.stderr
+    assert stat.S_IMODE(env_file.stat().st_mode) == 0o600
+    values = dotenv(env_file)
+    assert sorted(values) == sorted(SECRET_VARIABLES)
+    for value in values.values():
+        assert value not in done.stdout + done.stderr  # never printed
+        assert re.fullmatch(r"[A-Za-z0-9_=-]{32,}", value), value
+    from cryptography.fernet import Fernet
+
+    Fernet(values["AIRFLOW_FERNET_KEY"].encode())  # a valid key
+    resolved = resolve(raw(), {**MODEL_ENV, **values})
+    env = resolved["services"]["airflow-apiserver"]["environment"]
+    assert env["AIRFLOW__API_AUTH__JWT_SECRET"] == values["AIRFLOW_JWT_SECRET"]
+    password = values["REPLAYABLE_POSTGRES_PASSWORD"]
+    assert urlparse(env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]).password == password
+
+    other = tmp_path / "other.env"
+    assert _write_secrets(other).returncode == 0
+    assert not set(dotenv(other).values()) & set(values.values())  # fresh each time
+
+
+def test_make_secrets_keeps_an_existing_env_unless_forced(tmp_path: Path) -> None:
+    env_file = tmp_path / ".env"
+    model = 'REPLAYABLE_MODEL_CONN=\'{"conn_type": "http", "host": "h"}\'\n'
+    env_file.write_text(model + "AIRFLOW_JWT_SECRET=old\nREPLAYABLE_DATA=/srv/pdfs\n")
+    before = env_file.read_text()
+    refused = _write_secrets(env_file)
+    assert refused.returncode == 1 and "FORCE=1" in refused.stderr
+    assert env_file.read_text() == before
+
+    forced = _write_secrets(env_file, "--force")
+    assert forced.returncode == 0, forced.stderr
+    text = env_file.read_text()
+    assert text.startswith(model) and "REPLAYABLE_DATA=/srv/pdfs\n" in text
+    values = dotenv(env_file)
+    assert values["AIRFLOW_JWT_SECRET"] != "old"  # noqa: S105 - the value it must replace
+    assert set(SECRET_VARIABLES) <= set(values)
+    assert text.count("AIRFLOW_JWT_SECRET=") == 1
+    assert stat.S_IMODE(env_file.stat().st_mode) == 0o600
+
+
+def test_make_secrets_runs_the_script_and_passes_force() -> None:
+    def dry_run(*args: str) -> list[str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MAKE")}
+        done = subprocess.run(
+            ["make", "-n", "--no-print-directory", "-C", str(ROOT), "secrets", *args],
+            capture_output=True,
+            text=True,
+            check=True,
+            env=env,
+        )
+        return done.stdout.split()
+
+    assert dry_run()[1:] == ["docker/make_secrets.py", "--env", ".env"]
+    assert dry_run("FORCE=1")[1:] == ["docker/make_secrets.py", "--env", ".env", "--force"]
 
 
 def test_published_ports_bind_loopback_only() -> None:

@@ -14,9 +14,10 @@ if TYPE_CHECKING:
     from replayable.operators import IdempotentStageOperator
     from replayable.params import pipeline_params
     from replayable.sensors import DeadLetterGrowthSensor
-    from replayable.settings import PipelineSettings
+    from replayable.settings import TASK_TIMEOUTS, PipelineSettings
 
 __all__ = [
+    "TASK_TIMEOUTS",
     "DeadLetterGrowthSensor",
     "IdempotentStageOperator",
     "PipelineSettings",
@@ -27,6 +28,7 @@ _HOMES = {
     "DeadLetterGrowthSensor": "replayable.sensors",
     "IdempotentStageOperator": "replayable.operators",
     "PipelineSettings": "replayable.settings",
+    "TASK_TIMEOUTS": "replayable.settings",
     "pipeline_params": "replayable.params",
 }
 

@@ -5,6 +5,10 @@ Every command reads the replayable database through a read-only session and the
 commands that trigger it), so nothing here changes state. ``--json`` prints JSON for
 scripts instead of tables. Exit codes: 0 ok, 1 ``status --watch`` timed out with work
 left, 2 usage or connection problems.
+
+Text from the ledger (file names, errors, owners, notes, run ids) comes from documents and
+the people and runs that handled them: tables show it through :func:`replayable.terminal.
+for_terminal`, which replaces escape sequences and control characters, and JSON escapes them.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from rich.text import Text
 from replayable import db, devenv
 from replayable.pipeline import rerun_params
 from replayable.settings import STAGES
+from replayable.terminal import for_terminal
 
 ENV_DSN = "REPLAYABLE_DATABASE_URL"
 # What a re-run selects (count_rerun_docs shows the same filters without recording a run).
@@ -43,7 +48,7 @@ RERUN_COUNT = "count_rerun_docs"
 # The same values as replayable.params (test_cli checks that they agree); importing params
 # here would load Airflow, which costs seconds on every command.
 ITEM_STATUSES = ("pending", "running", "done", "failed", "dead")
-VERSION_PATTERN = r"^[0-9]+(\.[0-9]+)*$"
+VERSION_PATTERN = r"^[0-9]{1,9}(\.[0-9]{1,9})*$"
 DEAD_LETTER_STATUSES = ("open", "redriven", "ignored")
 
 _DOC_ID = re.compile(r"[0-9a-f]{64}")
@@ -70,17 +75,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         finally:
             conn.close()
     except UsageError as err:
-        print(f"replayable: {err}", file=sys.stderr)
+        _error(f"replayable: {err}")
         return 2
     except (psycopg2.errors.UndefinedTable, psycopg2.errors.UndefinedFunction) as err:
-        print(
+        _error(
             f"replayable: the database has no replayable schema ({err.pgerror or err}).\n"
-            "`make start` creates it for the local database.",
-            file=sys.stderr,
+            "`make start` creates it for the local database."
         )
         return 2
     except psycopg2.OperationalError as err:
-        print(f"replayable: lost the database: {_redact(str(err), dsn)}", file=sys.stderr)
+        _error(f"replayable: lost the database: {_redact(str(err), dsn)}")
         return 2
     except KeyboardInterrupt:
         return 130
@@ -305,7 +309,7 @@ def render_status(data: dict[str, Any]) -> RenderableType:
         progress = Table.grid(padding=(0, 1))
         progress.add_row(bar, Text(f"{finished}/{s['total']} {share}"))
         items.add_row(
-            Text(s["stage"]),
+            _cell(s["stage"]),
             *(_number(s[key]) for key in (*ITEM_STATUSES, "open_dead_letters")),
             progress,
         )
@@ -316,7 +320,7 @@ def render_status(data: dict[str, Any]) -> RenderableType:
         calls.add_column(name, justify="right")
     for s in data["stages"]:
         if s["model_calls"]["calls"]:
-            calls.add_row(Text(s["stage"]), *_numbers(s["model_calls"].values()))
+            calls.add_row(_cell(s["stage"]), *_numbers(s["model_calls"].values()))
     calls.add_row(Text("all", style="bold"), *_numbers(data["model_calls"].values()))
     return Group(items, calls)
 
@@ -342,10 +346,9 @@ def _cmd_status(
                 live.update(render_status(data), refresh=True)
     if data["finished"]:
         return 0
-    print(
+    _error(
         f"replayable: timed out after {args.timeout:g}s with {data['in_progress']} of "
-        f"{data['items']} items pending or running",
-        file=sys.stderr,
+        f"{data['items']} items pending or running"
     )
     return 1
 
@@ -391,12 +394,12 @@ def render_failed(data: dict[str, Any]) -> RenderableType:
     table.add_column("Updated", overflow="fold")
     for row in data["items"]:
         table.add_row(
-            Text(row["stage"]),
-            Text(row["doc_id"][:12]),
-            Text(_file_name(row["uri"])),
+            _cell(row["stage"]),
+            _cell(row["doc_id"][:12]),
+            _cell(_file_name(row["uri"])),
             _number(row["attempts"]),
-            Text(row["error_class"] or ""),
-            Text(_one_line(row["last_error"], _ERROR_WIDTH)),
+            _cell(row["error_class"]),
+            _cell(_one_line(row["last_error"], _ERROR_WIDTH)),
             Text(_when(row["updated_at"])),
         )
     return table
@@ -447,12 +450,12 @@ def render_dead_letters(data: dict[str, Any]) -> RenderableType:
         map_index = "" if row["map_index"] is None else f"map {row['map_index']}"
         table.add_row(
             _number(row["id"]),
-            Text(row["stage"]),
-            Text(_file_name(row["uri"])),
+            _cell(row["stage"]),
+            _cell(_file_name(row["uri"])),
             _two_lines(row["error_class"], f"{row['attempts']} · v{row['code_version']}"),
             _two_lines(row["run_id"] or "", map_index),
             _two_lines(row["status"], row["owner"] or "unowned"),
-            Text(_one_line(row["note"], 80)),
+            _cell(_one_line(row["note"], 80)),
             Text(_when(row["created_at"])),
         )
     return table
@@ -637,8 +640,21 @@ def _emit(
 
 
 def _print_json(data: Any, indent: int | None = 2) -> None:
-    sys.stdout.write(json.dumps(data, indent=indent, default=_json_default) + "\n")
+    # ensure_ascii: escape sequences and controls from documents are written as \u001b etc.,
+    # never raw; a script that loads the JSON gets the text exactly as stored.
+    text = json.dumps(data, indent=indent, default=_json_default, ensure_ascii=True)
+    sys.stdout.write(text + "\n")
     sys.stdout.flush()
+
+
+def _error(message: str) -> None:
+    """Print ``message`` to stderr, line by line through :func:`for_terminal`."""
+    print("\n".join(for_terminal(line) for line in message.split("\n")), file=sys.stderr)
+
+
+def _cell(text: str | None) -> Text:
+    """A table cell of text from the ledger, safe for the terminal."""
+    return Text(for_terminal(text or ""))
 
 
 def _json_default(value: object) -> str:
@@ -688,6 +704,7 @@ def _one_line(text: str | None, width: int) -> str:
 
 
 def _two_lines(first: str, second: str) -> Text:
+    first, second = for_terminal(first), for_terminal(second)
     return Text.assemble(first, "\n", (second, "dim")) if second else Text(first)
 
 

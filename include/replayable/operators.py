@@ -15,7 +15,7 @@ from airflow.sdk import BaseHook, BaseOperator, Context
 from airflow.sdk.definitions.retry_policy import RetryDecision, RetryPolicy
 from airflow.sdk.exceptions import AirflowSkipException
 
-from replayable import db
+from replayable import db, deadline
 from replayable.hooks import EmbeddingsHook
 from replayable.ledger import Revival, RunContext
 from replayable.provider.config import ModelSettings
@@ -236,8 +236,11 @@ class IdempotentStageOperator(BaseOperator):
         def connect() -> db.Database:
             return db.Database(dsn)
 
+        seconds = settings.batch_deadline_s(len(doc_ids))
         with ExitStack() as stack:
-            spec = self._spec(settings, stack, connect, len(doc_ids), ti.run_id)
+            spec = deadline.DeadlineSpec(
+                self._spec(settings, stack, connect, len(doc_ids), ti.run_id), seconds
+            )
             result = run_batch(
                 spec, doc_ids, connect=connect, ctx=ctx, limits=limits, revive=revive
             )
@@ -311,8 +314,12 @@ class IdempotentStageOperator(BaseOperator):
                 len(result.dead),
                 ", ".join(d[:12] for d in result.dead[:20]),
             )
-        if result.systemic is not None:
-            raise SystemicFailureError(result.systemic, cap_s=settings.max_retry_after_s)
+        systemic = result.systemic
+        if systemic is not None and systemic.error_class == deadline.ERROR_CLASS:
+            # The deadline came as the last items finished: nothing was released.
+            systemic = systemic if result.failed else None
+        if systemic is not None:
+            raise SystemicFailureError(systemic, cap_s=settings.max_retry_after_s)
         if result.failed:
             retry_after = result.retry_after_s
             if retry_after is not None:

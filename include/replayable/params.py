@@ -18,11 +18,23 @@ from replayable.settings import (
 
 _DEFAULTS = PipelineSettings()
 STATUSES = ("pending", "running", "done", "failed", "dead")
-_VERSION = r"^[0-9]+(\.[0-9]+)*$"
+# The end of the text in Python's re (which jsonschema uses) and ECMA-262 alike: Python's `$`
+# also matches before a final newline.
+_END = r"(?![\s\S])"
+# Each component fits the int that replayable.version_key compares in SQL.
+_VERSION = r"^[0-9]{1,9}(\.[0-9]{1,9})*$"
 _SHA256 = "^[0-9a-f]{64}$"
+# Strings that reach SQL, keys or logs: no control characters (Postgres refuses NUL, and a
+# terminal acts on the rest); jsonschema does not check "format" without extra packages, so
+# a time is a pattern too.
+_TEXT = r"^(?![\s\S]*[\x00-\x1f\x7f])"
+_DATE_TIME = (
+    r"^[0-9]{4}-[0-9]{2}-[0-9]{2}"
+    r"([T ][0-9]{2}:[0-9]{2}(:[0-9]{2}(\.[0-9]{1,6})?)?(Z|[+-][0-9]{2}:?[0-9]{2})?)?" + _END
+)
 _names: dict[str, Any] = {
     "type": "array",
-    "items": {"type": "string", "minLength": 1},
+    "items": {"type": "string", "minLength": 1, "maxLength": 200, "pattern": r"^[\w.:-]+" + _END},
     "minItems": 1,
 }
 
@@ -34,13 +46,13 @@ def _bounded(name: str, **schema: Any) -> dict[str, Any]:
 
 
 def source_pattern(roots: Sequence[str]) -> str:
-    """A JSON-schema pattern for paths and globs inside ``roots``, with no ``..`` component.
+    """A JSON-schema pattern for paths and globs inside ``roots``: no ``..``, no control chars.
 
     It is checked when a run is triggered; discover and extract check the resolved path
     again (symlinks cannot be judged from the text).
     """
     alternatives = "|".join(re.escape(root.rstrip("/")) for root in roots)
-    return rf"^(?!.*(^|/)\.\.(/|$))(?:{alternatives})(?:/.*)?$"
+    return rf"{_TEXT}(?!.*(^|/)\.\.(/|$))(?:{alternatives})(?:/.*)?{_END}"
 
 
 def pipeline_params(default_source: str, roots: Sequence[str] | None = None) -> dict[str, Param]:
@@ -74,6 +86,8 @@ def pipeline_params(default_source: str, roots: Sequence[str] | None = None) -> 
             None,
             type=["null", "string"],
             minLength=1,
+            maxLength=200,
+            pattern=_TEXT,
             description="Embedding model sent to the provider; default: the connection's "
             f'extra "model", else {DEFAULT_MODEL}.',
         ),
@@ -129,7 +143,7 @@ def pipeline_params(default_source: str, roots: Sequence[str] | None = None) -> 
                 },
                 "error_class": _names,
                 "code_version_lt": {"type": "string", "pattern": _VERSION},
-                "since": {"type": "string", "format": "date-time"},
+                "since": {"type": "string", "format": "date-time", "pattern": _DATE_TIME},
                 "doc_ids": {"type": "array", "items": {"type": "string", "pattern": _SHA256}},
             },
         ),
@@ -143,9 +157,13 @@ def pipeline_params(default_source: str, roots: Sequence[str] | None = None) -> 
             properties={
                 "stage": {"type": "string", "enum": list(STAGES)},
                 "error_class": _names,
-                "ids": {"type": "array", "items": {"type": "integer", "minimum": 1}, "minItems": 1},
-                "reason": {"type": "string", "minLength": 3},
-                "by": {"type": "string", "minLength": 1},
+                "ids": {
+                    "type": "array",
+                    "items": {"type": "integer", "minimum": 1, "maximum": 2**63 - 1},
+                    "minItems": 1,
+                },
+                "reason": {"type": "string", "minLength": 3, "maxLength": 2000, "pattern": _TEXT},
+                "by": {"type": "string", "minLength": 1, "maxLength": 200, "pattern": _TEXT},
             },
         ),
     }

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
+from datetime import datetime, timedelta
 from typing import Any
 
 from replayable.stages.chunk import ChunkConfig
@@ -31,6 +32,20 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "max_attempts": (1, 20),
     "lease_s": (1, 86_400),
     "max_retry_after_s": (0, 3600),
+}
+
+# Airflow fixes a task's execution_timeout when it parses the DAG, before any run's params
+# are known, so each one is a backstop derived from the params' maxima; a stage task also
+# keeps its own run's deadline (PipelineSettings.batch_deadline_s), which always comes first
+# (ADR 0012). A batch's deadline is at most the longest lease plus the longest Retry-After
+# any run may set; the items in flight then need at most one item timeout more.
+BATCH_DEADLINE_CAP_S = BOUNDS["lease_s"][1] + BOUNDS["max_retry_after_s"][1]
+TASK_TIMEOUTS: dict[str, timedelta] = {
+    # Discovers (hashing only new or changed files: 6 h is hundreds of GB at disk speed),
+    # then plans with a few indexed queries (ADR 0009): seconds at a million documents.
+    "plan": timedelta(hours=6, minutes=30),
+    "report": timedelta(minutes=30),
+    "stage": timedelta(seconds=BATCH_DEADLINE_CAP_S + BOUNDS["item_timeout_s"][1]),
 }
 
 
@@ -69,12 +84,21 @@ class PipelineSettings:
                 f"item_timeout_s ({self.item_timeout_s}) must be below lease_s ({self.lease_s}), "
                 "or a slow item would lose its lease while still running"
             )
-        self.chunk_config  # noqa: B018 - validates size and overlap now, not mid-batch
+        try:
+            self.chunk_config  # noqa: B018 - validates size and overlap now, not mid-batch
+        except ValueError as error:
+            raise ValueError(f"chunk_size and chunk_overlap: {error}") from None
         if self.rerun and self.redrive:
             raise ValueError("rerun and redrive: give one or the other, not both")
         for name, value in (("rerun", self.rerun), ("redrive", self.redrive)):
             if value and value.get("stage") not in STAGES:
                 raise ValueError(f"{name}.stage: {value.get('stage')!r} is not one of {STAGES}")
+        since = (self.rerun or {}).get("since")
+        if since is not None:
+            try:
+                datetime.fromisoformat(since)
+            except (TypeError, ValueError):
+                raise ValueError(f"rerun.since: {since!r} is not an ISO 8601 time") from None
 
     @property
     def first_stage(self) -> str | None:
@@ -96,6 +120,17 @@ class PipelineSettings:
             return False
         statuses = self.rerun.get("status")
         return statuses is None or "dead" in statuses
+
+    def batch_deadline_s(self, documents: int) -> float:
+        """How long one try of a stage task may take over ``documents`` under these settings.
+
+        Every document may use its whole item timeout, one after another; the batch may wait
+        out one lease of a worker that died holding its items, and one provider Retry-After.
+        Capped at :data:`BATCH_DEADLINE_CAP_S`, so that it ends before the task's
+        execution_timeout.
+        """
+        budget = documents * self.item_timeout_s + self.lease_s + self.max_retry_after_s
+        return min(budget, BATCH_DEADLINE_CAP_S)
 
     @property
     def chunk_config(self) -> ChunkConfig:

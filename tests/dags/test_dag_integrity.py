@@ -7,6 +7,7 @@ from airflow.models import DagBag
 from airflow.sdk.exceptions import ParamValidationError
 
 from conftest import ROOT
+from replayable.settings import BOUNDS, TASK_TIMEOUTS, PipelineSettings
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +39,8 @@ def test_pipeline_defaults_validate(dagbag):
         ({"batch_size": 0}, "batch_size"),
         ({"stages": []}, "stages"),
         ({"max_attempts": "three"}, "max_attempts"),
+        ({"source": "/etc"}, "source"),
+        ({"item_timeout_s": 1_000_000}, "item_timeout_s"),
     ],
 )
 def test_bad_conf_is_rejected_naming_the_field(dagbag, conf, field):
@@ -52,3 +55,25 @@ def test_mapped_stages_are_labelled_by_batch(dagbag):
     dag = dagbag.dags["document_pipeline"]
     for task_id in ("batch.extract", "batch.chunk", "batch.embed"):
         assert "label" in dag.get_task(task_id).map_index_template
+
+
+def test_every_task_has_an_execution_timeout(dagbag):
+    dag = dagbag.dags["document_pipeline"]
+    for task in dag.tasks:
+        assert task.execution_timeout is not None, task.task_id
+    for task_id in ("batch.extract", "batch.chunk", "batch.embed"):
+        assert dag.get_task(task_id).execution_timeout == TASK_TIMEOUTS["stage"]
+
+
+def test_a_batch_deadline_ends_before_its_task_is_killed():
+    """The run's own deadline, plus one item still in flight, fits in the backstop."""
+    longest = PipelineSettings(
+        batch_size=int(BOUNDS["batch_size"][1]),
+        item_timeout_s=BOUNDS["item_timeout_s"][1],
+        lease_s=BOUNDS["lease_s"][1],
+        max_retry_after_s=BOUNDS["max_retry_after_s"][1],
+    )
+    worst = longest.batch_deadline_s(longest.batch_size) + longest.item_timeout_s
+    assert worst <= TASK_TIMEOUTS["stage"].total_seconds()
+    defaults = PipelineSettings()
+    assert defaults.batch_deadline_s(50) == 50 * 60 + 600 + 300

@@ -94,6 +94,8 @@ def test_the_api_refuses_anonymous_requests(airflow):
         ({"stages": ["extract", "summarise"]}, "stages"),
         ({"batch_size": 0}, "batch_size"),
         ({"rerun": {"stage": "extract", "statuss": ["failed"]}}, "statuss"),
+        ({"source": "/etc"}, "source"),
+        ({"item_timeout_s": 1_000_000}, "item_timeout_s"),
     ],
 )
 def test_invalid_conf_is_rejected_at_trigger_time_naming_the_field(airflow, conf, field):

@@ -75,9 +75,9 @@ def test_a_partial_rerun_touches_only_the_selected_documents(run_dag, conn, mode
     }
     assert called == redone
     assert model.stats()["requests"] - calls_before == second["model_calls"]["calls"] > 0
-    notes = rows(conn, "SELECT status, note FROM replayable.dead_letters")
+    notes = rows(conn, "SELECT status, resolution FROM replayable.dead_letters")
     assert len(notes) == 2
-    assert all(status == "redriven" and "fits max_bytes" in note for status, note in notes)
+    assert all(status == "redriven" and "fits max_bytes" in why for status, why in notes)
     # The stat-named documents are history now: no current row counts them as dead.
     assert (
         scalar(
@@ -164,8 +164,8 @@ def test_redrive_brings_dead_letters_back_and_ignored_ones_stay_out(run_dag, con
     assert second["stages"]["embed"]["done"] == 3
     resolved = rows(
         conn,
-        "SELECT status, resolved_by, note, resolved_at IS NOT NULL FROM replayable.dead_letters"
-        " WHERE id <> %s",
+        "SELECT status, resolved_by, resolution, resolved_at IS NOT NULL"
+        " FROM replayable.dead_letters WHERE id <> %s",
         ignored_id,
     )
     assert resolved == [("redriven", "oncall", "provider fixed", True)] * 3

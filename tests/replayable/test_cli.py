@@ -243,3 +243,85 @@ def test_python_m_replayable_runs_the_cli(ledger, dsn):
     )
     assert done.returncode == 0, done.stderr
     assert "Items by stage (all runs)" in done.stdout
+
+
+# A file name that, printed raw, writes the clipboard (OSC 52), clears the screen and moves the
+# cursor (CSI), recolours what follows, and reverses the rest of the line (RLO).
+HOSTILE_NAME = (
+    "\x1b]52;c;ZWNobyBwd25lZA==\x07inv\x1b[2J\x1b[1;1H\x1b[31moice\u202efdp.exe\x9b0m.pdf"
+)
+HOSTILE_ERROR = "bad \x1b]8;;http://evil.example\x07link\x1b]8;;\x07 \x1b[1A\x1b[2Kdone"
+RAW = ("\x1b", "\x07", "\x9b", "\u202e")
+
+
+@pytest.fixture
+def hostile(conn, tmp_path):
+    """A real file with a hostile name, discovered into the ledger, failed and dead-lettered."""
+    from replayable.pipeline import discover
+
+    (tmp_path / HOSTILE_NAME).write_bytes(b"%PDF-1.4 not really")
+    found = discover(
+        conn, str(tmp_path), dag_id="d", run_id="r1", roots=[str(tmp_path)], max_bytes=2**20
+    )
+    assert found == 1
+    with conn.cursor() as cur:
+        cur.execute("SELECT doc_id, uri FROM replayable.documents")
+        doc_id, uri = cur.fetchone()
+        assert uri.endswith(HOSTILE_NAME)
+        cur.execute(
+            "INSERT INTO replayable.stage_runs (stage, item_key, doc_id, status, attempts,"
+            " error_class, last_error, code_version, config_hash, run_id, is_current)"
+            " VALUES ('extract', 'k', %s, 'failed', 1, 'http_503', %s, '1', 'c', %s, true)",
+            (doc_id, HOSTILE_ERROR, "run\x1b[8m"),
+        )
+        cur.execute(
+            "INSERT INTO replayable.dead_letters (stage, item_key, doc_id, error_class,"
+            " error_kind, error, attempts, code_version, run_id, owner, note)"
+            " VALUES ('embed', 'k', %s, 'http_400', 'terminal', %s, 1, '1', 'r1', %s, %s)",
+            (doc_id, HOSTILE_ERROR, "\u202eecila", HOSTILE_ERROR),
+        )
+    conn.commit()
+    return uri
+
+
+@pytest.mark.parametrize("command", ["failed", "dead-letters"])
+def test_tables_print_no_escape_sequence_from_a_hostile_file_name(
+    hostile, dsn, capsys, monkeypatch, command
+):
+    monkeypatch.setenv("COLUMNS", "250")
+    assert cli.main(["--dsn", dsn, command]) == 0
+    captured = capsys.readouterr()
+    for raw in RAW:
+        assert raw not in captured.out + captured.err, repr(raw)
+    assert "inv" in captured.out and "oice" in captured.out and "\ufffd" in captured.out
+
+
+@pytest.mark.parametrize("command", ["failed", "dead-letters"])
+def test_json_escapes_them_and_keeps_the_text_exact(hostile, dsn, capsys, command):
+    assert cli.main(["--dsn", dsn, "--json", command]) == 0
+    out = capsys.readouterr().out
+    for raw in RAW:
+        assert raw not in out, repr(raw)
+    assert "\\u001b]52;c;" in out
+    data = json.loads(out)
+    rows = data["items"] if command == "failed" else data["dead_letters"]
+    assert [row["uri"] for row in rows] == [hostile]
+    assert HOSTILE_ERROR in {row.get("last_error") or row.get("error") for row in rows}
+
+
+def test_status_prints_no_escape_sequence_from_a_stage_name(conn, dsn, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    with conn.cursor() as cur:
+        cur.execute(
+            "INSERT INTO replayable.documents (doc_id, uri, size_bytes) VALUES (%s, 'u', 1)", (A,)
+        )
+        cur.execute(
+            "INSERT INTO replayable.stage_runs (stage, item_key, doc_id, status, attempts,"
+            " code_version, config_hash, is_current)"
+            " VALUES ('x\x1b]52;c;ZXZpbA==\x07', 'k', %s, 'done', 1, '1', 'c', true)",
+            (A,),
+        )
+    conn.commit()
+    assert cli.main(["--dsn", dsn, "status"]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\x07" not in out and "x\ufffd" in out

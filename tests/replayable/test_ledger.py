@@ -178,8 +178,11 @@ def test_a_revive_reopens_dead_items_with_a_fresh_budget_and_closes_their_letter
     assert not ledger.claim([("k", DOC)])["k"].mine
     states = ledger.claim([("k", DOC)], revive=Revival(by="ana", reason="parser fixed"))
     assert states["k"].mine and states["k"].attempts == 1
-    assert rows(conn, "SELECT status, resolved_by, note FROM replayable.dead_letters") == [
-        ("redriven", "ana", "parser fixed")
+    assert rows(
+        conn, "SELECT status, resolved_by, resolution, note FROM replayable.dead_letters"
+    ) == [("redriven", "ana", "parser fixed", None)]
+    assert rows(conn, "SELECT actor, action FROM replayable.dead_letter_history") == [
+        ("ana", "redriven")
     ]
 
 

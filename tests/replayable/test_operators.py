@@ -97,3 +97,8 @@ def test_a_batch_emits_airflow_metrics_tagged_with_its_stage(monkeypatch):
         ("incr", "replayable.items.dead", 1, tags),
         ("timing", "replayable.batch.duration", timedelta(seconds=2.5), tags),
     ]
+
+
+def test_a_batch_past_its_deadline_is_retried_not_failed():
+    error = Classified("deadline", ErrorKind.SYSTEMIC, "past this run's deadline")
+    assert decide(SystemicFailureError(error)).action is RetryAction.DEFAULT

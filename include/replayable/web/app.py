@@ -2,70 +2,94 @@
 
 :func:`create_app` builds a FastAPI app that the plugin mounts on the API server. It serves
 HTML pages (shown in an iframe at ``/plugin/replayable``) and the same data as JSON under
-``api/``. Three things keep it safe to mount:
+``api/``. What keeps it safe to mount (ADR 0008, 0015):
 
-* **Authentication.** A Starlette mount inherits none of Airflow's per-route auth, so the
-  app itself depends on Airflow's ``requires_access_view(AccessView.PLUGINS)``: a request
-  needs a valid Airflow JWT (``Authorization: Bearer`` or the UI's ``_token`` cookie) of a
-  user allowed to see plugins. Changing the work list also asks the auth manager about the
-  custom view ``Replayable`` with method ``PUT``.
+* **Authentication and roles.** A Starlette mount inherits none of Airflow's per-route auth,
+  so the app itself depends on Airflow's ``requires_access_view(AccessView.PLUGINS)``: a
+  request needs a valid Airflow JWT (``Authorization: Bearer`` or the UI's ``_token`` cookie).
+  Reading also needs permission to read the DAG ``document_pipeline``; changing the work list
+  (assign, ignore) needs permission to edit it, both asked through the auth manager's DAG
+  authorization (SimpleAuthManager: viewer reads, user, op and admin change).
 * **CSRF.** The UI cookie authenticates plugin requests, so a page on another origin could
-  make a browser post to us with it. ``SameSite=Lax`` stops other *sites*, not other ports
-  or subdomains of the same site; so every POST authenticated by the cookie must carry an
-  ``Origin`` (or, failing that, ``Referer``) whose host is the request's ``Host`` or the
-  host of ``[api] base_url``. Requests with a bearer token are exempt: a browser never adds
-  one on its own.
-* **Escaping.** Templates render with Jinja2 autoescaping on and never mark data safe; the
-  pages carry no script, and a Content-Security-Policy forbids any.
+  make a browser post to us with it. Every POST that is not authenticated by a (non-blank)
+  bearer token must carry an ``Origin`` (or, failing that, ``Referer``) whose scheme, host
+  and port are the request's own or those of ``[api] base_url``.
+* **Escaping and headers.** Templates render with Jinja2 autoescaping on and never mark data
+  safe; the pages carry no script, and a Content-Security-Policy forbids any.
+* **The database.** A small pool with a statement timeout (:mod:`.pool`); GET routes run in
+  read-only transactions. Each change is recorded, with its actor, in the letter's history.
 
 Every SQL value is bound (queries live in ``sql/queries/web_*.sql`` and reuse the CLI's
-read queries); a database connection is opened per request and closed after it.
+read queries).
 """
 
 from __future__ import annotations
 
 import base64
 import logging
+import pathlib
 from collections.abc import Awaitable, Callable, Iterator
 from datetime import UTC, datetime
 from http import HTTPStatus
-from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 from urllib.parse import urlencode, urlsplit
 
 import jinja2
+import psycopg2
 import psycopg2.errors
 from airflow.api_fastapi.app import get_auth_manager
-from airflow.api_fastapi.auth.managers.models.resource_details import AccessView
-from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_view
+from airflow.api_fastapi.auth.managers.models.resource_details import AccessView, DagDetails
+from airflow.api_fastapi.core_api.security import (
+    GetUserDep,
+    bearer_scheme,
+    requires_access_view,
+)
 from airflow.configuration import conf
-from fastapi import APIRouter, Depends, FastAPI, Form, HTTPException, Query, Request
+from fastapi import APIRouter, Depends, FastAPI, Form, HTTPException, Path, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
-from pydantic import BaseModel, BeforeValidator
+from fastapi.security import HTTPAuthorizationCredentials
+from pydantic import BaseModel, BeforeValidator, StringConstraints
 
 from replayable import db
 from replayable.settings import STAGES
 from replayable.web.metrics import router as metrics_router
+from replayable.web.pool import ConnectionPool, PoolBusyError
 
 log = logging.getLogger(__name__)
 
 DSN_CONN_ID = "replayable_db"
-RESOURCE_NAME = "Replayable"
+UI_DSN_CONN_ID = "replayable_ui_db"  # used instead when it exists
+# The DAG whose dead letters these are: reading them needs permission to read it, changing
+# them permission to edit it (a test checks it is the DAG file's id).
+DAG_ID = "document_pipeline"
 
 Stage = Literal["extract", "chunk", "embed"]  # replayable.settings.STAGES; a test checks
 LetterStatus = Literal["open", "redriven", "ignored", "all"]
+ReturnTo = Literal["list", "letter"]
 Limit = Annotated[int, Query(ge=1, le=500)]
 After = Annotated[str | None, Query(max_length=400, pattern=r"^[A-Za-z0-9_-]+$")]
+LetterId = Annotated[int, Path(ge=1, le=2**63 - 1)]  # a bigserial
+ErrorClass = Annotated[str, StringConstraints(max_length=200, pattern=r"^[A-Za-z0-9_.:, -]*$")]
 
 _OWNER_MAX = 200
 _NOTE_MAX = 2000
+# Free text people type: no control characters but tab and line breaks (Postgres refuses NUL,
+# terminals act on the rest).
+_CONTROL = r"\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f"
+_TEXT = rf"^[^{_CONTROL}]*$"
+_REASON = rf"^[^{_CONTROL}]*[^\s{_CONTROL}][^{_CONTROL}]*$"  # and not only spaces
 
 # No script at all: an injected tag cannot run even if escaping were ever lost. Framing is
-# limited to Airflow's own origin, where the UI shows this page in an iframe.
-_SECURITY_HEADERS = {
+# limited to Airflow's own origin, where the UI shows this page in an iframe. Pages hold
+# ledger data behind a login: no cache keeps them.
+SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; "
     "form-action 'self'; frame-ancestors 'self'; base-uri 'none'",
     "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "SAMEORIGIN",
+    "Referrer-Policy": "same-origin",
+    "Cross-Origin-Resource-Policy": "same-origin",
+    "Cache-Control": "no-store",
 }
 
 
@@ -121,8 +145,20 @@ class FailedList(BaseModel):
     next_after: str | None = None
 
 
+class LetterChange(BaseModel):
+    """One change to a dead letter: who, when, and what the letter became."""
+
+    at: datetime
+    actor: str
+    action: str
+    status: str
+    owner: str | None
+    note: str | None
+    resolution: str | None
+
+
 class DeadLetter(BaseModel):
-    """One row of the dead-letter queue, with its full error and its resolution."""
+    """One row of the dead-letter queue, with its full error, its resolution and history."""
 
     id: int
     stage: str
@@ -144,6 +180,8 @@ class DeadLetter(BaseModel):
     created_at: datetime
     resolved_at: datetime | None
     resolved_by: str | None
+    resolution: str | None = None
+    history: list[LetterChange] = []
 
 
 class DeadLetterList(BaseModel):
@@ -152,6 +190,12 @@ class DeadLetterList(BaseModel):
     matched: int
     dead_letters: list[DeadLetter]
     next_after: str | None = None
+
+
+class Problem(BaseModel):
+    """Why a request was refused."""
+
+    detail: str
 
 
 # ---- queries -----------------------------------------------------------------------------
@@ -227,10 +271,28 @@ def dead_letters(
     }
     rows = db.fetch_all(conn, "list_dead_letters", params)
     matched = _matched(rows)
-    letters = [DeadLetter(**r) for r in rows]
+    letters = _with_history(conn, rows)
     last = letters[-1] if len(letters) == limit else None
     next_after = _make_cursor(last.created_at.isoformat(), str(last.id)) if last else None
     return DeadLetterList(matched=matched, dead_letters=letters, next_after=next_after)
+
+
+def dead_letter(conn: db.Connection, letter_id: int) -> DeadLetter:
+    """One dead letter with its history; 404 if there is none with ``letter_id``."""
+    rows = db.fetch_all(conn, "web_dead_letter", {"id": letter_id})
+    if not rows:
+        raise HTTPException(HTTPStatus.NOT_FOUND, f"no dead letter {letter_id}")
+    return _with_history(conn, rows)[0]
+
+
+def _with_history(conn: db.Connection, rows: list[dict[str, Any]]) -> list[DeadLetter]:
+    """Letters from ``rows``, each with its changes, read in one query for all of them."""
+    changes: dict[int, list[LetterChange]] = {}
+    if rows:
+        ids = [row["id"] for row in rows]
+        for change in db.fetch_all(conn, "web_dead_letter_history", {"ids": ids}):
+            changes.setdefault(change.pop("letter_id"), []).append(LetterChange(**change))
+    return [DeadLetter(**row, history=changes.get(row["id"], [])) for row in rows]
 
 
 def _make_cursor(*parts: str) -> str:
@@ -245,8 +307,8 @@ def _cursor(value: str, parts: int) -> tuple[str, ...]:
         if len(fields) != parts:
             raise ValueError(f"expected {parts} fields")
         datetime.fromisoformat(fields[0])
-        if parts == 2:
-            int(fields[1])
+        if parts == 2 and not 0 < int(fields[1]) < 2**63:
+            raise ValueError("not a letter id")
     except ValueError as err:
         raise HTTPException(HTTPStatus.BAD_REQUEST, f"after: not a page cursor ({err})") from err
     return fields
@@ -276,68 +338,112 @@ def _matched(rows: list[dict[str, Any]]) -> int:
 # ---- dependencies ------------------------------------------------------------------------
 
 
-def _open(request: Request) -> db.Connection:
-    provider: Callable[[], str] = request.app.state.dsn_provider
+def _connection(request: Request, *, readonly: bool) -> Iterator[db.Connection]:
+    pool: ConnectionPool = request.app.state.pool
     try:
-        return db.connect(provider())
+        with pool.connection(readonly=readonly) as conn:
+            yield conn
     # A missing Airflow connection or an unreachable server both mean the same to the
     # person looking at the page; the details go to the API server's log.
-    except Exception as err:
+    except psycopg2.OperationalError as err:
+        if isinstance(err, psycopg2.errors.QueryCanceled):
+            raise
         log.warning("replayable UI cannot reach its database: %s", err)
-        raise HTTPException(
-            HTTPStatus.SERVICE_UNAVAILABLE,
-            f"The replayable database is unavailable; check the Airflow connection "
-            f"{DSN_CONN_ID!r}.",
-        ) from err
+        raise _unavailable() from err
+    except (psycopg2.InterfaceError, PoolBusyError) as err:
+        log.warning("replayable UI has no database connection: %s", err)
+        raise _unavailable() from err
+
+
+def _unavailable() -> HTTPException:
+    return HTTPException(
+        HTTPStatus.SERVICE_UNAVAILABLE,
+        f"The replayable database is unavailable; check the Airflow connection {DSN_CONN_ID!r}.",
+    )
 
 
 def _read_connection(request: Request) -> Iterator[db.Connection]:
-    conn = _open(request)
-    try:
-        conn.set_session(readonly=True, autocommit=True)
-        yield conn
-    finally:
-        conn.close()
+    """A connection in a read-only transaction: a read route cannot write."""
+    yield from _connection(request, readonly=True)
 
 
 def _write_connection(request: Request) -> Iterator[db.Connection]:
-    conn = _open(request)
-    try:
-        yield conn
-    finally:
-        conn.close()  # without a commit, closing rolls back
+    """A connection in a read-write transaction, rolled back unless the route commits."""
+    yield from _connection(request, readonly=False)
 
 
 ReadConn = Annotated[db.Connection, Depends(_read_connection)]
 WriteConn = Annotated[db.Connection, Depends(_write_connection)]
 
 
-def _allowed_hosts(request: Request) -> set[str]:
-    hosts = {request.headers.get("host", "").lower()}
-    if base_url := conf.get("api", "base_url", fallback=None):
-        hosts.add(urlsplit(base_url).netloc.lower())
-    return hosts - {""}
+def _origin(url: str) -> tuple[str, str, int] | None:
+    """(scheme, host, port) of an absolute http(s) URL, default ports filled in; else None."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return None
+    scheme = parts.scheme.lower()
+    if scheme not in ("http", "https") or not parts.hostname:
+        return None
+    return scheme, parts.hostname.lower(), port or (443 if scheme == "https" else 80)
 
 
-def require_same_origin(request: Request) -> None:
-    """Refuse a cookie-authenticated POST that a page on another origin made (CSRF)."""
-    if request.headers.get("authorization", "").lower().startswith("bearer "):
+def _allowed_origins(request: Request) -> set[tuple[str, str, int]]:
+    own = _origin(f"{request.url.scheme}://{request.headers.get('host', '')}")
+    allowed = {own} if own else set()
+    if (base_url := conf.get("api", "base_url", fallback=None)) and (
+        configured := _origin(base_url)
+    ):
+        allowed.add(configured)
+    return allowed
+
+
+def require_same_origin(
+    request: Request,
+    bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer_scheme)],
+) -> None:
+    """Refuse a cookie-authenticated POST that a page on another origin made (CSRF).
+
+    Airflow's ``get_user`` reads this same ``bearer_scheme``: only when it yields a token
+    (scheme ``Bearer`` and a non-blank value) is the cookie unused, and a browser never adds
+    such a header by itself. A blank ``Authorization: Bearer`` falls back to the cookie, so
+    it is checked like any other cookie request.
+    """
+    if bearer is not None and bearer.scheme.lower() == "bearer" and bearer.credentials.strip():
         return
     source = request.headers.get("origin") or request.headers.get("referer") or ""
-    # "null" (a sandboxed or privacy-stripped origin) has no host and is refused too.
-    if urlsplit(source).netloc.lower() not in _allowed_hosts(request):
+    # "null" (a sandboxed or privacy-stripped origin) is no origin and is refused too.
+    if _origin(source) not in _allowed_origins(request):
         raise HTTPException(
-            HTTPStatus.FORBIDDEN, "cross-origin request refused (Origin/Referer host)"
+            HTTPStatus.FORBIDDEN, "cross-origin request refused (Origin/Referer scheme and host)"
         )
 
 
-def require_edit_access(user: GetUserDep) -> None:
-    """Ask the auth manager whether ``user`` may change Replayable's work list."""
-    # SimpleAuthManager allows any viewer here; FAB or Keycloak can map it to a permission.
-    if not get_auth_manager().is_authorized_custom_view(
-        method="PUT", resource_name=RESOURCE_NAME, user=user
-    ):
-        raise HTTPException(HTTPStatus.FORBIDDEN, "Forbidden")
+def _dag_details() -> DagDetails:
+    team = None
+    if conf.getboolean("core", "multi_team", fallback=False):
+        # Only multi-team deployments tie a DAG to a team; the lookup needs the metadata DB.
+        from airflow.models.dag import DagModel
+
+        team = DagModel.get_team_name(DAG_ID)
+    return DagDetails(id=DAG_ID, team_name=team)
+
+
+def _require_dag(method: Literal["GET", "PUT"]) -> Callable[[GetUserDep], None]:
+    def check(user: GetUserDep) -> None:
+        if not get_auth_manager().is_authorized_dag(
+            method=method, details=_dag_details(), user=user
+        ):
+            raise HTTPException(HTTPStatus.FORBIDDEN, "Forbidden")
+
+    return check
+
+
+# Reading the ledger of document_pipeline is reading the DAG; changing its work list is
+# editing it. A redrive from here would trigger a run: POST with DagAccessEntity.RUN.
+require_read_access = _require_dag("GET")
+require_edit_access = _require_dag("PUT")
 
 
 # ---- pages and API -----------------------------------------------------------------------
@@ -352,7 +458,7 @@ def _file_name(uri: str | None) -> str:
 
 
 _templates = jinja2.Environment(
-    loader=jinja2.FileSystemLoader(Path(__file__).with_name("templates")),
+    loader=jinja2.FileSystemLoader(pathlib.Path(__file__).with_name("templates")),
     autoescape=True,  # every template, whatever its name: all output here is HTML
     undefined=jinja2.StrictUndefined,
     trim_blocks=True,
@@ -362,8 +468,9 @@ _templates.filters.update(when=_when, file_name=_file_name)
 _templates.globals.update(stages=STAGES, letter_statuses=get_args(LetterStatus))
 
 
-def _page(name: str, **context: Any) -> HTMLResponse:
-    return HTMLResponse(_templates.get_template(name).render(page=name, **context))
+def _page(name: str, *, root: str = "", **context: Any) -> HTMLResponse:
+    """Render a page; ``root`` leads from the page's URL back to the app's (for nested pages)."""
+    return HTMLResponse(_templates.get_template(name).render(page=name, root=root, **context))
 
 
 def _error_classes(values: list[str] | None) -> list[str] | None:
@@ -373,7 +480,7 @@ def _error_classes(values: list[str] | None) -> list[str] | None:
     return list(dict.fromkeys(p for p in parts if p)) or None
 
 
-ErrorClasses = Annotated[list[str] | None, Query()]
+ErrorClasses = Annotated[list[ErrorClass] | None, Query(max_length=50)]
 
 
 def _blank_is_none(value: object) -> object:
@@ -383,10 +490,33 @@ def _blank_is_none(value: object) -> object:
 
 StageFilter = Annotated[Stage | None, BeforeValidator(_blank_is_none), Query()]
 StageField = Annotated[Stage | None, BeforeValidator(_blank_is_none), Form()]
-OwnerField = Annotated[str, Form(max_length=_OWNER_MAX)]
-NoteField = Annotated[str, Form(max_length=_NOTE_MAX)]
+OwnerField = Annotated[str, Form(max_length=_OWNER_MAX, pattern=_TEXT)]
+NoteField = Annotated[str, Form(max_length=_NOTE_MAX, pattern=_TEXT)]
+# A resolution must say why (ADR 0007): at least one character that is not a space.
+ReasonField = Annotated[str, Form(min_length=1, max_length=_NOTE_MAX, pattern=_REASON)]
+StatusField = Annotated[LetterStatus, Form()]
+LimitField = Annotated[int, Form(ge=1, le=500)]
+ReturnField = Annotated[ReturnTo, Form()]
 
-router = APIRouter()
+
+def _problem(description: str) -> dict[str, Any]:
+    # Inline and always JSON: with `model`, FastAPI would document a page's refusals as HTML.
+    schema = {**Problem.model_json_schema(), "additionalProperties": False}
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+# Documented so that clients (and the schema fuzzer) know every answer a route can give.
+Responses = dict[int | str, dict[str, Any]]
+_ANY_ROUTE: Responses = {
+    401: _problem("Not logged in to Airflow"),
+    403: _problem("Not allowed (role), or a cross-origin post"),
+    503: _problem("The database is unavailable, busy, or the query took too long"),
+}
+_PAGED: Responses = {400: _problem("`after` is not a page cursor")}
+_ONE: Responses = {404: _problem("No such dead letter")}
+_CHANGE: Responses = {**_ONE, 409: _problem("The letter is no longer open")}
+
+router = APIRouter(responses=_ANY_ROUTE)
 
 
 @router.get("/", response_class=HTMLResponse)
@@ -395,7 +525,7 @@ def overview_page(conn: ReadConn) -> HTMLResponse:
     return _page("overview.html", summary=summary(conn))
 
 
-@router.get("/failed", response_class=HTMLResponse)
+@router.get("/failed", response_class=HTMLResponse, responses=_PAGED)
 def failed_page(
     conn: ReadConn,
     stage: StageFilter = None,
@@ -410,7 +540,7 @@ def failed_page(
     return _page("failed.html", data=data, filters=filters, next_query=_next(filters, data))
 
 
-@router.get("/dead-letters", response_class=HTMLResponse)
+@router.get("/dead-letters", response_class=HTMLResponse, responses=_PAGED)
 def dead_letters_page(
     conn: ReadConn,
     stage: StageFilter = None,
@@ -424,6 +554,14 @@ def dead_letters_page(
     return _page("dead_letters.html", data=data, filters=filters, next_query=_next(filters, data))
 
 
+@router.get("/dead-letters/{letter_id}", response_class=HTMLResponse, responses=_ONE)
+def dead_letter_page(conn: ReadConn, letter_id: LetterId) -> HTMLResponse:
+    """One dead letter: its full error, its resolution and every change made to it."""
+    letter = dead_letter(conn, letter_id)
+    filters = {"stage": None, "status": "open", "limit": 100}
+    return _page("dead_letter.html", root="../", dl=letter, filters=filters)
+
+
 def _next(filters: dict[str, Any], data: FailedList | DeadLetterList) -> str | None:
     """The query string of the next page: the same filters and the cursor."""
     if data.next_after is None:
@@ -432,50 +570,70 @@ def _next(filters: dict[str, Any], data: FailedList | DeadLetterList) -> str | N
     return urlencode({**kept, "after": data.next_after})
 
 
-def _back_to_list(stage: str | None, letter_status: str, limit: int) -> RedirectResponse:
-    query = {"status": letter_status, "limit": limit, **({"stage": stage} if stage else {})}
+def _back(
+    letter_id: int, return_to: str, stage: str | None, letter_status: str, limit: int
+) -> RedirectResponse:
     # Relative, so that it works under any mount point and [api] base_url:
-    # .../dead-letters/<id>/<action> → .../dead-letters
+    # .../dead-letters/<id>/<action> → .../dead-letters/<id> or .../dead-letters
+    if return_to == "letter":
+        return RedirectResponse(f"../{letter_id}", HTTPStatus.SEE_OTHER)
+    query = {"status": letter_status, "limit": limit, **({"stage": stage} if stage else {})}
     return RedirectResponse(f"../../dead-letters?{urlencode(query)}", HTTPStatus.SEE_OTHER)
 
 
 _EDIT = [Depends(require_same_origin), Depends(require_edit_access)]
 
 
-@router.post("/dead-letters/{letter_id}/ignore", dependencies=_EDIT)
+@router.post(
+    "/dead-letters/{letter_id}/ignore",
+    dependencies=_EDIT,
+    status_code=HTTPStatus.SEE_OTHER,
+    response_class=RedirectResponse,
+    responses=_CHANGE,
+)
 def ignore_dead_letter(
-    letter_id: int,
+    letter_id: LetterId,
     user: GetUserDep,
     conn: WriteConn,
-    note: Annotated[str, Form(min_length=1, max_length=_NOTE_MAX)],
+    reason: ReasonField,
     stage: StageField = None,
-    status: Annotated[LetterStatus, Form()] = "open",
-    limit: Annotated[int, Form(ge=1, le=500)] = 100,
+    status: StatusField = "open",
+    limit: LimitField = 100,
+    return_to: ReturnField = "list",
 ) -> RedirectResponse:
-    """Resolve an open letter as ignored, recording who, when and why (the note)."""
-    reason = note.strip()
-    if not reason:
-        # A resolution must say why (ADR 0007); blanks pass min_length, so check here.
-        raise HTTPException(HTTPStatus.UNPROCESSABLE_ENTITY, "say why it is ignored")
-    params = {"id": letter_id, "by": user.get_name(), "note": reason}
+    """Resolve an open letter as ignored, recording who, when and why; its note stays."""
+    params = {"id": letter_id, "by": user.get_name(), "reason": reason.strip()}
     change_open_letter(conn, "web_ignore_dead_letter", params)
-    return _back_to_list(stage, status, limit)
+    return _back(letter_id, return_to, stage, status, limit)
 
 
-@router.post("/dead-letters/{letter_id}/assign", dependencies=_EDIT)
+@router.post(
+    "/dead-letters/{letter_id}/assign",
+    dependencies=_EDIT,
+    status_code=HTTPStatus.SEE_OTHER,
+    response_class=RedirectResponse,
+    responses=_CHANGE,
+)
 def assign_dead_letter(
-    letter_id: int,
+    letter_id: LetterId,
+    user: GetUserDep,
     conn: WriteConn,
     owner: OwnerField = "",
     note: NoteField = "",
     stage: StageField = None,
-    status: Annotated[LetterStatus, Form()] = "open",
-    limit: Annotated[int, Form(ge=1, le=500)] = 100,
+    status: StatusField = "open",
+    limit: LimitField = 100,
+    return_to: ReturnField = "list",
 ) -> RedirectResponse:
-    """Set an open letter's owner and note; a blank field clears it."""
-    params = {"id": letter_id, "owner": owner.strip() or None, "note": note.strip() or None}
+    """Set an open letter's owner and note (a blank field clears it); the history keeps both."""
+    params = {
+        "id": letter_id,
+        "by": user.get_name(),
+        "owner": owner.strip() or None,
+        "note": note.strip() or None,
+    }
     change_open_letter(conn, "web_assign_dead_letter", params)
-    return _back_to_list(stage, status, limit)
+    return _back(letter_id, return_to, stage, status, limit)
 
 
 @router.get("/api/summary")
@@ -484,7 +642,7 @@ def summary_api(conn: ReadConn) -> Summary:
     return summary(conn)
 
 
-@router.get("/api/failed")
+@router.get("/api/failed", responses=_PAGED)
 def failed_api(
     conn: ReadConn,
     stage: StageFilter = None,
@@ -496,7 +654,7 @@ def failed_api(
     return failed_items(conn, stage, _error_classes(error_class), limit, after)
 
 
-@router.get("/api/dead-letters")
+@router.get("/api/dead-letters", responses=_PAGED)
 def dead_letters_api(
     conn: ReadConn,
     stage: StageFilter = None,
@@ -504,55 +662,95 @@ def dead_letters_api(
     limit: Limit = 100,
     after: After = None,
 ) -> DeadLetterList:
-    """The dead-letter list as JSON, with full errors and tracebacks, a page at a time."""
+    """The dead-letter list as JSON, with full errors, tracebacks and histories."""
     return dead_letters(conn, stage, status, limit, after)
 
 
+@router.get("/api/dead-letters/{letter_id}", responses=_ONE)
+def dead_letter_api(conn: ReadConn, letter_id: LetterId) -> DeadLetter:
+    """One dead letter as JSON, with its history."""
+    return dead_letter(conn, letter_id)
+
+
+def _refusal(status: HTTPStatus, detail: str) -> Response:
+    return JSONResponse({"detail": detail}, status)
+
+
 async def _schema_missing(request: Request, exc: Exception) -> Response:
-    return JSONResponse(
-        {
-            "detail": "The replayable database has no replayable schema yet; run the pipeline "
-            "once (or `make start`) to create it."
-        },
+    return _refusal(
         HTTPStatus.SERVICE_UNAVAILABLE,
+        "The replayable database has no replayable schema yet; run the pipeline once (or "
+        "`make start`) to create it.",
+    )
+
+
+async def _too_slow(request: Request, exc: Exception) -> Response:
+    seconds = request.app.state.pool.statement_timeout_s
+    return _refusal(
+        HTTPStatus.SERVICE_UNAVAILABLE,
+        f"The query took longer than {seconds:g} s and was cancelled; try a smaller page.",
     )
 
 
 def _default_dsn() -> str:
+    """The DSN of ``replayable_ui_db`` (a least-privilege role, see the README), else ours."""
     # Imported here: replayable.operators loads the task SDK, which only this path needs.
+    from airflow.sdk.exceptions import AirflowNotFoundException
+
     from replayable.operators import connection_dsn
 
-    return connection_dsn(DSN_CONN_ID)
+    try:
+        return connection_dsn(UI_DSN_CONN_ID)
+    except AirflowNotFoundException:
+        return connection_dsn(DSN_CONN_ID)
 
 
-def create_app(dsn_provider: Callable[[], str] | None = None) -> FastAPI:
-    """Build the UI app; ``dsn_provider`` returns the replayable database's DSN per request.
+def create_app(
+    dsn_provider: Callable[[], str] | None = None,
+    *,
+    pool_size: int | None = None,
+    statement_timeout_s: float | None = None,
+    openapi_url: str | None = None,
+) -> FastAPI:
+    """Build the UI app; ``dsn_provider`` returns the replayable database's DSN.
 
-    By default the DSN comes from the Airflow connection ``replayable_db``. Building the app
-    touches neither Airflow's auth manager nor any database, so the plugin loads cheaply in
-    every Airflow process.
+    By default the DSN comes from the Airflow connection ``replayable_ui_db``, else
+    ``replayable_db``; the pool holds
+    ``[replayable] ui_pool_size`` connections (4) and statements are cancelled after
+    ``[replayable] ui_statement_timeout_s`` (5 s); both are Airflow config options, e.g.
+    ``AIRFLOW__REPLAYABLE__UI_STATEMENT_TIMEOUT_S``. ``openapi_url`` serves the schema: for
+    tests only, since Airflow's auth does not cover the docs routes. Building the app touches
+    neither Airflow's auth manager nor any database, so the plugin loads cheaply in every
+    Airflow process.
     """
     app = FastAPI(
         title="Replayable",
         # Plugin mounts get none of Airflow's auth: every route requires it here.
-        dependencies=[Depends(requires_access_view(AccessView.PLUGINS))],
-        # The docs routes would bypass the dependency above; the API is described in the
-        # route docstrings instead.
+        dependencies=[
+            Depends(requires_access_view(AccessView.PLUGINS)),
+            Depends(require_read_access),
+        ],
         docs_url=None,
         redoc_url=None,
-        openapi_url=None,
+        openapi_url=openapi_url,
     )
-    app.state.dsn_provider = dsn_provider or _default_dsn
+    app.state.pool = ConnectionPool(
+        dsn_provider or _default_dsn,
+        size=pool_size or conf.getint("replayable", "ui_pool_size", fallback=4),
+        statement_timeout_s=statement_timeout_s
+        or conf.getfloat("replayable", "ui_statement_timeout_s", fallback=5.0),
+    )
     app.include_router(router)
     app.include_router(metrics_router)  # its own auth: Airflow's or the scrape token
     app.add_exception_handler(psycopg2.errors.UndefinedTable, _schema_missing)
+    app.add_exception_handler(psycopg2.errors.QueryCanceled, _too_slow)
 
     @app.middleware("http")
     async def security_headers(
         request: Request, call_next: Callable[[Request], Awaitable[Response]]
     ) -> Response:
         response = await call_next(request)
-        response.headers.update(_SECURITY_HEADERS)
+        response.headers.update(SECURITY_HEADERS)
         return response
 
     return app

@@ -3,8 +3,9 @@
 Authentication is Airflow's own ``get_user`` dependency, exercised for real by the anonymous
 tests. The authenticated tests override exactly that one dependency with a
 SimpleAuthManagerUser (a real JWT would need Airflow's metadata database for the revocation
-check); authorisation still asks Airflow's configured auth manager, and the database is the
-real test Postgres.
+check); authorisation still asks Airflow's configured auth manager (SimpleAuthManager), and
+the database is the real test Postgres. tests/e2e/test_ui_in_airflow.py repeats the role
+checks against a running Airflow with real tokens.
 """
 
 from __future__ import annotations
@@ -12,24 +13,38 @@ from __future__ import annotations
 import html
 import importlib.util
 import re
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, get_args
 
+import psycopg2
+import psycopg2.errors
 import psycopg2.extensions
 import pytest
 from airflow.api_fastapi.app import RESERVED_URL_PREFIXES, create_auth_manager
 from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
 from airflow.api_fastapi.core_api.datamodels.plugins import ExternalViewResponse
 from airflow.api_fastapi.core_api.security import get_user
-from fastapi import FastAPI
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.dependencies.models import Dependant
 from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 
 from conftest import ROOT
-from replayable import devenv
+from replayable import db, devenv
 from replayable.settings import STAGES
 from replayable.web import create_app
-from replayable.web.app import Stage
+from replayable.web.app import (
+    DAG_ID,
+    SECURITY_HEADERS,
+    ReadConn,
+    Stage,
+    _read_connection,
+    _write_connection,
+)
+from replayable.web.pool import ConnectionPool
 
 HOSTILE = "<script>alert(1)</script>"
 ORIGIN = "http://testserver"  # TestClient's host: what a browser sends for this page's forms
@@ -46,11 +61,11 @@ def _insert(conn: Any, sql: str, rows: list[tuple[Any, ...]]) -> None:
 def _letter(conn: Any, letter_id: int) -> dict[str, Any]:
     with conn.cursor() as cur:
         cur.execute(
-            "SELECT status, owner, note, resolved_by, resolved_at"
+            "SELECT status, owner, note, resolved_by, resolved_at, resolution"
             " FROM replayable.dead_letters WHERE id = %s",
             (letter_id,),
         )
-        status, owner, note, resolved_by, resolved_at = cur.fetchone()
+        status, owner, note, resolved_by, resolved_at, resolution = cur.fetchone()
     conn.commit()
     return {
         "status": status,
@@ -58,7 +73,20 @@ def _letter(conn: Any, letter_id: int) -> dict[str, Any]:
         "note": note,
         "resolved_by": resolved_by,
         "resolved_at": resolved_at,
+        "resolution": resolution,
     }
+
+
+def _history(conn: Any, letter_id: int) -> list[tuple[Any, ...]]:
+    with conn.cursor() as cur:
+        cur.execute(
+            "SELECT actor, action, status, owner, note, resolution, at IS NOT NULL"
+            " FROM replayable.dead_letter_history WHERE letter_id = %s ORDER BY id",
+            (letter_id,),
+        )
+        found = cur.fetchall()
+    conn.commit()
+    return found
 
 
 @pytest.fixture
@@ -130,8 +158,24 @@ def auth_manager() -> Any:
 
 
 @pytest.fixture
-def app(dsn: str, auth_manager: Any) -> FastAPI:
-    return create_app(dsn_provider=lambda: dsn)
+def app(dsn: str, auth_manager: Any) -> Iterator[FastAPI]:
+    built = create_app(dsn_provider=lambda: dsn)
+    yield built
+    built.state.pool.close()
+
+
+@pytest.fixture
+def make_app(auth_manager: Any) -> Iterator[Any]:
+    """create_app for a test that needs other settings; its pool is closed afterwards."""
+    made: list[FastAPI] = []
+
+    def make(*args: Any, **kwargs: Any) -> FastAPI:
+        made.append(create_app(*args, **kwargs))
+        return made[-1]
+
+    yield make
+    for built in made:
+        built.state.pool.close()
 
 
 def _mounted(app: FastAPI) -> FastAPI:
@@ -146,10 +190,25 @@ def anonymous(app: FastAPI) -> TestClient:
     return TestClient(_mounted(app))
 
 
+_USERS: dict[str, SimpleAuthManagerUser] = {}
+
+
+def _test_identity(request: Request) -> SimpleAuthManagerUser:
+    """Stands in for Airflow's get_user: the user whom the test client says it acts as."""
+    user = _USERS.get(request.headers.get("x-test-user", ""))
+    if user is None:
+        raise HTTPException(401, "Not authenticated")
+    return user
+
+
 def _as(app: FastAPI, user: SimpleAuthManagerUser) -> TestClient:
+    """A client acting as ``user``; several clients of one app can act as different users."""
     # Only Airflow's identity dependency is replaced (see the module docstring).
-    app.dependency_overrides[get_user] = lambda: user
-    return TestClient(_mounted(app), headers={"Origin": ORIGIN}, follow_redirects=False)
+    app.dependency_overrides[get_user] = _test_identity
+    key = f"{user.username}:{user.role}"
+    _USERS[key] = user
+    headers = {"Origin": ORIGIN, "X-Test-User": key}
+    return TestClient(_mounted(app), headers=headers, follow_redirects=False)
 
 
 @pytest.fixture
@@ -158,18 +217,37 @@ def client(app: FastAPI) -> TestClient:
     return _as(app, SimpleAuthManagerUser(username="carol", role="VIEWER"))
 
 
+@pytest.fixture
+def editor(app: FastAPI) -> TestClient:
+    """Logged in as "erin", whose role (USER) may edit DAGs, posting from the page's origin."""
+    return _as(app, SimpleAuthManagerUser(username="erin", role="USER"))
+
+
+def _routes(app: FastAPI) -> list[tuple[str, str]]:
+    """(method, path) of every route of the app, with a letter id filled in."""
+    return sorted(
+        (method, route.path.replace("{letter_id}", "1"))
+        for route in app.routes
+        if isinstance(route, APIRoute)
+        for method in route.methods
+    )
+
+
 def test_the_stage_literal_lists_the_pipeline_stages() -> None:
     assert get_args(Stage) == STAGES
 
 
+def test_the_dag_it_authorizes_against_is_the_pipeline() -> None:
+    assert DAG_ID == devenv.DAG_ID
+    assert f"def {DAG_ID}()" in (ROOT / "dags" / f"{DAG_ID}.py").read_text()
+
+
 def test_every_route_refuses_anonymous_requests(app: FastAPI, anonymous: TestClient) -> None:
-    routes = [r for r in app.routes if isinstance(r, APIRoute)]
-    assert len(routes) == 8
-    for route in routes:
-        path = "/replayable" + route.path.replace("{letter_id}", "1")
-        for method in route.methods:
-            response = anonymous.request(method, path, headers={"Origin": ORIGIN})
-            assert response.status_code == 401, (method, path)
+    routes = _routes(app)
+    assert len(routes) == 10
+    for method, path in routes:
+        response = anonymous.request(method, "/replayable" + path, headers={"Origin": ORIGIN})
+        assert response.status_code == 401, (method, path)
 
 
 def test_there_are_no_anonymous_docs_routes(anonymous: TestClient) -> None:
@@ -189,6 +267,47 @@ def test_a_user_without_a_role_is_forbidden(app: FastAPI, ledger: dict[str, int]
     letter = ledger["encrypted"]
     posted = nobody.post(f"/replayable/dead-letters/{letter}/assign", data={"owner": "x"})
     assert posted.status_code == 403
+
+
+@pytest.mark.parametrize("role", ["VIEWER", "USER", "OP", "ADMIN"])
+def test_every_role_can_read_every_page(app: FastAPI, ledger: dict[str, int], role: str) -> None:
+    reader = _as(app, SimpleAuthManagerUser(username="r", role=role))
+    pages = [path for method, path in _routes(app) if method == "GET"]
+    assert len(pages) == 8
+    for path in pages:
+        path = path.replace("/1", f"/{ledger['encrypted']}")
+        assert reader.get("/replayable" + path).status_code == 200, (role, path)
+
+
+@pytest.mark.parametrize("action", ["assign", "ignore"])
+def test_a_viewer_cannot_change_the_work_list(
+    client: TestClient, conn: Any, ledger: dict[str, int], action: str
+) -> None:
+    letter = ledger["encrypted"]
+    before = _letter(conn, letter)
+    response = client.post(
+        f"/replayable/dead-letters/{letter}/{action}", data={"owner": "x", "reason": "why"}
+    )
+    assert response.status_code == 403
+    assert _letter(conn, letter) == before and _history(conn, letter) == []
+
+
+@pytest.mark.parametrize("role", ["USER", "OP", "ADMIN"])
+@pytest.mark.parametrize("action", ["assign", "ignore"])
+def test_users_ops_and_admins_can_change_the_work_list(
+    app: FastAPI, conn: Any, ledger: dict[str, int], role: str, action: str
+) -> None:
+    changer = _as(app, SimpleAuthManagerUser(username=f"{role.lower()}1", role=role))
+    letter = ledger["encrypted"]
+    response = changer.post(
+        f"/replayable/dead-letters/{letter}/{action}",
+        data={"owner": "dan", "reason": "known sample"},
+        follow_redirects=True,
+    )
+    assert response.status_code == 200
+    assert [(actor, action_done) for actor, action_done, *_ in _history(conn, letter)] == [
+        (f"{role.lower()}1", "assigned" if action == "assign" else "ignored")
+    ]
 
 
 def test_overview_counts_items_by_current_status_per_stage(
@@ -275,42 +394,83 @@ def test_dead_letter_list_filters_by_status_and_stage(
 
 
 def test_hostile_values_are_escaped_in_every_page(
-    client: TestClient, ledger: dict[str, int]
+    client: TestClient, editor: TestClient, ledger: dict[str, int]
 ) -> None:
-    for path in ("/replayable/failed", "/replayable/dead-letters"):
+    letter = ledger["encrypted"]
+    pages = ("/replayable/failed", "/replayable/dead-letters", f"/replayable/dead-letters/{letter}")
+    for path in pages:
         page = client.get(path).text
         assert "<script" not in page, path
         assert html.escape(HOSTILE) in page, path  # shown, as text
-    # The note also sits in an input's value attribute: the quote must not close it.
-    client.post(
+    # The owner also sits in an input's value attribute: the quote must not close it.
+    editor.post(
         f"/replayable/dead-letters/{ledger['bad_input']}/assign",
         data={"owner": '"><script>x</script>', "note": "n"},
     )
-    page = client.get("/replayable/dead-letters").text
-    assert "<script" not in page
-    assert 'value="&#34;&gt;&lt;script&gt;x&lt;/script&gt;"' in page
+    for path in ("/replayable/dead-letters", f"/replayable/dead-letters/{ledger['bad_input']}"):
+        page = client.get(path).text
+        assert "<script" not in page
+        assert 'value="&#34;&gt;&lt;script&gt;x&lt;/script&gt;"' in page
 
 
-def test_pages_forbid_scripts_and_foreign_framing(client: TestClient, ledger: Any) -> None:
-    policy = client.get("/replayable/").headers["content-security-policy"]
+def test_every_route_sends_the_security_headers(
+    app: FastAPI, make_app: Any, dsn: str, client: TestClient, editor: TestClient, ledger: Any
+) -> None:
+    """Pages, JSON, redirects and refusals alike; new routes are covered as they are added."""
+    policy = SECURITY_HEADERS["Content-Security-Policy"]
     assert "default-src 'none'" in policy and "frame-ancestors 'self'" in policy
+    assert "script-src" not in policy  # no script from anywhere, not even 'self'
+    letter = ledger["bad_input"]
+    anonymous = TestClient(_mounted(make_app(lambda: dsn)))  # an app without the overrides
+    responses = []
+    for method, path in _routes(app):
+        url = "/replayable" + path.replace("/1", f"/{letter}")
+        form = {"owner": "o", "reason": "r"}
+        responses.append(anonymous.request(method, url))  # 401
+        responses.append(client.request(method, url, data=form if method == "POST" else None))
+        responses.append(editor.request(method, url, data=form if method == "POST" else None))
+    responses.append(editor.post(f"/replayable/dead-letters/{letter}/ignore", data=form))  # 409
+    responses.append(client.get("/replayable/no-such-page"))  # 404
+    responses.append(client.get("/replayable/failed?limit=0"))  # 422
+    statuses = {response.status_code for response in responses}
+    assert {200, 303, 401, 403, 404, 409, 422} <= statuses
+    for response in responses:
+        for name, value in SECURITY_HEADERS.items():
+            assert response.headers.get(name) == value, (response.request.url, name)
 
 
 def test_pages_use_only_relative_urls(client: TestClient, ledger: dict[str, int]) -> None:
     """The page is served under /replayable/ and framed at /plugin/replayable."""
-    for path in ("/replayable/", "/replayable/failed", "/replayable/dead-letters"):
+    letter = f"/replayable/dead-letters/{ledger['encrypted']}"
+    for path in ("/replayable/", "/replayable/failed", "/replayable/dead-letters", letter):
         urls = re.findall(r'(?:href|action)="([^"]*)"', client.get(path).text)
         assert urls, path
         assert not [u for u in urls if u.startswith(("/", "http:", "https:"))], path
 
 
-def test_ignore_resolves_an_open_letter_as_the_user_with_the_reason(
-    client: TestClient, conn: Any, ledger: dict[str, int]
+def test_the_letter_page_links_resolve_to_the_app_routes(
+    client: TestClient, ledger: dict[str, int]
 ) -> None:
     letter = ledger["encrypted"]
-    response = client.post(
+    page = client.get(f"/replayable/dead-letters/{letter}")
+    base = page.url
+    urls = {str(base.join(u).path) for u in re.findall(r'(?:href|action)="([^"]*)"', page.text)}
+    assert {
+        "/replayable/",
+        "/replayable/failed",
+        "/replayable/dead-letters",
+        f"/replayable/dead-letters/{letter}/assign",
         f"/replayable/dead-letters/{letter}/ignore",
-        data={"note": "  known encrypted sample  ", "stage": "extract", "status": "open"},
+    } <= urls
+
+
+def test_ignore_resolves_an_open_letter_as_the_user_with_the_reason(
+    editor: TestClient, conn: Any, ledger: dict[str, int]
+) -> None:
+    letter = ledger["encrypted"]
+    response = editor.post(
+        f"/replayable/dead-letters/{letter}/ignore",
+        data={"reason": "  known encrypted sample  ", "stage": "extract", "status": "open"},
     )
     assert response.status_code == 303
     target = response.url.join(response.headers["location"])
@@ -318,44 +478,107 @@ def test_ignore_resolves_an_open_letter_as_the_user_with_the_reason(
     assert dict(target.params) == {"stage": "extract", "status": "open", "limit": "100"}
     state = _letter(conn, letter)
     assert state["status"] == "ignored"
-    assert state["resolved_by"] == "carol"
-    assert state["note"] == "known encrypted sample"
+    assert state["resolved_by"] == "erin"
+    assert state["resolution"] == "known encrypted sample"
     assert state["resolved_at"] is not None
-    assert client.get(str(target)).status_code == 200
+    assert editor.get(str(target)).status_code == 200
+
+
+def test_ignoring_keeps_the_owners_note(
+    editor: TestClient, conn: Any, ledger: dict[str, int]
+) -> None:
+    letter = ledger["bad_input"]  # alice's, noted "looking"
+    response = editor.post(f"/replayable/dead-letters/{letter}/ignore", data={"reason": "dup"})
+    assert response.status_code == 303
+    state = _letter(conn, letter)
+    assert (state["owner"], state["note"], state["resolution"]) == ("alice", "looking", "dup")
 
 
 def test_ignore_without_a_reason_is_422(
-    client: TestClient, conn: Any, ledger: dict[str, int]
+    editor: TestClient, conn: Any, ledger: dict[str, int]
 ) -> None:
     letter = ledger["encrypted"]
-    for data in ({}, {"note": "   "}):
+    for data in ({}, {"reason": "   "}, {"reason": "\x00why"}, {"reason": "\x1b[2Jwhy"}):
         assert (
-            client.post(f"/replayable/dead-letters/{letter}/ignore", data=data).status_code == 422
+            editor.post(f"/replayable/dead-letters/{letter}/ignore", data=data).status_code == 422
         )
     assert _letter(conn, letter)["status"] == "open"
 
 
 def test_assign_sets_owner_and_note_and_blanks_clear_them(
-    client: TestClient, conn: Any, ledger: dict[str, int]
+    editor: TestClient, conn: Any, ledger: dict[str, int]
 ) -> None:
     letter = ledger["bad_input"]
     url = f"/replayable/dead-letters/{letter}/assign"
-    assert client.post(url, data={"owner": "bob", "note": "mine now"}).status_code == 303
+    assert editor.post(url, data={"owner": "bob", "note": "mine now"}).status_code == 303
     state = _letter(conn, letter)
     assert (state["status"], state["owner"], state["note"]) == ("open", "bob", "mine now")
     assert state["resolved_by"] is None
-    assert client.post(url, data={"owner": " ", "note": ""}).status_code == 303
+    assert editor.post(url, data={"owner": " ", "note": ""}).status_code == 303
     state = _letter(conn, letter)
     assert (state["owner"], state["note"]) == (None, None)
 
 
+def test_every_change_is_kept_in_the_letters_history_with_who_and_when(
+    app: FastAPI, editor: TestClient, conn: Any, ledger: dict[str, int]
+) -> None:
+    letter = ledger["bad_input"]  # alice's, noted "looking"
+    url = f"/replayable/dead-letters/{letter}"
+    editor.post(f"{url}/assign", data={"owner": "bob", "note": "mine now"})
+    operator = _as(app, SimpleAuthManagerUser(username="olga", role="OP"))
+    operator.post(f"{url}/assign", data={"owner": "bob", "note": "provider bug"})
+    operator.post(f"{url}/ignore", data={"reason": "fixed upstream"})
+    assert _history(conn, letter) == [
+        ("erin", "assigned", "open", "bob", "mine now", None, True),
+        ("olga", "noted", "open", "bob", "provider bug", None, True),
+        ("olga", "ignored", "ignored", "bob", "provider bug", "fixed upstream", True),
+    ]
+    shown = operator.get(f"/replayable/api/dead-letters/{letter}").json()
+    assert [(c["actor"], c["action"], c["note"]) for c in shown["history"]] == [
+        ("erin", "assigned", "mine now"),
+        ("olga", "noted", "provider bug"),
+        ("olga", "ignored", "provider bug"),
+    ]
+    page = operator.get(url).text
+    assert "mine now" in page and "erin" in page and "fixed upstream" in page
+
+
+def test_the_history_is_append_only(editor: TestClient, conn: Any, ledger: dict[str, int]) -> None:
+    letter = ledger["bad_input"]
+    editor.post(f"/replayable/dead-letters/{letter}/assign", data={"owner": "bob"})
+    for statement in (
+        "UPDATE replayable.dead_letter_history SET actor = 'mallory'",
+        "DELETE FROM replayable.dead_letter_history",
+    ):
+        with conn.cursor() as cur, pytest.raises(psycopg2.errors.RaiseException):
+            cur.execute(statement)
+        conn.rollback()
+    assert [row[0] for row in _history(conn, letter)] == ["erin"]
+
+
+def test_pipeline_resolutions_enter_the_history_under_their_resolver(
+    conn: Any, ledger: dict[str, int]
+) -> None:
+    letter = ledger["encrypted"]
+    with conn.cursor() as cur:
+        cur.execute(
+            "UPDATE replayable.dead_letters SET status = 'redriven', resolved_at = now(),"
+            " resolved_by = 'run r9', resolution = 'provider fixed' WHERE id = %s",
+            (letter,),
+        )
+    conn.commit()
+    assert _history(conn, letter) == [
+        ("run r9", "redriven", "redriven", None, HOSTILE, "provider fixed", True)
+    ]
+
+
 @pytest.mark.parametrize("action", ["ignore", "assign"])
 def test_changing_a_letter_that_is_not_open_is_409(
-    client: TestClient, conn: Any, ledger: dict[str, int], action: str
+    editor: TestClient, conn: Any, ledger: dict[str, int], action: str
 ) -> None:
     letter = ledger["redriven"]
-    response = client.post(
-        f"/replayable/dead-letters/{letter}/{action}", data={"owner": "x", "note": "why"}
+    response = editor.post(
+        f"/replayable/dead-letters/{letter}/{action}", data={"owner": "x", "reason": "why"}
     )
     assert response.status_code == 409
     assert "redriven" in response.json()["detail"]
@@ -364,11 +587,12 @@ def test_changing_a_letter_that_is_not_open_is_409(
 
 @pytest.mark.parametrize("action", ["ignore", "assign"])
 def test_changing_a_missing_letter_is_404(
-    client: TestClient, ledger: dict[str, int], action: str
+    editor: TestClient, ledger: dict[str, int], action: str
 ) -> None:
     missing = max(ledger.values()) + 1000
-    response = client.post(f"/replayable/dead-letters/{missing}/{action}", data={"note": "n"})
+    response = editor.post(f"/replayable/dead-letters/{missing}/{action}", data={"reason": "n"})
     assert response.status_code == 404
+    assert editor.get(f"/replayable/dead-letters/{missing}").status_code == 404
 
 
 @pytest.mark.parametrize(
@@ -379,24 +603,62 @@ def test_changing_a_missing_letter_is_404(
         {"Origin": "null"},
         {"Origin": "", "Referer": "http://evil.example/page"},
         {"Origin": ""},  # neither header: a client that hides where it posts from
+        {"Origin": "https://testserver"},  # same host, other scheme
+        {"Origin": "http://testserver:8081"},  # same host, other port
+        {"Origin": "", "Referer": "https://testserver/replayable/dead-letters"},
+        {"Origin": "testserver"},  # no scheme at all
+        # A blank bearer token is no token: Airflow falls back to the cookie.
+        {"Origin": "http://evil.example", "Authorization": "Bearer "},
+        {"Origin": "http://evil.example", "Authorization": "Bearer    "},
+        {"Origin": "http://evil.example", "Authorization": "Bearer"},
+        {"Origin": "http://evil.example", "Authorization": "Basic dXNlcjpwdw=="},
     ],
 )
 def test_a_cross_origin_post_is_refused(
-    client: TestClient, conn: Any, ledger: dict[str, int], headers: dict[str, str]
+    editor: TestClient, conn: Any, ledger: dict[str, int], headers: dict[str, str]
 ) -> None:
     letter = ledger["encrypted"]
-    response = client.post(
-        f"/replayable/dead-letters/{letter}/ignore", data={"note": "csrf"}, headers=headers
-    )
-    assert response.status_code == 403
+    for action in ("ignore", "assign"):
+        response = editor.post(
+            f"/replayable/dead-letters/{letter}/{action}",
+            data={"reason": "csrf", "owner": "csrf"},
+            headers=headers,
+        )
+        assert response.status_code == 403, action
+        assert "cross-origin" in response.json()["detail"]
     assert _letter(conn, letter)["status"] == "open"
+    assert _letter(conn, letter)["owner"] is None
+
+
+@pytest.mark.parametrize("origin", ["http://testserver", "http://TestServer:80"])
+def test_the_pages_own_origin_may_post(
+    editor: TestClient, conn: Any, ledger: dict[str, int], origin: str
+) -> None:
+    letter = ledger["encrypted"]
+    url = f"/replayable/dead-letters/{letter}/assign"
+    response = editor.post(url, data={"owner": "dan"}, headers={"Origin": origin})
+    assert response.status_code == 303
+    assert _letter(conn, letter)["owner"] == "dan"
+
+
+def test_the_configured_base_url_is_an_allowed_origin(
+    editor: TestClient, conn: Any, ledger: dict[str, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Behind a proxy the browser's origin is [api] base_url, not the Host the app sees."""
+    monkeypatch.setenv("AIRFLOW__API__BASE_URL", "https://airflow.example.com/")
+    url = f"/replayable/dead-letters/{ledger['encrypted']}/assign"
+    proxied = {"Origin": "https://airflow.example.com"}
+    assert editor.post(url, data={"owner": "pat"}, headers=proxied).status_code == 303
+    other_scheme = {"Origin": "http://airflow.example.com"}
+    assert editor.post(url, data={"owner": "eve"}, headers=other_scheme).status_code == 403
+    assert _letter(conn, ledger["encrypted"])["owner"] == "pat"
 
 
 def test_a_same_origin_referer_is_enough_without_origin(
-    client: TestClient, conn: Any, ledger: dict[str, int]
+    editor: TestClient, conn: Any, ledger: dict[str, int]
 ) -> None:
     letter = ledger["encrypted"]
-    response = client.post(
+    response = editor.post(
         f"/replayable/dead-letters/{letter}/assign",
         data={"owner": "dan"},
         headers={"Origin": "", "Referer": f"{ORIGIN}/replayable/dead-letters"},
@@ -406,12 +668,12 @@ def test_a_same_origin_referer_is_enough_without_origin(
 
 
 def test_a_bearer_token_post_needs_no_origin(
-    client: TestClient, conn: Any, ledger: dict[str, int]
+    editor: TestClient, conn: Any, ledger: dict[str, int]
 ) -> None:
     """Browsers never attach a bearer token by themselves, so it cannot be forged cross-site."""
     letter = ledger["encrypted"]
     # get_user is overridden here, so the token is not checked; only its presence matters.
-    response = client.post(
+    response = editor.post(
         f"/replayable/dead-letters/{letter}/assign",
         data={"owner": "script"},
         headers={"Origin": "", "Authorization": "Bearer token"},
@@ -465,17 +727,17 @@ def test_json_api_shapes(client: TestClient, ledger: dict[str, int]) -> None:
     assert {"id", "owner", "note", "status", "run_id", "map_index", "resolved_by"} <= set(letter)
 
 
-def test_an_unreachable_database_is_503_without_the_dsn(auth_manager: Any) -> None:
+def test_an_unreachable_database_is_503_without_the_dsn(make_app: Any) -> None:
     unreachable = "postgresql://u:hunter2@127.0.0.1:1/replayable?connect_timeout=2"
-    client = _as(create_app(lambda: unreachable), SimpleAuthManagerUser(username="c", role="ADMIN"))
+    client = _as(make_app(lambda: unreachable), SimpleAuthManagerUser(username="c", role="ADMIN"))
     response = client.get("/replayable/api/summary")
     assert response.status_code == 503
     assert "hunter2" not in response.text and "replayable_db" in response.text
 
 
-def test_a_database_without_the_schema_is_503(dsn: str, auth_manager: Any) -> None:
+def test_a_database_without_the_schema_is_503(dsn: str, make_app: Any) -> None:
     other = psycopg2.extensions.make_dsn(dsn, dbname="postgres")
-    client = _as(create_app(lambda: other), SimpleAuthManagerUser(username="c", role="ADMIN"))
+    client = _as(make_app(lambda: other), SimpleAuthManagerUser(username="c", role="ADMIN"))
     response = client.get("/replayable/api/summary")
     assert response.status_code == 503
     assert "schema" in response.json()["detail"]
@@ -485,13 +747,118 @@ def test_the_default_dsn_comes_from_the_airflow_connection(
     services: devenv.Services,
     state_dir: Path,
     ledger: dict[str, int],
-    auth_manager: Any,
+    make_app: Any,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     conn_json = devenv.airflow_env(services, state_dir)["AIRFLOW_CONN_REPLAYABLE_DB"]
     monkeypatch.setenv("AIRFLOW_CONN_REPLAYABLE_DB", conn_json)
-    client = _as(create_app(), SimpleAuthManagerUser(username="c", role="VIEWER"))
+    client = _as(make_app(), SimpleAuthManagerUser(username="c", role="VIEWER"))
     assert client.get("/replayable/api/summary").json()["open_dead_letters"] == 2
+
+
+# ---- the database: a pool, a statement timeout, read-only reads ---------------------------
+
+
+def _dependencies(dependant: Dependant) -> set[Any]:
+    found = {dependant.call}
+    for sub in dependant.dependencies:
+        found |= _dependencies(sub)
+    return found
+
+
+def test_every_read_route_gets_a_read_only_connection(app: FastAPI) -> None:
+    for route in app.routes:
+        if isinstance(route, APIRoute) and "GET" in route.methods:
+            calls = _dependencies(route.dependant)
+            assert _read_connection in calls and _write_connection not in calls, route.path
+
+
+def test_a_read_route_cannot_write(
+    make_app: Any, dsn: str, conn: Any, ledger: dict[str, int]
+) -> None:
+    """Even a read route with a bug that writes is stopped by its read-only transaction."""
+    app = make_app(lambda: dsn)
+
+    @app.get("/careless")
+    def careless(conn: ReadConn) -> None:
+        with conn.cursor() as cur:
+            cur.execute("UPDATE replayable.dead_letters SET owner = 'mallory'")
+
+    client = _as(app, SimpleAuthManagerUser(username="c", role="ADMIN"))
+    with pytest.raises(psycopg2.errors.ReadOnlySqlTransaction):
+        client.get("/replayable/careless")
+    assert _letter(conn, ledger["bad_input"])["owner"] == "alice"
+
+
+def test_a_slow_query_is_cut_off_by_the_statement_timeout(
+    make_app: Any, dsn: str, conn: Any, ledger: dict[str, int]
+) -> None:
+    """A page whose query waits (here on a lock) answers 503 at the timeout, not later."""
+    app = make_app(lambda: dsn, statement_timeout_s=0.5)
+    client = _as(app, SimpleAuthManagerUser(username="c", role="VIEWER"))
+    with conn.cursor() as cur:
+        cur.execute("LOCK TABLE replayable.dead_letters IN ACCESS EXCLUSIVE MODE")
+    try:
+        started = time.monotonic()
+        response = client.get("/replayable/api/dead-letters")
+        elapsed = time.monotonic() - started
+    finally:
+        conn.rollback()
+    assert response.status_code == 503 and "0.5 s" in response.json()["detail"]
+    assert elapsed < 3
+    assert client.get("/replayable/api/dead-letters").status_code == 200  # the pool recovers
+
+
+def test_the_pool_never_opens_more_connections_than_its_size(dsn: str) -> None:
+    pool = ConnectionPool(lambda: dsn, size=2, statement_timeout_s=5, wait_s=5)
+    seen: set[int] = set()
+    lock = threading.Lock()
+
+    def use() -> None:
+        with pool.connection(readonly=True) as conn:
+            rows = db.fetch_all(conn, "web_dead_letter_status", {"id": 0})
+            assert rows == []
+            with conn.cursor() as cur:
+                cur.execute("SELECT pg_backend_pid(), pg_sleep(0.05)")
+                pid = cur.fetchone()[0]
+            with lock:
+                seen.add(pid)
+
+    try:
+        threads = [threading.Thread(target=use) for _ in range(12)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=30)
+        assert 1 <= len(seen) <= 2
+    finally:
+        pool.close()
+
+
+def test_the_pool_sets_the_statement_timeout_and_read_only_transactions(dsn: str) -> None:
+    pool = ConnectionPool(lambda: dsn, size=1, statement_timeout_s=0.2)
+    try:
+        with pool.connection(readonly=True) as conn, conn.cursor() as cur:
+            cur.execute("SHOW statement_timeout")
+            assert cur.fetchone() == ("200ms",)
+            cur.execute("SHOW transaction_read_only")
+            assert cur.fetchone() == ("on",)
+            with pytest.raises(psycopg2.errors.QueryCanceled):
+                cur.execute("SELECT pg_sleep(2)")
+        with pool.connection(readonly=False) as conn, conn.cursor() as cur:
+            cur.execute("SHOW transaction_read_only")
+            assert cur.fetchone() == ("off",)
+    finally:
+        pool.close()
+
+
+def test_a_busy_pool_answers_503(make_app: Any, dsn: str, ledger: dict[str, int]) -> None:
+    app = make_app(lambda: dsn, pool_size=1)
+    app.state.pool.wait_s = 0.2
+    client = _as(app, SimpleAuthManagerUser(username="c", role="VIEWER"))
+    with app.state.pool.connection(readonly=True):
+        assert client.get("/replayable/api/summary").status_code == 503
+    assert client.get("/replayable/api/summary").status_code == 200
 
 
 def test_the_plugin_mounts_the_app_at_replayable_with_a_browse_view() -> None:
@@ -550,6 +917,16 @@ def test_pages_follow_a_keyset_cursor_to_the_end(
     assert "Next page" in html_page
 
 
-def test_a_bad_cursor_is_refused_naming_it(client: TestClient, ledger: dict[str, int]) -> None:
-    response = client.get("/replayable/api/dead-letters?after=bm90LWEtY3Vyc29y")
+@pytest.mark.parametrize(
+    "cursor",
+    [
+        "bm90LWEtY3Vyc29y",  # "not-a-cursor"
+        # A well-formed cursor whose id is past bigint: refused, not a database error.
+        "MjAyNi0wMS0wMVQwMDowMDowMCswMDowMAA5OTk5OTk5OTk5OTk5OTk5OTk5OTk5",
+    ],
+)
+def test_a_bad_cursor_is_refused_naming_it(
+    client: TestClient, ledger: dict[str, int], cursor: str
+) -> None:
+    response = client.get(f"/replayable/api/dead-letters?after={cursor}")
     assert response.status_code == 400 and "after" in response.text

@@ -49,8 +49,10 @@ CREATE TABLE IF NOT EXISTS replayable.dead_letter_counts (
 );
 
 -- Postgres allows transition tables on single-event triggers only: one function each.
+-- SECURITY DEFINER, as for the letters' history (0003): a role that may change letters
+-- (the UI's) needs no right on the counters.
 CREATE OR REPLACE FUNCTION replayable.count_inserted_letters() RETURNS trigger
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     INSERT INTO replayable.dead_letter_counts AS c (stage, status, slot, n, created)
     SELECT stage, status, pg_backend_pid() % 16, count(*), count(*)
@@ -62,7 +64,7 @@ END
 $$;
 
 CREATE OR REPLACE FUNCTION replayable.count_updated_letters() RETURNS trigger
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     -- Owner and note changes move nothing: HAVING drops every zero delta, so they write
     -- no counter row.
@@ -80,7 +82,7 @@ END
 $$;
 
 CREATE OR REPLACE FUNCTION replayable.count_deleted_letters() RETURNS trigger
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     INSERT INTO replayable.dead_letter_counts AS c (stage, status, slot, n, created)
     SELECT stage, status, pg_backend_pid() % 16, -count(*), 0

@@ -64,7 +64,7 @@ WHERE s.stage = %(stage)s AND s.item_key = t.item_key
 
 UPDATE replayable.dead_letters d
 SET status = 'redriven', resolved_at = now(), resolved_by = %(revive_by)s,
-    note = %(revive_reason)s
+    resolution = %(revive_reason)s
 FROM replayable.stage_runs s
 WHERE %(revive)s AND d.stage = %(stage)s AND d.status = 'open'
   AND d.item_key = ANY(%(keys)s::text[])

@@ -41,7 +41,7 @@ WITH superseded AS (
 )
 UPDATE replayable.dead_letters dl
 SET status = 'redriven', resolved_at = now(), resolved_by = 'discover',
-    note = 'the file fits max_bytes now: it is document ' || s.new_id
+    resolution = 'the file fits max_bytes now: it is document ' || s.new_id
 FROM superseded s
 WHERE dl.doc_id = s.old_id AND dl.status = 'open';
 
@@ -62,7 +62,7 @@ WITH moved AS (
 )
 UPDATE replayable.dead_letters d
 SET status = 'redriven', resolved_at = now(), resolved_by = 'discover',
-    note = 'the file was found again at ' || r.uri
+    resolution = 'the file was found again at ' || r.uri
 FROM reopened r
 WHERE d.stage = r.stage AND d.item_key = r.item_key AND d.status = 'open';
 

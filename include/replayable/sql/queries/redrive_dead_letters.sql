@@ -12,7 +12,8 @@ DELETE FROM replayable.run_docs WHERE dag_id = %(dag_id)s AND run_id = %(run_id)
 
 WITH picked AS (
     UPDATE replayable.dead_letters
-    SET status = 'redriven', resolved_at = now(), resolved_by = %(by)s, note = %(reason)s
+    SET status = 'redriven', resolved_at = now(), resolved_by = %(by)s,
+        resolution = %(reason)s
     WHERE status = 'open'
       AND stage = %(stage)s
       AND (%(error_classes)s::text[] IS NULL OR error_class = ANY(%(error_classes)s::text[]))

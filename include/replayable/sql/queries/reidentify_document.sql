@@ -16,7 +16,7 @@ WHERE doc_id = %(old_id)s AND is_current;
 
 UPDATE replayable.dead_letters
 SET status = 'redriven', resolved_at = now(), resolved_by = 'rerun',
-    note = 'the file fits max_bytes now: it is document ' || %(new_id)s
+    resolution = 'the file fits max_bytes now: it is document ' || %(new_id)s
 WHERE doc_id = %(old_id)s AND status = 'open';
 
 DELETE FROM replayable.run_docs

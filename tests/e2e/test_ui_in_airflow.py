@@ -1,0 +1,356 @@
+"""The UI plugin inside a running Airflow: real tokens per role, and a real browser.
+
+Airflow runs as separate processes (``devenv.AirflowProcesses``; the API server is all the UI
+needs) with SimpleAuthManager users of every role, whose passwords the API server generates.
+The role tests send real JWTs (bearer, and the UI's ``_token`` cookie for the CSRF cases);
+the browser test logs in with Playwright driving Debian's Chromium, opens Replayable from the
+nav, compares the overview with the ledger, opens a dead letter whose file name is an HTML
+payload, and assigns it, saving a screenshot at each step under the test's output folder.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fastapi.routing import APIRoute
+
+from checks import SAMPLES, rows, scalar
+from conftest import ROOT
+from replayable import devenv, sources
+from replayable.settings import STAGES
+from replayable.web import create_app
+
+pytestmark = pytest.mark.e2e
+
+USERS = "admin:admin,viewer:viewer,user:user,op:op"
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+]
+HOSTILE_NAME = "<img src=x onerror=alert(1)>.pdf"
+
+
+@dataclass
+class RunningAirflow:
+    url: str
+    passwords: Path
+
+    def password(self, username: str) -> str:
+        return str(json.loads(self.passwords.read_text())[username])
+
+    def token(self, username: str) -> str:
+        response = httpx.post(
+            f"{self.url}/auth/token",
+            json={"username": username, "password": self.password(username)},
+            timeout=30,
+        )
+        response.raise_for_status()
+        return str(response.json()["access_token"])
+
+    def client(self, username: str | None = None, **kwargs: Any) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {self.token(username)}"} if username else {}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=30, **kwargs)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def airflow(
+    services: devenv.Services, state_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RunningAirflow]:
+    folder = tmp_path_factory.mktemp("airflow-ui")
+    env = devenv.airflow_env(services, state_dir, api_port=_free_port())
+    env[sources.ROOTS_ENV] = str(tmp_path_factory.getbasetemp())
+    env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS"] = USERS
+    env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE"] = str(folder / "passwords.json")
+    with devenv.AirflowProcesses(env, folder / "logs", components=("api-server",)) as procs:
+        yield RunningAirflow(procs.url, folder / "passwords.json")
+
+
+@pytest.fixture
+def letter(conn: Any) -> int:
+    """One open dead letter, with its document."""
+    with conn.cursor() as cur:
+        cur.execute(
+            "INSERT INTO replayable.documents (doc_id, uri, size_bytes)"
+            " VALUES (%s, '/data/a.pdf', 1)",
+            ("a" * 64,),
+        )
+        cur.execute(
+            "INSERT INTO replayable.dead_letters (stage, item_key, doc_id, error_class,"
+            " error_kind, error, attempts, code_version, note)"
+            " VALUES ('extract', 'k', %s, 'encrypted', 'terminal', 'locked', 3, '1', 'first')"
+            " RETURNING id",
+            ("a" * 64,),
+        )
+        (found,) = cur.fetchone()
+    conn.commit()
+    return int(found)
+
+
+def _pages(letter_id: int) -> list[str]:
+    """Every GET route of the app (enumerated, so new pages are covered), under /replayable."""
+    app = create_app(lambda: "unused")
+    paths = [
+        "/replayable" + route.path.replace("{letter_id}", str(letter_id))
+        for route in app.routes
+        if isinstance(route, APIRoute) and "GET" in route.methods
+    ]
+    assert len(paths) == 8
+    return paths
+
+
+def _letter_state(conn: Any, letter_id: int) -> tuple[Any, ...]:
+    return rows(
+        conn, "SELECT status, owner, note FROM replayable.dead_letters WHERE id = %s", letter_id
+    )[0]
+
+
+def _actors(conn: Any, letter_id: int) -> list[tuple[str, str]]:
+    return [
+        (actor, action)
+        for actor, action in rows(
+            conn,
+            "SELECT actor, action FROM replayable.dead_letter_history WHERE letter_id = %s"
+            " ORDER BY id",
+            letter_id,
+        )
+    ]
+
+
+# ---- roles, with real tokens ---------------------------------------------------------------
+
+
+def test_anonymous_requests_are_refused_everywhere(airflow: RunningAirflow, letter: int) -> None:
+    with airflow.client() as anonymous:
+        for path in _pages(letter):
+            assert anonymous.get(path).status_code == 401, path
+        for action in ("assign", "ignore"):
+            posted = anonymous.post(
+                f"/replayable/dead-letters/{letter}/{action}", data={"reason": "x"}
+            )
+            assert posted.status_code == 401
+
+
+@pytest.mark.parametrize("username", ["viewer", "user", "op", "admin"])
+def test_every_role_reads_every_page(airflow: RunningAirflow, letter: int, username: str) -> None:
+    with airflow.client(username) as client:
+        for path in _pages(letter):
+            response = client.get(path)
+            assert response.status_code == 200, (username, path)
+            assert "default-src 'none'" in response.headers["content-security-policy"]
+
+
+@pytest.mark.parametrize(
+    ("username", "allowed"), [("viewer", False), ("user", True), ("op", True), ("admin", True)]
+)
+def test_changing_the_work_list_needs_permission_to_edit_the_dag(
+    airflow: RunningAirflow, conn: Any, letter: int, username: str, allowed: bool
+) -> None:
+    base = f"/replayable/dead-letters/{letter}"
+    with airflow.client(username, follow_redirects=True) as client:
+        assigned = client.post(f"{base}/assign", data={"owner": username, "note": "mine"})
+        ignored = client.post(f"{base}/ignore", data={"reason": "known sample"})
+    if not allowed:
+        assert (assigned.status_code, ignored.status_code) == (403, 403)
+        assert _letter_state(conn, letter) == ("open", None, "first")
+        assert _actors(conn, letter) == []
+        return
+    assert (assigned.status_code, ignored.status_code) == (200, 200)  # after the redirect
+    assert _letter_state(conn, letter) == ("ignored", username, "mine")
+    assert _actors(conn, letter) == [(username, "assigned"), (username, "ignored")]
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"Origin": "http://evil.example"},
+        # A bearer scheme without a token ("Bearer " arrives so: a server strips the
+        # trailing space): Airflow falls back to the cookie.
+        {"Origin": "http://evil.example", "Authorization": "Bearer"},
+        {},
+    ],
+)
+def test_a_cookie_post_from_another_origin_is_refused(
+    airflow: RunningAirflow, conn: Any, letter: int, headers: dict[str, str]
+) -> None:
+    """The UI's cookie authenticates; a blank bearer token does not skip the origin check."""
+    with airflow.client() as browser:
+        browser.cookies.set("_token", airflow.token("op"))
+        refused = browser.post(
+            f"/replayable/dead-letters/{letter}/assign", data={"owner": "mallory"}, headers=headers
+        )
+        assert refused.status_code == 403, refused.text
+        assert "cross-origin" in refused.json()["detail"]
+        same_origin = browser.post(
+            f"/replayable/dead-letters/{letter}/assign",
+            data={"owner": "olga"},
+            headers={"Origin": airflow.url},
+        )
+        assert same_origin.status_code == 303
+    assert _letter_state(conn, letter)[1] == "olga"
+    assert _actors(conn, letter) == [("op", "assigned")]
+
+
+# ---- a browser session ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def chromium() -> Path:
+    """Debian's Chromium, installed by tests/install-browser.sh if it is missing."""
+    if not CHROMIUM.exists():
+        done = subprocess.run(
+            [str(ROOT / "tests" / "install-browser.sh")],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=900,
+        )
+        if not CHROMIUM.exists():
+            pytest.skip(
+                "Chromium could not be installed, so the browser test cannot run: "
+                + (done.stderr or done.stdout).strip()
+            )
+    return CHROMIUM
+
+
+def _overview_counts(frame: Any) -> dict[str, list[int]]:
+    """The overview table as {stage: [pending, running, done, failed, dead, total, open]}."""
+    found = {}
+    for row in frame.locator("table tbody tr").all():
+        stage, *numbers = [cell.strip() for cell in row.locator("td").all_inner_texts()]
+        found[stage] = [int(n.replace(",", "")) for n in numbers]
+    return found
+
+
+def _ledger_counts(conn: Any) -> dict[str, list[int]]:
+    statuses = ("pending", "running", "done", "failed", "dead")
+    counts = {stage: dict.fromkeys(statuses, 0) for stage in STAGES}
+    for stage, status, n in rows(
+        conn,
+        "SELECT stage, status, count(*) FROM replayable.stage_runs WHERE is_current"
+        " GROUP BY stage, status",
+    ):
+        counts[stage][status] = int(n)
+    open_letters = dict(
+        rows(
+            conn,
+            "SELECT stage, count(*) FROM replayable.dead_letters WHERE status = 'open'"
+            " GROUP BY stage",
+        )
+    )
+    return {
+        stage: [
+            *(by_status[s] for s in statuses),
+            sum(by_status.values()),
+            int(open_letters.get(stage, 0)),
+        ]
+        for stage, by_status in counts.items()
+    }
+
+
+def test_a_browser_session_through_the_airflow_ui(
+    airflow: RunningAirflow,
+    chromium: Path,
+    run_dag: Any,
+    conn: Any,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from playwright.sync_api import expect, sync_playwright
+
+    folder = tmp_path / "pdfs"
+    folder.mkdir()
+    for sample in sorted(SAMPLES.glob("*.pdf"))[:3]:
+        shutil.copy(sample, folder / sample.name)
+    (folder / HOSTILE_NAME).write_bytes(b"This is no PDF; its name is an HTML payload.")
+    report = run_dag({"source": str(folder), "batch_size": 4})
+    assert report["_returncode"] == 0, report["_log"]
+    letter = scalar(
+        conn,
+        "SELECT dl.id FROM replayable.dead_letters dl JOIN replayable.documents d USING (doc_id)"
+        " WHERE d.uri = %s AND dl.status = 'open'",
+        str(folder / HOSTILE_NAME),
+    )
+
+    shots = tmp_path / "screenshots"
+    shots.mkdir()
+    dialogs: list[str] = []
+    errors: list[str] = []
+    with sync_playwright() as playwright:
+        context = playwright.chromium.launch_persistent_context(
+            str(tmp_path / "chromium-profile"),  # a fresh profile: no cookie, no cache
+            executable_path=str(chromium),
+            headless=True,
+            args=CHROMIUM_ARGS,
+            viewport={"width": 1400, "height": 1000},
+        )
+        try:
+            page = context.new_page()
+            page.set_default_timeout(60_000)
+            # A script that ran would most likely open a dialog; listen on every frame.
+            page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+            page.on("pageerror", lambda error: errors.append(str(error)))
+
+            page.goto(f"{airflow.url}/")
+            page.get_by_label("Username").fill("op")
+            page.get_by_label("Password").fill(airflow.password("op"))
+            page.screenshot(path=shots / "1-login.png")
+            page.get_by_role("button", name="Sign in").click()
+
+            page.get_by_role("button", name="Browse").click()
+            page.get_by_role("menuitem", name="Replayable").click()
+            frame = page.frame_locator("iframe")
+            expect(frame.get_by_role("heading", name="Overview")).to_be_visible()
+            page.screenshot(path=shots / "2-overview.png")
+            assert _overview_counts(frame) == _ledger_counts(conn)
+
+            frame.get_by_role("link", name="Dead letters", exact=True).click()
+            row = frame.locator(f"#dl-{letter}")
+            expect(row).to_contain_text(HOSTILE_NAME)  # shown as text
+            row.locator("summary").click()
+            expect(row.locator("details")).to_have_attribute("open", "")
+            page.screenshot(path=shots / "3-dead-letters.png")
+
+            row.get_by_role("link", name=str(letter), exact=True).click()
+            expect(frame.get_by_role("heading", level=1)).to_contain_text(HOSTILE_NAME)
+            assert frame.locator("img").count() == 0  # the payload made no element
+            frame.get_by_label("Owner").fill("ana")
+            frame.get_by_label("Note").fill("looking into the name")
+            frame.get_by_role("button", name="Save owner and note").click()
+            expect(frame.locator("table.history")).to_contain_text("assigned")
+            expect(frame.get_by_role("heading", level=1)).to_contain_text(HOSTILE_NAME)
+            page.screenshot(path=shots / "4-assigned.png", full_page=True)
+        finally:
+            context.close()
+
+    with capsys.disabled():
+        print(f"\nbrowser test screenshots: {shots}")
+    assert dialogs == [] and errors == []
+    assert rows(conn, "SELECT owner, note FROM replayable.dead_letters WHERE id = %s", letter) == [
+        ("ana", "looking into the name")
+    ]
+    assert _actors(conn, letter) == [("op", "assigned")]
+    assert sorted(path.name for path in shots.iterdir()) == [
+        "1-login.png",
+        "2-overview.png",
+        "3-dead-letters.png",
+        "4-assigned.png",
+    ]

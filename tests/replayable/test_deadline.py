@@ -1,0 +1,64 @@
+"""DeadlineSpec: past the run's deadline a batch stops and gives its unfinished items back."""
+
+import time
+
+import pytest
+from test_runner import count, run, seed_documents
+
+from replayable.deadline import ERROR_CLASS, DeadlineSpec
+from replayable.runner import WorkItem
+
+pytestmark = pytest.mark.db
+
+
+class _OneSecondEach:
+    """A stage that takes a second per item and starts none once the batch is stopping."""
+
+    name = "slow"
+    code_version = "1"
+
+    def __init__(self) -> None:
+        self.started: list[str] = []
+
+    def key_config(self):
+        return {}
+
+    def lineage(self):
+        return {}
+
+    def plan(self, conn, doc_ids):
+        return [WorkItem(doc_id, f"slow-{doc_id}") for doc_id in doc_ids]
+
+    def process(self, items, io):
+        for item in items:
+            if io.stopping:
+                return
+            self.started.append(item.doc_id)
+            time.sleep(1.0)
+            io.done(item)
+
+
+def test_past_the_deadline_the_batch_stops_and_releases_what_is_left(conn, dsn):
+    doc_ids = seed_documents(conn, 5)
+    stage = _OneSecondEach()
+    started = time.monotonic()
+    result = run(DeadlineSpec(stage, 1.5), dsn, doc_ids)
+    assert time.monotonic() - started < 4  # not the five seconds the whole batch needs
+    assert result.systemic is not None and result.systemic.error_class == ERROR_CLASS
+    assert len(stage.started) == 2 and sorted(result.done) == sorted(stage.started)
+    assert sorted(result.failed) == sorted(set(doc_ids) - set(stage.started))
+    # Released, not failed: no attempt spent and no dead letter.
+    left = "SELECT max(attempts) FROM replayable.stage_runs WHERE status <> 'done'"
+    assert count(conn, left) == 0
+    assert count(conn, "SELECT count(*) FROM replayable.dead_letters") == 0
+
+
+def test_a_batch_within_its_deadline_is_untouched(conn, dsn):
+    doc_ids = seed_documents(conn, 2)
+    result = run(DeadlineSpec(_OneSecondEach(), 30), dsn, doc_ids)
+    assert result.systemic is None and sorted(result.done) == doc_ids
+
+
+def test_a_deadline_must_be_positive():
+    with pytest.raises(ValueError, match="seconds"):
+        DeadlineSpec(_OneSecondEach(), 0)
