@@ -25,6 +25,12 @@ import pytest
 from replayable import db, devenv, sources
 from replayable.provider.server import LocalModelServer
 
+# Every process the tests start inherits this mark, so the end-of-session check below only
+# ever looks at, and stops, this session's own processes: other sessions on the same
+# machine run servers of their own.
+SESSION_MARK = f"{os.getpid()}-{time.time_ns()}"
+os.environ["REPLAYABLE_TEST_SESSION"] = SESSION_MARK
+
 # Airflow reads its home when first imported: keep the tests' own Airflow out of ~/airflow.
 os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="replayable-airflow-"))
 os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
@@ -62,9 +68,16 @@ def nothing_left_running() -> Iterator[None]:
     started = time.time()
     words = ("airflow", "replayable", "postgres", "celery", "redis", "uvicorn", "gunicorn")
 
+    def ours(proc: psutil.Process) -> bool:
+        try:
+            return proc.environ().get("REPLAYABLE_TEST_SESSION") == SESSION_MARK
+        except psutil.Error:
+            return False
+
     def ours_left() -> list[psutil.Process]:
         # Our descendants, and orphans started since (re-parented to init when a parent that
-        # was killed left them behind) that belong to the project's services.
+        # was killed left them behind) that belong to the project's services and carry this
+        # session's mark.
         found = {p.pid: p for p in me.children(recursive=True)}
         for proc in psutil.process_iter(["ppid", "create_time", "cmdline"]):
             info = proc.info
@@ -72,6 +85,7 @@ def nothing_left_running() -> Iterator[None]:
                 info["ppid"] == 1
                 and (info["create_time"] or 0) >= started
                 and any(w in " ".join(info["cmdline"] or []) for w in words)
+                and ours(proc)
             ):
                 found.setdefault(proc.pid, proc)
         alive = []
