@@ -1,4 +1,4 @@
-"""Discover PDFs, plan batches, then extract → chunk → embed each batch; report the run."""
+"""Discover PDFs, plan batches, extract → chunk → embed each batch; report; publish events."""
 
 from __future__ import annotations
 
@@ -7,7 +7,13 @@ from pathlib import Path
 
 from airflow.sdk import dag, task, task_group
 
-from replayable import IdempotentStageOperator, dag_tasks, pipeline_params, sources
+from replayable import (
+    IdempotentStageOperator,
+    PublishEventsOperator,
+    dag_tasks,
+    pipeline_params,
+    sources,
+)
 
 SAMPLES = Path(__file__).resolve().parents[1] / "data" / "samples"
 LABEL = "{{ task.batch['label'] }}"
@@ -48,7 +54,9 @@ def document_pipeline() -> None:
         extract >> chunk >> embed
 
     done = process.expand(batch=batches)
-    done >> task(dag_tasks.report, trigger_rule="all_done")()
+    report = task(dag_tasks.report, trigger_rule="all_done")()
+    # A teardown runs however the run went, and the run's state stays the report's verdict.
+    done >> report >> PublishEventsOperator(task_id="publish").as_teardown()
 
 
 document_pipeline()

@@ -1,14 +1,22 @@
-"""The outbox against a real Postgres: events written with the state they announce."""
+"""The outbox against a real Postgres and the local server's real webhook receiver."""
 
 from __future__ import annotations
 
+import json
+import threading
+import time
+from typing import Any
+
 import pytest
 
-from replayable import db
+from publishers import KILL_AFTER, add_events, kill_a_publisher_after_sending
+from replayable import db, outbox
 from replayable.keys import sha256_bytes
 from replayable.ledger import Ledger, Outcome, Revival, RunContext
+from replayable.outbox import Event, PublishLimits, publish
 from replayable.retry import CallRetry, Classified, ErrorKind
 from replayable.runner import Limits, run_batch
+from replayable.sinks import WebhookSettings, WebhookSink
 from replayable.specs import ChunkSpec, EmbedSpec
 from replayable.stages.chunk import ChunkConfig
 from replayable.stages.embed import HttpEmbeddingClient
@@ -17,7 +25,9 @@ pytestmark = pytest.mark.db
 
 DOCS = [f"{i:x}" * 64 for i in range(1, 5)]
 VERSIONS = {"stage": "embed", "code_version": "1.0", "model": "m"}
+HOOK = "outbox-test"
 FAST = CallRetry(max_attempts=3, max_total_s=5.0, base_s=0.01, cap_s=0.05)
+LIMITS = PublishLimits(batch_size=5, lease_s=30.0, max_attempts=3, backoff_base_s=0.01)
 
 
 @pytest.fixture
@@ -32,6 +42,12 @@ def database(dsn):
     handle = db.Database(dsn)
     yield handle
     handle.close()
+
+
+@pytest.fixture
+def sink(model):
+    with WebhookSink(WebhookSettings(model.webhook_url(HOOK), timeout_s=5.0, retry=FAST)) as hook:
+        yield hook
 
 
 def rows(conn, sql, *params):
@@ -208,3 +224,202 @@ def outbox_budget(base_url):
     from replayable.budget import RequestBudget
 
     return RequestBudget(base_url, 4)
+
+
+# --- publishing ------------------------------------------------------------------------
+
+
+def test_published_only_after_the_receiver_acknowledged(conn, database, model, sink):
+    ids = add_events(conn, 3)
+    result = publish(database, sink, owner="p1", publication="pub-1", limits=LIMITS)
+    assert (result.claimed, result.published, result.ready) == (3, 3, 3)
+    stored = model.webhook_events(HOOK)
+    assert [e["key"] for e in stored] == ids  # Idempotency-Key is the event id, in order
+    assert stored[0]["body"]["id"] == ids[0]
+    assert stored[0]["body"]["data"] == {"n": 1}
+    assert rows(conn, "SELECT DISTINCT status, published_by FROM replayable.outbox") == [
+        ("published", "pub-1")
+    ]
+    counts = database.transaction(lambda c: outbox.publication_counts(c, "pub-1"))
+    assert counts == {"events": 3, "ready": 3}
+    page = database.transaction(lambda c: outbox.published_in(c, "pub-1", limit=2))
+    assert [r["event_id"] for r in page] == ids[:2]
+    after = page[-1]["seq"]
+    rest = database.transaction(lambda c: outbox.published_in(c, "pub-1", after_seq=after))
+    assert [r["event_id"] for r in rest] == ids[2:]
+    again = publish(database, sink, owner="p1", publication="pub-2", limits=LIMITS)
+    assert again.claimed == 0
+
+
+def test_a_503_then_200_ends_published_in_one_attempt(conn, database, model, sink):
+    add_events(conn, 1)
+    model.set_faults(webhook_statuses=[503, 200])
+    result = publish(database, sink, owner="p1", publication="pub", limits=LIMITS)
+    assert result.published == 1
+    assert rows(conn, "SELECT status, attempts FROM replayable.outbox") == [("published", 1)]
+    assert model.stats()["webhooks"] == {
+        "received": 2,
+        "stored": 1,
+        "deduplicated": 0,
+        "failed": 1,
+    }
+
+
+def test_a_400_dead_letters_the_event_with_its_error(conn, database, model, sink):
+    add_events(conn, 2, "document.failed")
+    model.set_faults(webhook_statuses=[400])
+    result = publish(database, sink, owner="p1", publication="pub", limits=LIMITS)
+    assert (result.dead, result.published) == (1, 1)
+    dead = rows(
+        conn,
+        "SELECT attempts, error_class, last_error FROM replayable.outbox WHERE status = 'dead'",
+    )
+    assert len(dead) == 1
+    attempts, error_class, last_error = dead[0]
+    assert (attempts, error_class) == (1, "http_400")
+    assert "400" in last_error
+    assert len(model.webhook_events(HOOK)) == 1
+
+
+def test_retryable_failures_end_dead_at_the_attempt_cap(conn, database, model, sink):
+    add_events(conn, 1)
+    model.set_faults(webhook_status_always=503)
+    limits = PublishLimits(batch_size=5, lease_s=30.0, max_attempts=2, backoff_base_s=0.01)
+    first = publish(database, sink, owner="p1", publication="pub", limits=limits)
+    assert (first.retrying, first.errors) == (1, {"http_503": 1})
+    assert rows(conn, "SELECT status, attempts FROM replayable.outbox") == [("pending", 1)]
+    # Due again after its backoff (here at most 10 ms).
+    time.sleep(0.05)
+    second = publish(database, sink, owner="p1", publication="pub", limits=limits)
+    assert second.dead == 1
+    assert rows(conn, "SELECT status, attempts, error_class FROM replayable.outbox") == [
+        ("dead", 2, "http_503")
+    ]
+
+
+def test_a_retry_after_longer_than_a_delivery_delays_the_event_by_it(conn, database, model, sink):
+    add_events(conn, 1)
+    model.set_faults(webhook_statuses=[429], retry_after=120)
+    result = publish(database, sink, owner="p1", publication="pub", limits=LIMITS)
+    assert result.retrying == 1
+    wait = rows(conn, "SELECT extract(epoch FROM available_at - now()) FROM replayable.outbox")
+    assert 100 < wait[0][0] <= 120
+
+
+def test_a_refused_token_stops_publishing_without_spending_attempts(conn, database, model, sink):
+    add_events(conn, 4)
+    model.set_faults(webhook_status_always=401)
+    result = publish(database, sink, owner="p1", publication="pub", limits=LIMITS)
+    assert result.systemic is not None and result.systemic.error_class == "http_401"
+    assert result.released == 4
+    assert model.stats()["webhooks"]["received"] == 1  # stopped at the first refusal
+    assert rows(conn, "SELECT DISTINCT status, attempts FROM replayable.outbox") == [("pending", 0)]
+
+
+def test_without_a_sink_events_are_published_as_claimed(conn, database):
+    add_events(conn, 2)
+    result = publish(database, None, owner="p1", publication="assets-only", limits=LIMITS)
+    assert (result.published, result.ready) == (2, 2)
+
+
+def test_a_lease_longer_than_a_delivery_is_required(database, sink):
+    with pytest.raises(ValueError, match="lease_s"):
+        publish(database, sink, owner="p", publication="p", limits=PublishLimits(lease_s=1.0))
+
+
+class SlowSink:
+    """The real webhook sink, slowed down, recording when each delivery started and ended."""
+
+    def __init__(self, sink: WebhookSink, name: str, log: list[tuple[str, str, float, float]]):
+        self.sink, self.name, self.log = sink, name, log
+
+    @property
+    def max_send_s(self) -> float:
+        return self.sink.max_send_s
+
+    def deliver(self, event: Event) -> None:
+        started = time.monotonic()
+        time.sleep(0.02)
+        self.sink.deliver(event)
+        self.log.append((self.name, event.event_id, started, time.monotonic()))
+
+
+def test_two_publishers_at_once_never_send_the_same_event(conn, dsn, model, sink):
+    ids = add_events(conn, 40)
+    log: list[tuple[str, str, float, float]] = []
+    limits = PublishLimits(batch_size=3, lease_s=30.0)
+
+    def publisher(name: str) -> None:
+        database = db.Database(dsn)
+        try:
+            slow = SlowSink(sink, name, log)
+            publish(database, slow, owner=name, publication=name, limits=limits)
+        finally:
+            database.close()
+
+    threads = [threading.Thread(target=publisher, args=(n,)) for n in ("a", "b")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    sent = [event_id for _, event_id, _, _ in log]
+    assert sorted(sent) == sorted(ids)  # every event sent once, by one publisher
+    by = {name: [(s, e) for n, _, s, e in log if n == name] for name in ("a", "b")}
+    assert by["a"] and by["b"]
+    # They overlapped: each was sending while the other was.
+    assert min(s for s, _ in by["a"]) < max(e for _, e in by["b"])
+    assert min(s for s, _ in by["b"]) < max(e for _, e in by["a"])
+    assert model.stats()["webhooks"] == {
+        "received": 40,
+        "stored": 40,
+        "deduplicated": 0,
+        "failed": 0,
+    }
+    assert rows(conn, "SELECT count(*) FROM replayable.outbox WHERE status = 'published'") == [
+        (40,)
+    ]
+
+
+def test_a_publisher_killed_between_send_and_mark_is_delivered_once_in_effect(
+    conn, database, model, sink
+):
+    ids = add_events(conn, 8)
+    kill_a_publisher_after_sending(database.dsn, model.webhook_url(HOOK), lease_s=3.0)
+    assert len(model.webhook_events(HOOK)) == KILL_AFTER
+    assert rows(conn, "SELECT count(*) FROM replayable.outbox WHERE status = 'pending'") == [(8,)]
+    # Before the lease ends nobody may send them; after it, the next publisher does.
+    early = publish(database, sink, owner="p2", publication="p2", limits=LIMITS)
+    assert early.published == 8 - KILL_AFTER
+    time.sleep(3.2)
+    late = publish(database, sink, owner="p2", publication="p2", limits=LIMITS)
+    assert late.published == KILL_AFTER
+    assert [e["key"] for e in model.webhook_events(HOOK)] == ids
+    assert model.stats()["webhooks"] == {
+        "received": 8 + KILL_AFTER,
+        "stored": 8,
+        "deduplicated": KILL_AFTER,
+        "failed": 0,
+    }
+
+
+def test_the_envelope_is_the_same_on_every_delivery(conn, database):
+    add_events(conn, 1)
+    first = database.transaction(lambda c: outbox.claim(c, owner="a", limit=1, lease_s=0.01))
+    time.sleep(0.05)
+    second = database.transaction(lambda c: outbox.claim(c, owner="b", limit=1, lease_s=60))
+    assert second.events[0].attempts == 2
+    assert json.dumps(first.events[0].envelope()) == json.dumps(second.events[0].envelope())
+
+
+def test_settling_after_a_takeover_changes_nothing(conn, database):
+    add_events(conn, 1)
+    database.transaction(lambda c: outbox.claim(c, owner="old", limit=1, lease_s=0.01))
+    time.sleep(0.05)
+    database.transaction(lambda c: outbox.claim(c, owner="new", limit=1, lease_s=60))
+    event_id = rows(conn, "SELECT event_id FROM replayable.outbox")[0][0]
+    late: Any = outbox._Settle(event_id, "published")
+    settled = database.transaction(
+        lambda c: outbox._settle(c, [late], owner="old", publication="old", max_attempts=3)
+    )
+    assert settled == {}
+    assert rows(conn, "SELECT status, lease_owner FROM replayable.outbox") == [("pending", "new")]
