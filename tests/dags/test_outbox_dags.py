@@ -1,4 +1,4 @@
-"""The outbox wiring: publish ends the pipeline without deciding its state."""
+"""The outbox and sweeper wiring: publish ends the pipeline without deciding its state."""
 
 import pytest
 from airflow.models import DagBag
@@ -27,3 +27,13 @@ def test_the_publisher_dag_runs_every_ten_minutes_and_announces_ready_documents(
     dag.params.validate()
     assert dag.max_active_runs == 1
     assert DOCUMENTS_READY in dag.get_task("publish").outlets
+
+
+def test_the_sweeper_is_hourly_and_triggers_the_pipeline_per_stage(dagbag):
+    dag = dagbag.dags["replayable_sweeper"]
+    dag.params.validate()
+    assert dag.max_active_runs == 1
+    trigger = dag.get_task("trigger_rerun")
+    assert trigger.partial_kwargs["trigger_dag_id"] == "document_pipeline"
+    assert trigger.partial_kwargs["skip_when_already_exists"] is True
+    assert trigger.upstream_task_ids == {"sweep"}
