@@ -1,4 +1,4 @@
-"""Discover PDFs and plan the batches with work left; extract → chunk → embed each; report."""
+"""Discover PDFs, plan the batches with work left, extract → chunk → embed; report; publish."""
 
 from __future__ import annotations
 
@@ -7,7 +7,14 @@ from pathlib import Path
 
 from airflow.sdk import dag, task, task_group
 
-from replayable import TASK_TIMEOUTS, IdempotentStageOperator, dag_tasks, pipeline_params, sources
+from replayable import (
+    TASK_TIMEOUTS,
+    IdempotentStageOperator,
+    PublishEventsOperator,
+    dag_tasks,
+    pipeline_params,
+    sources,
+)
 
 SAMPLES = Path(__file__).resolve().parents[1] / "data" / "samples"
 LABEL = "{{ task.batch['label'] }}"
@@ -41,8 +48,15 @@ def document_pipeline() -> None:
     done = process.expand(batch=batches)
     report = task(
         dag_tasks.report, trigger_rule="all_done", execution_timeout=TASK_TIMEOUTS["report"]
+    )()
+    # A teardown runs however the run went, and the run's state stays the report's verdict.
+    (
+        done
+        >> report
+        >> PublishEventsOperator(
+            task_id="publish", execution_timeout=TASK_TIMEOUTS["report"]
+        ).as_teardown()
     )
-    done >> report()
 
 
 document_pipeline()

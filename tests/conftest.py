@@ -51,6 +51,7 @@ TABLES = (
     "dead_letters",
     "stage_runs",
     "run_reports",
+    "outbox",
     "documents",
 )
 

@@ -13,22 +13,27 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from replayable.operators import IdempotentStageOperator
     from replayable.params import pipeline_params
+    from replayable.publisher import DOCUMENTS_READY, PublishEventsOperator
     from replayable.sensors import DeadLetterGrowthSensor
     from replayable.settings import TASK_TIMEOUTS, PipelineSettings
 
 __all__ = [
+    "DOCUMENTS_READY",
     "TASK_TIMEOUTS",
     "DeadLetterGrowthSensor",
     "IdempotentStageOperator",
     "PipelineSettings",
+    "PublishEventsOperator",
     "pipeline_params",
 ]
 
 _HOMES = {
+    "DOCUMENTS_READY": "replayable.publisher",
     "DeadLetterGrowthSensor": "replayable.sensors",
     "IdempotentStageOperator": "replayable.operators",
     "PipelineSettings": "replayable.settings",
     "TASK_TIMEOUTS": "replayable.settings",
+    "PublishEventsOperator": "replayable.publisher",
     "pipeline_params": "replayable.params",
 }
 

@@ -103,3 +103,44 @@ def report(postgres_conn_id: str = "replayable_db") -> dict[str, Any]:
     if any(unfinished.values()):
         raise AirflowFailException(f"items left to do after this run: {unfinished}")
     return result
+
+
+def sweep(
+    postgres_conn_id: str = "replayable_db", model_conn_id: str = "replayable_model"
+) -> list[dict[str, Any]]:
+    """Find the failed items runs left behind; return one re-run request per stage.
+
+    The requests are ``TriggerDagRunOperator`` arguments for ``document_pipeline``; an empty
+    list maps no trigger, so a sweep with nothing to do starts nothing. Items are matched
+    against the spec a run with the default settings has now (ADR 0042).
+    """
+    from replayable import sweeper
+    from replayable.specs import spec_hashes
+
+    context = get_current_context()
+    ti = context["ti"]
+    params = context["params"]
+    max_attempts = int(params["max_attempts"])
+    settings = PipelineSettings(max_attempts=max_attempts)
+    choice = model_choice(settings, model_conn_id)
+    conn = db.connect(connection_dsn(postgres_conn_id))
+    try:
+        found = sweeper.select_failed(
+            conn,
+            spec_hashes=spec_hashes(settings.chunk_config, choice.model, choice.dimensions),
+            min_age_s=float(params["min_age_minutes"]) * 60,
+            max_items=int(params["max_items"]),
+            max_attempts=max_attempts,
+        )
+    finally:
+        conn.close()
+    if not found.items:
+        log.info("nothing to sweep: no failed item under the cap is old enough")
+        return []
+    log.info(
+        "sweeping %d item(s), the oldest failed at %s: %s",
+        found.items,
+        found.oldest,
+        {stage: len(docs) for stage, docs in found.by_stage.items()},
+    )
+    return sweeper.rerun_requests(found, sweep_run_id=ti.run_id, max_attempts=max_attempts)

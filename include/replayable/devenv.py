@@ -223,6 +223,11 @@ def airflow_env(
             "extra": {"model": "text-embedding-3-small"},
         }
     )
+    # Events go to the local server's webhook receiver, standing in for a downstream system.
+    receiver = f"{services.model_url.removesuffix('/v1')}/webhooks/replayable"
+    events = os.environ.get("REPLAYABLE_EVENTS_CONN") or json.dumps(
+        {"conn_type": "http", "host": receiver}
+    )
     return {
         "AIRFLOW_HOME": str(state / "airflow"),
         "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
@@ -239,6 +244,7 @@ def airflow_env(
         "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{api_port}/execution/",
         "AIRFLOW_CONN_REPLAYABLE_DB": _postgres_conn_json(services.replayable_dsn),
         "AIRFLOW_CONN_REPLAYABLE_MODEL": model,
+        "AIRFLOW_CONN_REPLAYABLE_EVENTS": events,
         "PYTHONPATH": os.pathsep.join(
             p for p in (str(ROOT / "include"), os.environ.get("PYTHONPATH", "")) if p
         ),

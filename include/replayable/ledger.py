@@ -5,11 +5,13 @@ lease (owner and expiry): a live lease held by someone else is skipped, an expir
 be taken over. Only the lease holder can finish an item, so a worker whose lease was taken
 over cannot overwrite the new owner's result. A batch costs two round trips of bookkeeping:
 one to claim every item (registering new ones) and one to finish them, in the transaction
-that writes their outputs.
+that writes their outputs. Finishing also writes the outbox events the transitions announce
+(``document.ready``, ``document.failed``) in that same transaction (ADR 0040).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -79,6 +81,9 @@ class Ledger:
     ctx: RunContext
     lease_s: float = 300.0
     max_attempts: int = 3
+    # The versions a ``document.ready`` event names when an item ends done here: set for a
+    # document's last stage only; None announces nothing.
+    announce_ready: Mapping[str, Any] | None = None
 
     @property
     def _params(self) -> dict[str, Any]:
@@ -141,6 +146,8 @@ class Ledger:
             "error_kinds": [e.kind.value if e else None for e in errors],
             "errors": [e.message if e else None for e in errors],
             "tracebacks": [o.traceback for o in outcomes],
+            "announce_ready": self.announce_ready is not None,
+            "versions": json.dumps(dict(self.announce_ready or {}), sort_keys=True),
         }
         return _states(fetch_script(conn, list(outputs), "finish_items", params))
 

@@ -99,7 +99,11 @@ class BatchIO(Protocol):
 
 
 class StageSpec(Protocol):
-    """How one stage plans, keys and processes items; see ``replayable.specs``."""
+    """How one stage plans, keys and processes items; see ``replayable.specs``.
+
+    A spec of a document's last stage also sets ``last_stage = True`` (optional, read with
+    ``getattr``): its items ending done announce ``document.ready`` (ADR 0040).
+    """
 
     name: str
     code_version: str
@@ -175,6 +179,13 @@ def spec_hash(spec: StageSpec) -> str:
 def spec_hash_of(stage: str, code_version: str, lineage: dict[str, Any]) -> str:
     """:func:`spec_hash` from its parts, for planners that do not build the specs."""
     return config_hash({"stage": stage, "version": code_version, **lineage})
+
+
+def ready_versions(spec: StageSpec) -> dict[str, Any] | None:
+    """What a ``document.ready`` event of ``spec`` names; None unless it is the last stage."""
+    if not getattr(spec, "last_stage", False):
+        return None
+    return {"stage": spec.name, "code_version": spec.code_version, **spec.lineage()}
 
 
 def run_batch(
@@ -282,6 +293,7 @@ class _Batch:
             ctx,
             lease_s=limits.lease_s,
             max_attempts=limits.max_attempts,
+            announce_ready=ready_versions(spec),
         )
         keeper_db = connect()
         keeper_db.autocommit = True

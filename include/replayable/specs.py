@@ -22,7 +22,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from replayable import guards, sources
 from replayable.budget import RequestBudget
@@ -251,6 +251,9 @@ class EmbedSpec:
     for a later round. A request that a provider refuses as bad (a 4xx) is split by
     document, so that only the document with the bad input is dead-lettered.
     """
+
+    # A document whose embed item is done is ready: it announces document.ready (ADR 0040).
+    last_stage: ClassVar[bool] = True
 
     provider: embed.EmbeddingProvider
     model: str

@@ -3,6 +3,12 @@
 -- nothing. Outcomes: 'done'; 'failed' (dead if terminal or at the attempt cap, with an open
 -- dead letter carrying the full error); 'release' (a systemic stop: failed, and the attempt
 -- it took is given back). Returns every key's state afterwards.
+--
+-- The same statement writes the outbox events these transitions announce (ADR 0040), so an
+-- event is committed exactly when its state is: 'document.ready' when an item of a
+-- document's last stage (announce_ready) ends done, keyed by document and spec hash, so
+-- that finishing the same document under the same versions again adds nothing; and
+-- 'document.failed' for each dead letter opened here, keyed by the letter.
 WITH input AS (
     SELECT * FROM unnest(%(keys)s::text[], %(outcomes)s::text[], %(error_classes)s::text[],
                          %(error_kinds)s::text[], %(errors)s::text[], %(tracebacks)s::text[])
@@ -20,16 +26,41 @@ WITH input AS (
     FROM input i
     WHERE s.stage = %(stage)s AND s.item_key = i.item_key
       AND s.status = 'running' AND s.lease_owner = %(owner)s
-    RETURNING s.item_key, s.doc_id, s.status, s.attempts, s.code_version
+    RETURNING s.item_key, s.doc_id, s.status, s.attempts, s.code_version, s.spec_hash
+), letters AS (
+    INSERT INTO replayable.dead_letters
+        (stage, item_key, doc_id, error_class, error_kind, error, traceback, attempts,
+         code_version, dag_id, run_id, map_index)
+    SELECT %(stage)s, f.item_key, f.doc_id, i.error_class, i.error_kind, i.error, i.traceback,
+           f.attempts, f.code_version, %(dag_id)s, %(run_id)s, %(map_index)s
+    FROM finished f JOIN input i USING (item_key)
+    WHERE f.status = 'dead'
+    ON CONFLICT (stage, item_key) WHERE status = 'open' DO NOTHING
+    RETURNING id, item_key, doc_id, error_class, error_kind, error, attempts, code_version
+), events AS (
+    SELECT 'document.ready:' || f.doc_id || ':' || f.spec_hash AS event_key,
+           'document.ready' AS event_type, f.doc_id,
+           jsonb_build_object('stage', %(stage)s::text, 'item_key', f.item_key,
+                              'spec_hash', f.spec_hash, 'versions', %(versions)s::jsonb,
+                              'dag_id', %(dag_id)s::text, 'run_id', %(run_id)s::text) AS payload
+    FROM finished f
+    WHERE %(announce_ready)s AND f.status = 'done'
+    UNION ALL
+    SELECT 'document.failed:' || l.id, 'document.failed', l.doc_id,
+           jsonb_build_object('stage', %(stage)s::text, 'item_key', l.item_key,
+                              'dead_letter_id', l.id, 'error_class', l.error_class,
+                              'error_kind', l.error_kind, 'error', left(l.error, 2000),
+                              'attempts', l.attempts, 'code_version', l.code_version,
+                              'dag_id', %(dag_id)s::text, 'run_id', %(run_id)s::text)
+    FROM letters l
 )
-INSERT INTO replayable.dead_letters
-    (stage, item_key, doc_id, error_class, error_kind, error, traceback, attempts,
-     code_version, dag_id, run_id, map_index)
-SELECT %(stage)s, f.item_key, f.doc_id, i.error_class, i.error_kind, i.error, i.traceback,
-       f.attempts, f.code_version, %(dag_id)s, %(run_id)s, %(map_index)s
-FROM finished f JOIN input i USING (item_key)
-WHERE f.status = 'dead'
-ON CONFLICT (stage, item_key) WHERE status = 'open' DO NOTHING;
+INSERT INTO replayable.outbox (event_id, event_key, event_type, aggregate_id, payload)
+SELECT replayable.outbox_event_id(e.event_key), e.event_key, e.event_type, e.doc_id,
+       jsonb_build_object('doc_id', e.doc_id, 'uri', d.uri) || e.payload
+FROM events e
+LEFT JOIN replayable.documents d ON d.doc_id = e.doc_id
+ORDER BY e.event_key
+ON CONFLICT (event_id) DO NOTHING;
 
 SELECT item_key, doc_id, status, attempts,
        (status = 'running' AND lease_owner IS NOT DISTINCT FROM %(owner)s) AS mine,

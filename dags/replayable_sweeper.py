@@ -1,0 +1,47 @@
+"""Hourly, re-run the items that runs left failed under their attempt cap.
+
+`sweep` selects at most `max_items` failed items older than `min_age_minutes` (so a live
+run's own retries are not raced) and asks for one `document_pipeline` re-run per stage;
+with nothing to sweep it asks for none and nothing is triggered. See `replayable.sweeper`
+and ADR 0042.
+"""
+
+from __future__ import annotations
+
+from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
+from airflow.sdk import Param, dag, task
+
+from replayable import PipelineSettings, dag_tasks
+
+
+@dag(
+    schedule="@hourly",
+    catchup=False,
+    max_active_runs=1,
+    params={
+        "min_age_minutes": Param(30, type="number", minimum=0, maximum=7 * 24 * 60),
+        "max_items": Param(500, type="integer", minimum=1, maximum=5000),
+        "max_attempts": Param(
+            PipelineSettings().max_attempts,
+            type="integer",
+            minimum=1,
+            maximum=20,
+            description="Items at this many attempts are left alone; the re-run uses it too.",
+        ),
+    },
+    tags=["replayable"],
+    doc_md=__doc__,
+)
+def replayable_sweeper() -> None:
+    reruns = task(dag_tasks.sweep)()
+    TriggerDagRunOperator.partial(
+        task_id="trigger_rerun",
+        trigger_dag_id="document_pipeline",
+        logical_date=None,
+        skip_when_already_exists=True,
+        openlineage_inject_parent_info=False,
+        map_index_template="{{ task.conf['rerun']['stage'] }}",
+    ).expand_kwargs(reruns)
+
+
+replayable_sweeper()

@@ -1,0 +1,126 @@
+"""PublishEventsOperator: deliver the outbox's due events, then announce ready documents.
+
+Two sinks (ADR 0041): the webhook of the events connection gets every event, keyed by its
+id, and an event is marked published once the webhook acknowledged it; Airflow gets one
+asset event on :data:`DOCUMENTS_READY` per task instance that published ``document.ready``
+events, so that DAGs can be scheduled on documents becoming ready. Airflow records that
+asset event in the transaction that marks the task successful; its extra names the
+publication (``{"publication": ..., "ready": n}``), which
+:func:`replayable.outbox.published_in` reads back page by page, so the extra stays the
+same size however many documents it announces (ADR 0010).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Sequence
+from contextlib import ExitStack
+from typing import Any
+
+from airflow.sdk import Asset, BaseOperator, Context
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+
+from replayable import db
+from replayable.operators import connection_dsn
+from replayable.outbox import PublishLimits, publication_counts, publish
+
+DOCUMENTS_READY = Asset(name="replayable_documents_ready", uri="replayable://documents/ready")
+
+
+class PublishEventsOperator(BaseOperator):
+    """Deliver due outbox events to the webhook; announce ready documents as an asset event.
+
+    The task is skipped when it announced no ready document (no asset event is emitted
+    then). It fails only when the webhook refuses the credentials (401/403); events that
+    fail otherwise stay pending, with a backoff, or are dead-lettered in the outbox
+    (``status = 'dead'`` with their error), and the task succeeds.
+
+    :param postgres_conn_id: Airflow connection of the replayable database.
+    :param events_conn_id: Airflow connection of the webhook (see ``replayable.sinks``);
+        None publishes to the asset only, marking events published as they are claimed.
+    :param max_events: events claimed at most by one run of the task.
+    :param batch_size: events claimed per round trip.
+    :param lease_s: how long a claim lasts; longer than one delivery with its retries.
+    :param max_attempts: deliveries per event before it is dead-lettered.
+    """
+
+    template_fields: Sequence[str] = ("max_events", "batch_size", "lease_s", "max_attempts")
+    ui_color = "#eef1f8"
+
+    def __init__(
+        self,
+        *,
+        postgres_conn_id: str = "replayable_db",
+        events_conn_id: str | None = "replayable_events",
+        max_events: int | str = PublishLimits.max_events,
+        batch_size: int | str = PublishLimits.batch_size,
+        lease_s: float | str = PublishLimits.lease_s,
+        max_attempts: int | str = PublishLimits.max_attempts,
+        **kwargs: Any,
+    ) -> None:
+        kwargs.setdefault("outlets", [DOCUMENTS_READY])
+        super().__init__(**kwargs)
+        self.postgres_conn_id = postgres_conn_id
+        self.events_conn_id = events_conn_id
+        self.max_events = max_events
+        self.batch_size = batch_size
+        self.lease_s = lease_s
+        self.max_attempts = max_attempts
+
+    def limits(self) -> PublishLimits:
+        """The rendered arguments as limits; a bad value raises naming it."""
+        values: dict[str, Any] = {}
+        for name, kind in (
+            ("max_events", int),
+            ("batch_size", int),
+            ("lease_s", float),
+            ("max_attempts", int),
+        ):
+            raw = getattr(self, name)
+            try:
+                values[name] = kind(raw)
+            except (TypeError, ValueError):
+                raise ValueError(f"{name}: expected a number, got {raw!r}") from None
+        return PublishLimits(**values)
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        from replayable.sinks import WebhookSink, webhook_settings_from_connection
+
+        ti = context["ti"]
+        publication = f"{ti.dag_id}/{ti.run_id}/{ti.task_id}"
+        if ti.map_index is not None and ti.map_index >= 0:
+            publication += f"/{ti.map_index}"
+        owner = f"{socket.gethostname()}:{os.getpid()}:{publication}:{ti.try_number}"
+        limits = self.limits()
+        with ExitStack() as stack:
+            sink = None
+            if self.events_conn_id is not None:
+                sink = stack.enter_context(
+                    WebhookSink(webhook_settings_from_connection(self.events_conn_id))
+                )
+            database = db.Database(connection_dsn(self.postgres_conn_id))
+            stack.callback(database.close)
+            result = publish(database, sink, owner=owner, publication=publication, limits=limits)
+            # Counted by publication, not from this try's result: a retry of this task
+            # instance announces what an earlier try published and could not announce.
+            counts = database.transaction(lambda conn: publication_counts(conn, publication))
+        summary = result.summary()
+        self.log.info("published %s; this task instance has published %s", summary, counts)
+        if result.dead:
+            self.log.warning("%d event(s) dead-lettered in the outbox", result.dead)
+        if result.systemic is not None:
+            raise AirflowFailException(
+                f"the webhook of connection {self.events_conn_id!r} refused the events "
+                f"({result.systemic.error_class}: {result.systemic.message}); they stay pending"
+            )
+        if counts["ready"] == 0:
+            raise AirflowSkipException(
+                f"no document became ready ({counts['events']} other event(s) published): "
+                "no asset event"
+            )
+        context["outlet_events"][DOCUMENTS_READY].extra = {
+            "publication": publication,
+            "ready": counts["ready"],
+        }
+        return summary

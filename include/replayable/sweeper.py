@@ -1,0 +1,88 @@
+"""The sweep: find the failed items runs left behind and ask for re-runs that finish them.
+
+An item is left ``failed`` when its task's retries ran out while it was under its attempt
+cap. The sweep (ADR 0042) selects such items through the partial index of current failed
+rows, at most ``max_items`` of them, oldest first, and turns them into one ``rerun`` conf of
+``document_pipeline`` per stage (a document failed in two stages is re-run from the earlier
+one, which redoes the later one too). Nothing here imports Airflow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from replayable.db import Connection, fetch_all
+from replayable.settings import STAGES
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """What one sweep found: document ids per stage, in pipeline order, and the oldest."""
+
+    by_stage: dict[str, list[str]] = field(default_factory=dict)
+    oldest: datetime | None = None
+
+    @property
+    def items(self) -> int:
+        return sum(len(docs) for docs in self.by_stage.values())
+
+
+def select_failed(
+    conn: Connection,
+    *,
+    spec_hashes: Mapping[str, str],
+    min_age_s: float,
+    max_items: int,
+    max_attempts: int,
+    stages: Sequence[str] = STAGES,
+) -> Sweep:
+    """Select at most ``max_items`` documents with failed items to re-run, oldest first."""
+    if max_items < 1:
+        raise ValueError(f"max_items must be at least 1, got {max_items}")
+    params = {
+        "stages": list(stages),
+        "spec_hashes": [spec_hashes[stage] for stage in stages],
+        "min_age_s": float(min_age_s),
+        "max_attempts": max_attempts,
+        "limit": max_items,
+    }
+    rows = fetch_all(conn, "sweep_failed_items", params)
+    conn.commit()
+    first_stage: dict[str, int] = {}
+    for row in rows:
+        position = int(row["position"])
+        first_stage[row["doc_id"]] = min(position, first_stage.get(row["doc_id"], position))
+    chosen: dict[str, list[str]] = {}
+    oldest = None
+    taken = 0
+    for row in rows:  # oldest first
+        if taken == max_items:
+            break
+        if first_stage.get(row["doc_id"]) != int(row["position"]):
+            continue
+        chosen.setdefault(row["stage"], []).append(row["doc_id"])
+        oldest = oldest or row["updated_at"]
+        taken += 1
+    ordered = {stage: sorted(chosen[stage]) for stage in stages if stage in chosen}
+    return Sweep(ordered, oldest)
+
+
+def rerun_requests(sweep: Sweep, *, sweep_run_id: str, max_attempts: int) -> list[dict[str, Any]]:
+    """One ``TriggerDagRunOperator`` argument set per stage: a run id and a ``rerun`` conf.
+
+    The run id is derived from the sweep's, so a retried sweep cannot start a second run for
+    the same stage; ``max_attempts`` goes along so the re-run's cap is the sweep's.
+    """
+    return [
+        {
+            "trigger_run_id": f"sweep__{stage}__{sweep_run_id}",
+            "conf": {
+                "rerun": {"stage": stage, "status": ["failed"], "doc_ids": doc_ids},
+                "max_attempts": max_attempts,
+            },
+        }
+        for stage, doc_ids in sweep.by_stage.items()
+    ]

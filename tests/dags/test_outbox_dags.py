@@ -1,0 +1,39 @@
+"""The outbox and sweeper wiring: publish ends the pipeline without deciding its state."""
+
+import pytest
+from airflow.models import DagBag
+
+from conftest import ROOT
+from replayable import DOCUMENTS_READY
+
+
+@pytest.fixture(scope="module")
+def dagbag():
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
+        yield DagBag(dag_folder=str(ROOT / "dags"))
+
+
+def test_publish_is_a_teardown_after_the_report_so_the_report_decides_the_run(dagbag):
+    dag = dagbag.dags["document_pipeline"]
+    publish = dag.get_task("publish")
+    assert publish.is_teardown and not publish.on_failure_fail_dagrun
+    assert publish.upstream_task_ids == {"report"}
+    assert DOCUMENTS_READY in publish.outlets
+
+
+def test_the_publisher_dag_runs_every_ten_minutes_and_announces_ready_documents(dagbag):
+    dag = dagbag.dags["outbox_publisher"]
+    dag.params.validate()
+    assert dag.max_active_runs == 1
+    assert DOCUMENTS_READY in dag.get_task("publish").outlets
+
+
+def test_the_sweeper_is_hourly_and_triggers_the_pipeline_per_stage(dagbag):
+    dag = dagbag.dags["replayable_sweeper"]
+    dag.params.validate()
+    assert dag.max_active_runs == 1
+    trigger = dag.get_task("trigger_rerun")
+    assert trigger.partial_kwargs["trigger_dag_id"] == "document_pipeline"
+    assert trigger.partial_kwargs["skip_when_already_exists"] is True
+    assert trigger.upstream_task_ids == {"sweep"}

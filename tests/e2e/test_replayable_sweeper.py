@@ -1,0 +1,119 @@
+"""replayable_sweeper on a running Airflow (API server, scheduler, DAG processor)."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+import corpus
+from checks import rows, subset
+from replayable import devenv, sources
+
+pytestmark = pytest.mark.e2e
+
+PIPELINE = "document_pipeline"
+SWEEPER = "replayable_sweeper"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class Api:
+    """Airflow's REST API as the admin of the running API server."""
+
+    def __init__(self, url: str, token: str) -> None:
+        self.http = httpx.Client(
+            base_url=f"{url}/api/v2", headers={"Authorization": f"Bearer {token}"}, timeout=30
+        )
+
+    def trigger(self, dag_id: str, conf: dict[str, Any]) -> str:
+        response = self.http.post(
+            f"/dags/{dag_id}/dagRuns", json={"logical_date": None, "conf": conf}
+        )
+        assert response.status_code == 200, response.text
+        return str(response.json()["dag_run_id"])
+
+    def state(self, dag_id: str, run_id: str) -> str | None:
+        response = self.http.get(f"/dags/{dag_id}/dagRuns/{run_id}")
+        return response.json()["state"] if response.status_code == 200 else None
+
+    def wait(self, dag_id: str, run_id: str, timeout_s: float = 300) -> str:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            state = self.state(dag_id, run_id)
+            if state in ("success", "failed"):
+                return state
+            time.sleep(1)
+        raise AssertionError(f"{dag_id} {run_id} did not finish in {timeout_s:.0f} s")
+
+    def runs(self, dag_id: str) -> list[str]:
+        found = self.http.get(f"/dags/{dag_id}/dagRuns", params={"limit": 100}).json()
+        return [run["dag_run_id"] for run in found["dag_runs"]]
+
+    def task_states(self, dag_id: str, run_id: str) -> dict[tuple[str, int], str]:
+        found = self.http.get(f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances").json()
+        return {(t["task_id"], t["map_index"]): t["state"] for t in found["task_instances"]}
+
+
+@pytest.fixture(scope="module")
+def airflow(
+    services: devenv.Services, state_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Api]:
+    env = devenv.airflow_env(services, state_dir, api_port=_free_port())
+    env[sources.ROOTS_ENV] = str(tmp_path_factory.getbasetemp())
+    with devenv.AirflowProcesses(env, tmp_path_factory.mktemp("airflow-logs")) as procs:
+        api = Api(procs.url, procs.token())
+        deadline = time.monotonic() + 180
+        for dag_id in (PIPELINE, SWEEPER):
+            while api.http.get(f"/dags/{dag_id}").status_code != 200:
+                assert time.monotonic() < deadline, f"{dag_id} was never parsed"
+                time.sleep(1)
+        yield api
+
+
+def embed_status(conn: Any) -> list[tuple[str, int]]:
+    return rows(
+        conn,
+        "SELECT status, count(*) FROM replayable.stage_runs WHERE stage = 'embed'"
+        " GROUP BY status ORDER BY status",
+    )
+
+
+def test_a_sweep_turns_failed_items_into_a_rerun_that_finishes_them(airflow, conn, model, tmp_path):
+    folder = subset(tmp_path, 3)
+    corpus.write_pdf(folder / "marked.pdf", ["A report the provider refuses: AUTH-MARKER."])
+    model.set_faults(fail_inputs_containing={"AUTH-MARKER": 401})
+    first = airflow.trigger(PIPELINE, {"source": str(folder), "batch_size": 4})
+    # The refused key stops the batch: its items stay failed, attempts unspent, the run fails.
+    assert airflow.wait(PIPELINE, first) == "failed"
+    assert embed_status(conn) == [("failed", 4)]
+    assert rows(conn, "SELECT count(*) FROM replayable.outbox") == [(0,)]
+
+    model.clear_faults()  # the key is fixed
+    sweep = airflow.trigger(SWEEPER, {"min_age_minutes": 0})
+    assert airflow.wait(SWEEPER, sweep) == "success"
+    rerun = f"sweep__embed__{sweep}"
+    assert airflow.task_states(SWEEPER, sweep)[("trigger_rerun", 0)] == "success"
+    assert airflow.wait(PIPELINE, rerun) == "success"
+    assert embed_status(conn) == [("done", 4)]
+    ready = rows(
+        conn,
+        "SELECT status, published_by FROM replayable.outbox WHERE event_type = 'document.ready'",
+    )
+    assert ready == [("published", f"{PIPELINE}/{rerun}/publish")] * 4
+    assert len(model.webhook_events("replayable")) == 4
+
+    runs = set(airflow.runs(PIPELINE))
+    again = airflow.trigger(SWEEPER, {"min_age_minutes": 0})
+    assert airflow.wait(SWEEPER, again) == "success"
+    assert airflow.task_states(SWEEPER, again)[("trigger_rerun", -1)] == "skipped"
+    assert set(airflow.runs(PIPELINE)) == runs
