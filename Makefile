@@ -7,7 +7,8 @@ DEVENV := PYTHONPATH=include $(PY) -m replayable.devenv --state $(STATE)
 CONF   ?= {}
 PYTEST_ARGS ?=
 
-.PHONY: install run demo test lint bench airflow start stop status corpus clean lock lock-check
+.PHONY: install run demo test lint bench airflow start stop status corpus clean lock lock-check \
+        cluster cluster-run cluster-stop
 
 # --- Locked dependencies (tools/lock.py; ADR 0020) -----------------------------------
 # The venv installs exactly requirements-dev.lock: every package pinned with its hashes,
@@ -70,3 +71,24 @@ corpus: install
 
 clean: stop
 	rm -rf $(STATE)
+
+# --- Local Celery cluster (ADR 0021) --------------------------------------------------
+# Redis (Debian's redis-server, installed when missing), an API server, a scheduler, a DAG
+# processor, a triggerer and two Celery workers, each in its own process group on 127.0.0.1,
+# on the embedded Postgres and the local model server, with airflow.env: the settings
+# docker-compose.yaml runs. It keeps running until `make cluster-stop` (or `make stop`).
+# `make cluster-run` runs document_pipeline over DOCS generated PDFs and says which worker
+# ran what.
+DOCS ?= 200
+
+cluster: install
+	@tools/install-redis.sh
+	@$(DEVENV) cluster
+
+cluster-run: install
+	@$(PY) tests/corpus.py --out $(STATE)/corpus --n $(DOCS)
+	@$(DEVENV) cluster-run --conf '{"source": "$(abspath $(STATE))/corpus", "batch_size": 25}'
+
+cluster-stop:
+	@test ! -x $(PY) || $(DEVENV) cluster-stop
+# --- end of local Celery cluster ------------------------------------------------------

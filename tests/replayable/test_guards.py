@@ -552,3 +552,22 @@ def test_workers_do_not_rerun_the_callers_main_script(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "worker pid differs: True" in done.stdout
+
+
+def _task_forked_from_a_celery_pool_process(_: int) -> int:
+    """What Airflow does on a Celery worker: fork the task process from a pool process."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            with GuardedPool(timeout_s=30, memory_mb=None, workers=1) as pool:
+                os._exit(0 if pool.run(add, 2, 3) == 5 else 3)
+        except BaseException:
+            os._exit(2)
+    return os.waitpid(pid, 0)[1]
+
+
+def test_a_task_forked_from_a_celery_pool_process_can_start_guarded_workers() -> None:
+    """Celery's pool processes are daemonic and carry billiard's authkey; the task is neither."""
+    billiard = pytest.importorskip("billiard")
+    with billiard.Pool(1) as celery_like_pool:
+        assert celery_like_pool.map(_task_forked_from_a_celery_pool_process, [0]) == [0]
