@@ -46,6 +46,7 @@ TABLES = (
     "stage_runs",
     "run_reports",
     "documents",
+    "request_rates",
 )
 
 
