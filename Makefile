@@ -8,7 +8,7 @@ CONF   ?= {}
 PYTEST_ARGS ?=
 
 .PHONY: install run demo test lint bench airflow start stop status corpus clean lock lock-check \
-        cluster cluster-run cluster-stop
+        cluster cluster-run cluster-stop redis
 
 # --- Locked dependencies (tools/lock.py; ADR 0020) -----------------------------------
 # The venv installs exactly requirements-dev.lock: every package pinned with its hashes,
@@ -81,8 +81,13 @@ clean: stop
 # ran what.
 DOCS ?= 200
 
-cluster: install
+redis:
 	@tools/install-redis.sh
+
+# The cluster test (tests/e2e/test_cluster.py) in `make test` needs Redis too.
+test: redis
+
+cluster: install redis
 	@$(DEVENV) cluster
 
 cluster-run: install
