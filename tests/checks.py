@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import shutil
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -133,3 +135,59 @@ def ledger_metrics(conn: Any) -> dict[tuple[str, tuple[tuple[str, str], ...]], f
                 bound,
             )
     return expected
+
+
+class ProviderSampler:
+    """Samples the model server's request counter while a run goes on (a background thread).
+
+    The counter is the provider's own (requests received), so the samples say what the
+    provider saw: how many requests arrived between any two moments.
+    """
+
+    def __init__(self, model: Any, every_s: float = 0.05) -> None:
+        self.model = model
+        self.every_s = every_s
+        self.samples: list[tuple[float, int]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="provider-sampler", daemon=True)
+
+    def __enter__(self) -> ProviderSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            requests = int(self.model.stats()["requests"])
+            self.samples.append((time.monotonic(), requests))
+            self._stop.wait(self.every_s)
+
+    def worst_window(self, rate: float) -> tuple[int, float]:
+        """The most requests that arrived in any window between samples, over ``rate`` allows.
+
+        Returns (excess, window seconds): ``excess`` is max(arrived - rate * window), which a
+        budget of ``rate`` with a burst of B keeps at or below B (plus one for the sampling).
+        """
+        # max over t1 < t2 of (c2 - rate*t2) - (c1 - rate*t1): one pass with a running minimum.
+        worst, window = float("-inf"), 0.0
+        low, low_t = float("inf"), 0.0
+        for t, c in self.samples:
+            level = c - rate * t
+            if level - low > worst:
+                worst, window = level - low, t - low_t
+            if level < low:
+                low, low_t = level, t
+        return (int(worst) if worst != float("-inf") else 0), window
+
+    def busy_span(self) -> tuple[int, float]:
+        """Requests counted, and the seconds from the first sample that saw one to the last
+        sample before the count stopped changing."""
+        counts = [c for _, c in self.samples]
+        if not counts or counts[-1] == counts[0]:
+            return 0, 0.0
+        first = next(t for t, c in self.samples if c > counts[0])
+        last = next(t for t, c in self.samples if c == counts[-1])
+        return counts[-1] - counts[0], last - first

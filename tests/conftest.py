@@ -53,6 +53,7 @@ TABLES = (
     "run_reports",
     "outbox",
     "documents",
+    "request_rates",
 )
 
 

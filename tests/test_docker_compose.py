@@ -1,9 +1,14 @@
 """docker-compose.yaml and docker/: the scale-out deployment, checked without a Docker engine.
 
-The file is read with ``yaml.safe_load`` (which resolves the ``x-airflow-common`` anchors and
-merge keys as Compose does), and ``${VAR:-default}`` references are resolved the way Compose
-interpolates them, with only the variables a user must set: the model connection and the
-secrets that ``make secrets`` (docker/make_secrets.py) writes to ``.env``.
+``docker compose config`` cannot run here, so the file is read the way Compose reads it:
+YAML anchors and merge keys (``yaml.safe_load`` applies them), ``${VAR}``, ``${VAR:-x}``,
+``${VAR-x}``, ``${VAR:?msg}``, ``${VAR:+x}`` and ``$$`` interpolated with only the variables a
+user must set, and each service's ``env_file`` read and overlaid by its ``environment``.
+
+Then it is checked against the rest of the project rather than against itself: the local
+cluster (``replayable.devenv``, what ``make cluster`` runs and tests/e2e/test_cluster.py
+tests) must run the same components with the same commands and the same settings, and every
+name, port, path and credential one part refers to must be what another part defines.
 """
 
 from __future__ import annotations
@@ -23,24 +28,23 @@ from urllib.parse import urlparse
 import pytest
 import yaml
 
+from replayable import devenv, sources
+
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE_FILE = ROOT / "docker-compose.yaml"
 DOCKERFILE = ROOT / "docker" / "Dockerfile"
 INIT_SQL = ROOT / "docker" / "init-databases.sql"
 SECRETS_SCRIPT = ROOT / "docker" / "make_secrets.py"
 
-AIRFLOW_VERSION = "3.3.2"
-# ARCHITECTURE.md, Runtime: Postgres, Redis, API server, scheduler, DAG processor,
-# triggerer, workers; plus the one-shot migration they wait for.
-COMMANDS = {
-    "airflow-init": ["airflow", "db", "migrate"],
-    "airflow-apiserver": ["airflow", "api-server"],
-    "airflow-scheduler": ["airflow", "scheduler"],
-    "airflow-dag-processor": ["airflow", "dag-processor"],
-    "airflow-triggerer": ["airflow", "triggerer"],
-    "airflow-worker": ["airflow", "celery", "worker"],
+# Which component of the local cluster each Compose service is.
+COMPONENTS = {
+    "airflow-apiserver": "api-server",
+    "airflow-scheduler": "scheduler",
+    "airflow-dag-processor": "dag-processor",
+    "airflow-triggerer": "triggerer",
+    "airflow-worker": "celery worker",
 }
-AIRFLOW_SERVICES = sorted(COMMANDS)
+AIRFLOW_SERVICES = sorted([*COMPONENTS, "airflow-init"])
 # The variables without a default: the model provider's connection and the secrets.
 MODEL_ENV = {"REPLAYABLE_MODEL_CONN": '{"conn_type": "http", "host": "https://example.test/v1"}'}
 SECRETS = {
@@ -55,6 +59,28 @@ USER_ENV = {
     "AIRFLOW_API_SECRET_KEY": "api-from-env",
     "AIRFLOW_FERNET_KEY": "fernet-from-env",
     "REPLAYABLE_POSTGRES_PASSWORD": "pg-from-env",
+}
+
+# Settings only one of the two deployments has, and why. Everything else that either sets,
+# both set.
+COMPOSE_ONLY = {
+    # Containers share no airflow.cfg; local components share the one in AIRFLOW_HOME,
+    # where Airflow writes generated secrets on first start.
+    "AIRFLOW__API_AUTH__JWT_SECRET",
+    "AIRFLOW__API__SECRET_KEY",
+    "AIRFLOW__CORE__FERNET_KEY",
+    # For the containers' healthchecks; locally it would be one more port per scheduler.
+    "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK",
+    # The image's init (dumb-init) on the workers.
+    "DUMB_INIT_SETSID",
+}
+DEVENV_ONLY = {
+    # The local server's webhook receiver stands in for a downstream system; a deployment
+    # adds its own (without one, events go out as Airflow asset events only).
+    "AIRFLOW_CONN_REPLAYABLE_EVENTS",
+    "AIRFLOW_HOME",  # the image sets it (/opt/airflow)
+    "NO_PROXY",  # everything local is on 127.0.0.1
+    "PATH",  # the venv's `airflow`; the image has it on PATH
 }
 
 _VAR = re.compile(
@@ -100,6 +126,27 @@ def resolve(node: Any, env: dict[str, str]) -> Any:
     return node
 
 
+def read_env_file_like_compose(path: Path, env: dict[str, str]) -> dict[str, str]:
+    """An ``env_file`` as Compose reads it: ``#`` comments, ``export``, quotes, interpolation."""
+    found: dict[str, str] = {}
+    for raw in path.read_text().splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        line = line.removeprefix("export ").strip()
+        key, _, value = line.partition("=")
+        value = value.strip()
+        if value[:1] == "'" and value.endswith("'") and len(value) > 1:
+            found[key.strip()] = value[1:-1]
+            continue
+        if value[:1] == '"' and value.endswith('"') and len(value) > 1:
+            value = value[1:-1].replace('\\"', '"')
+        else:
+            value = re.sub(r"\s+#.*$", "", value)
+        found[key.strip()] = interpolate(value, {**env, **found})
+    return found
+
+
 @cache
 def raw() -> dict[str, Any]:
     """The file as written, anchors and merge keys applied, ``${…}`` left in place."""
@@ -119,9 +166,17 @@ def service(name: str, *, resolved: bool = True) -> dict[str, Any]:
 
 
 def env_of(name: str, *, resolved: bool = True) -> dict[str, str]:
-    environment = service(name, resolved=resolved)["environment"]
+    """A service's container environment: its env files, overlaid by ``environment``."""
+    spec = service(name, resolved=resolved)
+    found: dict[str, str] = {}
+    env_files = spec.get("env_file", [])
+    for entry in [env_files] if isinstance(env_files, str) else env_files:
+        path = entry if isinstance(entry, str) else entry["path"]
+        found.update(read_env_file_like_compose(COMPOSE_FILE.parent / path, USER_ENV))
+    environment = spec.get("environment", {})
     assert isinstance(environment, dict), f"{name}: environment must be a mapping"
-    return {key: str(value) for key, value in environment.items()}
+    found.update({key: str(value) for key, value in environment.items()})
+    return found
 
 
 def mounts(name: str) -> dict[str, str]:
@@ -143,6 +198,20 @@ def dockerfile_instructions() -> list[str]:
     return [" ".join(line.split()) for line in text.replace("\\\n", " ").splitlines() if line]
 
 
+def local_cluster_env() -> dict[str, str]:
+    """What ``make cluster`` gives its components, for services on made-up local addresses."""
+    services = devenv.Services(
+        replayable_dsn="postgresql://postgres@/replayable?host=/run/pg",
+        airflow_db_url="postgresql+psycopg2://postgres@/airflow?host=/run/pg",
+        model_url="http://127.0.0.1:9/v1",
+        model_pid=None,
+        pgdata=None,
+    )
+    return devenv.cluster_env(
+        services, Path("/state"), api_port=8793, broker_url="redis://127.0.0.1:6390/0"
+    )
+
+
 def test_every_service_the_architecture_names_exists() -> None:
     assert set(compose()["services"]) >= {"postgres", "redis", *AIRFLOW_SERVICES}
 
@@ -153,24 +222,70 @@ def test_file_resolves_with_the_model_connection_and_the_secrets_set() -> None:
 
 
 @pytest.mark.parametrize("name", AIRFLOW_SERVICES)
-def test_airflow_service_runs_its_component_from_the_shared_image(name: str) -> None:
+def test_airflow_service_runs_from_the_shared_image(name: str) -> None:
     spec = service(name)
-    assert spec["command"] == COMMANDS[name]
     assert spec["build"] == {"context": ".", "dockerfile": "docker/Dockerfile"}
     assert spec["image"] == service("airflow-apiserver")["image"]
 
 
+@pytest.mark.parametrize("name", sorted(COMPONENTS))
+def test_airflow_service_runs_the_command_the_local_cluster_runs(name: str) -> None:
+    assert service(name)["command"] == ["airflow", *devenv.COMMANDS[COMPONENTS[name]]]
+
+
+def test_compose_and_the_local_cluster_run_the_same_components() -> None:
+    local = {label.split("#")[0] for label in devenv.CLUSTER}
+    assert set(COMPONENTS.values()) == local == set(devenv.COMMANDS)
+    assert sum(label.startswith("celery worker#") for label in devenv.CLUSTER) == 2
+
+
+def test_migration_runs_the_command_devenv_runs_before_starting_components() -> None:
+    assert service("airflow-init")["command"] == ["airflow", *devenv.MIGRATE]
+
+
 @pytest.mark.parametrize("name", AIRFLOW_SERVICES)
-def test_airflow_service_shares_the_common_environment(name: str) -> None:
-    common = {
-        key: str(value) for key, value in compose()["x-airflow-common"]["environment"].items()
-    }
+def test_airflow_service_reads_the_shared_settings_without_overriding_them(name: str) -> None:
+    assert service(name)["env_file"] == ["airflow.env"]
+    shared = devenv.shared_airflow_env()
     env = env_of(name)
-    assert env.items() >= common.items()
-    assert env["AIRFLOW__CORE__EXECUTOR"] == "CeleryExecutor"
-    assert env["AIRFLOW__CORE__LOAD_EXAMPLES"] == "False"
-    assert {"AIRFLOW_CONN_REPLAYABLE_DB", "AIRFLOW_CONN_REPLAYABLE_MODEL"} <= env.keys()
-    assert env["PYTHONPATH"] == "/opt/airflow/include"
+    assert env.items() >= shared.items()
+    assert not shared.keys() & service(name).get("environment", {}).keys()
+    common = compose()["x-airflow-common"]["environment"]
+    assert env.items() >= {key: str(value) for key, value in common.items()}.items()
+
+
+def test_compose_and_devenv_read_the_shared_file_alike() -> None:
+    path = devenv.SHARED_ENV_FILE
+    assert read_env_file_like_compose(path, {}) == devenv.read_env_file(path)
+    assert devenv.shared_airflow_env()["AIRFLOW__CORE__EXECUTOR"] == "CeleryExecutor"
+
+
+def test_the_local_cluster_runs_the_shared_settings() -> None:
+    local = local_cluster_env()
+    assert local.items() >= devenv.shared_airflow_env().items()
+
+
+def test_compose_and_the_local_cluster_set_the_same_settings() -> None:
+    """Nothing is configured in one deployment and forgotten in the other."""
+    in_compose = set(env_of("airflow-worker")) - COMPOSE_ONLY
+    in_local = set(local_cluster_env()) - DEVENV_ONLY
+    assert in_compose == in_local
+
+
+def test_addresses_differ_between_deployments_but_not_their_kind() -> None:
+    """Same database driver, broker, result backend and execution API, each where it runs."""
+    compose_env, local = env_of("airflow-worker"), local_cluster_env()
+    for key in (
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN",
+        "AIRFLOW__CELERY__BROKER_URL",
+        "AIRFLOW__CELERY__RESULT_BACKEND",
+        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL",
+    ):
+        ours, theirs = urlparse(local[key]), urlparse(compose_env[key])
+        assert (ours.scheme, ours.path) == (theirs.scheme, theirs.path), key
+    for key in ("AIRFLOW_CONN_REPLAYABLE_DB",):
+        ours, theirs = json.loads(local[key]), json.loads(compose_env[key])
+        assert (ours["conn_type"], ours["schema"]) == (theirs["conn_type"], theirs["schema"])
 
 
 @pytest.mark.parametrize("name", AIRFLOW_SERVICES)
@@ -180,6 +295,8 @@ def test_airflow_service_mounts_dags_plugins_include_and_data_read_only(name: st
     assert found[env["AIRFLOW__CORE__PLUGINS_FOLDER"]] == "./plugins:ro"
     assert found[env["PYTHONPATH"]] == "./include:ro"
     assert found["/data"] == "./data:ro"
+    # A run's source must be under an allowed root (ADR 0012): /data is one.
+    assert "/data" in env[sources.ROOTS_ENV].split(":")
     # document_pipeline's default source is data/samples beside dags/.
     assert found["/opt/airflow/data/samples"] == "./data/samples:ro"
     for source in ("dags", "plugins", "include/replayable", "data/samples"):
@@ -433,9 +550,12 @@ def test_every_long_running_service_has_a_healthcheck() -> None:
             assert spec["healthcheck"]["test"], name
 
 
-def test_apiserver_healthcheck_probes_the_monitor_health_endpoint() -> None:
+def test_apiserver_healthcheck_probes_what_devenv_waits_for_on_the_apiservers_port() -> None:
+    """The same endpoint that devenv.wait_until_up polls, on the port the server listens on."""
     probe = " ".join(service("airflow-apiserver")["healthcheck"]["test"])
-    assert "http://localhost:8080/api/v2/monitor/health" in probe
+    port = env_of("airflow-apiserver")["AIRFLOW__API__PORT"]
+    assert f"http://localhost:{port}/api/v2/monitor/health" in probe
+    assert "/api/v2/monitor/health" in Path(devenv.__file__).read_text()
 
 
 def test_healthchecks_pass_shell_variables_through_to_the_container() -> None:
@@ -448,21 +568,11 @@ def test_healthchecks_pass_shell_variables_through_to_the_container() -> None:
 def test_worker_can_be_scaled() -> None:
     worker = service("airflow-worker")
     assert "container_name" not in worker and "ports" not in worker
-    assert worker["command"] == ["airflow", "celery", "worker"]
 
 
-def test_postgres_runs_pgvector_on_a_volume_with_a_healthcheck() -> None:
-    postgres = service("postgres")
-    assert postgres["image"] == "pgvector/pgvector:pg16"
-    assert "pg_isready" in postgres["healthcheck"]["test"]
-    named = [volume.split(":")[0] for volume in postgres["volumes"]]
+def test_postgres_keeps_its_data_on_a_declared_named_volume() -> None:
+    named = [volume.split(":")[0] for volume in service("postgres")["volumes"]]
     assert any(source in compose()["volumes"] for source in named)
-
-
-def test_redis_is_version_7_with_a_healthcheck() -> None:
-    redis = service("redis")
-    assert redis["image"] == "redis:7"
-    assert redis["healthcheck"]["test"] == ["CMD", "redis-cli", "ping"]
 
 
 def test_init_script_creates_the_databases_the_connections_use() -> None:
@@ -486,19 +596,13 @@ def test_init_script_creates_pgvector_in_the_replayable_database() -> None:
     assert re.search(pattern, INIT_SQL.read_text(), re.M)
 
 
-def test_dockerfile_pins_airflow_and_python_of_the_project() -> None:
-    assert dockerfile_instructions()[0] == f"FROM apache/airflow:{AIRFLOW_VERSION}-python3.11"
-    requirements = (ROOT / "requirements.txt").read_text()
-    assert re.search(rf"^apache-airflow=={re.escape(AIRFLOW_VERSION)}\b", requirements, re.M)
-
-
-def test_dockerfile_installs_requirements_txt_and_the_celery_provider() -> None:
-    instructions = dockerfile_instructions()
-    copies = [line.split()[1:] for line in instructions if line.startswith("COPY ")]
-    assert ["requirements.txt", "/tmp/replayable-requirements.txt"] in copies
-    install = next(line for line in instructions if "pip install" in line)
-    assert "-r /tmp/replayable-requirements.txt" in install
-    assert re.search(r"apache-airflow-providers-celery==\d+\.\d+\.\d+", install)
+def test_dockerfile_builds_on_the_airflow_and_python_the_lock_has() -> None:
+    locked = (ROOT / "requirements.lock").read_text()
+    version = re.search(r"^apache-airflow==(\S+)", locked, re.M)
+    assert version
+    python = re.search(r'requires-python = ">=(\d+\.\d+)', (ROOT / "pyproject.toml").read_text())
+    assert python
+    assert dockerfile_instructions()[0] == f"FROM apache/airflow:{version[1]}-python{python[1]}"
 
 
 def test_dockerfile_copies_only_files_that_exist_in_the_build_context() -> None:
@@ -510,4 +614,12 @@ def test_dockerfile_copies_only_files_that_exist_in_the_build_context() -> None:
             for source in sources:
                 assert (context / source).is_file(), source
                 # Code comes from the read-only mounts, not the image.
-                assert source == "requirements.txt", source
+                assert source == "requirements.lock", source
+
+
+def test_the_shared_file_refuses_what_compose_would_rewrite(tmp_path: Path) -> None:
+    for line in ('A="quoted"', "A='quoted'", "A=${B:-x}", "not a setting"):
+        path = tmp_path / "x.env"
+        path.write_text(line + "\n")
+        with pytest.raises(ValueError, match=r"x\.env:1"):
+            devenv.read_env_file(path)

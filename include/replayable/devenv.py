@@ -1,10 +1,15 @@
 """Local services for the demo, the tests and `make`: embedded Postgres, model server, Airflow env.
 
-``python -m replayable.devenv start|stop|status|env|migrate|run|report``. State lives in a
-folder (``.local/`` by default): the pgserver data directory, the model server's pid and
-port, Airflow's home, and ``services.json`` describing what runs where. Every process
-started here is stopped by ``stop``: Postgres with its own ``pg_ctl stop``, the model server
-by killing its process group.
+``python -m replayable.devenv start|stop|status|env|migrate|run|airflow|cluster|cluster-run|
+cluster-stop``. State lives in a folder (``.local/`` by default): the pgserver data
+directory, the model server's pid and port, Airflow's home, ``services.json`` describing
+what runs where and, while ``make cluster`` runs, ``cluster.json``. Every process started
+here is stopped by ``stop`` (and ``cluster-stop``): Postgres with its own ``pg_ctl stop``,
+everything else by killing its process group.
+
+Airflow's settings that do not depend on where it runs live in ``airflow.env`` at the
+project root, read here and by docker-compose.yaml (``env_file``), so the local cluster and
+the Compose deployment run one configuration (ADR 0021).
 """
 
 from __future__ import annotations
@@ -15,7 +20,9 @@ import contextlib
 import json
 import os
 import shlex
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -30,9 +37,36 @@ from urllib.parse import parse_qs, unquote, urlparse
 
 import httpx
 
+from replayable.sources import ROOTS_ENV
+
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_STATE = ROOT / ".local"
 DAG_ID = "document_pipeline"
+SHARED_ENV_FILE = ROOT / "airflow.env"
+
+# Each Airflow component as the `airflow` arguments it runs with. `make cluster` starts these
+# and docker-compose.yaml's services run the same (tests/test_docker_compose.py checks it).
+# Task logs are on a disk every component shares (AIRFLOW_HOME here, a volume in Compose),
+# so neither the workers nor the triggerer serve logs: no log-server port per process.
+COMMANDS: dict[str, tuple[str, ...]] = {
+    "api-server": ("api-server",),
+    "scheduler": ("scheduler",),
+    "dag-processor": ("dag-processor",),
+    "triggerer": ("triggerer", "--skip-serve-logs"),
+    "celery worker": ("celery", "worker", "--skip-serve-logs"),
+}
+# `make cluster`: every component once and two Celery workers, labelled `name#n`.
+CLUSTER = (
+    "api-server",
+    "scheduler",
+    "dag-processor",
+    "triggerer",
+    "celery worker#1",
+    "celery worker#2",
+)
+WORKER_NAME_ENV = "REPLAYABLE_WORKER_NAME"
+# Creates or upgrades the metadata database before the components start (airflow-init).
+MIGRATE = ("db", "migrate")
 
 
 @dataclass(frozen=True)
@@ -212,10 +246,42 @@ def _postgres_conn_json(dsn: str) -> str:
     )
 
 
+def read_env_file(path: Path) -> dict[str, str]:
+    """The ``KEY=VALUE`` lines of an env file (``#`` comments and blank lines skipped).
+
+    Values are taken as written. Quotes and ``$`` are refused: Compose would strip or
+    interpolate them, and the file must read the same to both.
+    """
+    found: dict[str, str] = {}
+    for number, raw in enumerate(path.read_text().splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, sep, value = line.partition("=")
+        if not sep or not key.isidentifier() or any(c in value for c in "'\"$"):
+            raise ValueError(f"{path.name}:{number}: not a plain KEY=VALUE line: {raw!r}")
+        found[key] = value
+    return found
+
+
+def shared_airflow_env() -> dict[str, str]:
+    """Airflow's settings shared with docker-compose.yaml (``airflow.env``)."""
+    return read_env_file(SHARED_ENV_FILE)
+
+
 def airflow_env(
-    services: Services, state: Path = DEFAULT_STATE, *, api_port: int = 8080
+    services: Services,
+    state: Path = DEFAULT_STATE,
+    *,
+    api_port: int = 8080,
+    executor: str | None = "LocalExecutor",
 ) -> dict[str, str]:
-    """Environment that points Airflow at this project, its database and its connections."""
+    """Environment that points Airflow at this project, its database and its connections.
+
+    The settings of ``airflow.env`` apply, except the executor: ``executor`` replaces it
+    (LocalExecutor for ``make run``, ``make airflow`` and the tests); None keeps the
+    shared one, CeleryExecutor (see :func:`cluster_env`).
+    """
     model = os.environ.get("REPLAYABLE_MODEL_CONN") or json.dumps(
         {
             "conn_type": "http",
@@ -228,16 +294,11 @@ def airflow_env(
     events = os.environ.get("REPLAYABLE_EVENTS_CONN") or json.dumps(
         {"conn_type": "http", "host": receiver}
     )
-    return {
+    env = {
+        **shared_airflow_env(),
         "AIRFLOW_HOME": str(state / "airflow"),
         "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
         "AIRFLOW__CORE__PLUGINS_FOLDER": str(ROOT / "plugins"),
-        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-        "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
-        "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
-        # A local scheduler that reacts within a fifth of a second instead of a second: its
-        # idle loop costs little, and a run with nothing to do should end in seconds.
-        "AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME": "0.2",
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": services.airflow_db_url,
         "AIRFLOW__API__HOST": "127.0.0.1",
         "AIRFLOW__API__PORT": str(api_port),
@@ -252,6 +313,45 @@ def airflow_env(
         # `airflow standalone` starts its components as `airflow …` found on PATH.
         "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
     }
+    if executor is not None:
+        env["AIRFLOW__CORE__EXECUTOR"] = executor
+    return env
+
+
+def cluster_env(
+    services: Services, state: Path, *, api_port: int, broker_url: str
+) -> dict[str, str]:
+    """The environment of ``make cluster``: ``airflow.env`` as Compose runs it, on loopback.
+
+    CeleryExecutor with ``broker_url`` (the cluster's Redis) as its broker and Airflow's
+    metadata database as the result backend, as in docker-compose.yaml.
+    """
+    env = airflow_env(services, state, api_port=api_port, executor=None)
+    env["AIRFLOW__CELERY__BROKER_URL"] = broker_url
+    backend = services.airflow_db_url.replace("postgresql+psycopg2://", "postgresql://", 1)
+    env["AIRFLOW__CELERY__RESULT_BACKEND"] = "db+" + backend
+    # PDFs put in <state>/corpus (`make cluster-run`) may be a run's source, as /data may be
+    # in Compose.
+    listed = os.environ.get(ROOTS_ENV, "")
+    env[ROOTS_ENV] = os.pathsep.join(p for p in (str(state / "corpus"), listed) if p)
+    return env
+
+
+def worker_name(label: str) -> str:
+    """``celery worker#2`` -> ``worker-2``: the name a worker's task instances carry."""
+    base, _, number = label.partition("#")
+    return base.split()[-1] + (f"-{number}" if number else "")
+
+
+def worker_hostname() -> str:
+    """``[core] hostname_callable`` of the local workers: ``worker-N@host``.
+
+    Several workers on one machine would all record the machine's name on their task
+    instances; with this each records its own, as Celery names its nodes.
+    """
+    name = os.environ.get(WORKER_NAME_ENV)
+    host = socket.gethostname()
+    return f"{name}@{host}" if name else host
 
 
 def _airflow(
@@ -269,7 +369,7 @@ def migrate_airflow(env: dict[str, str]) -> None:
     if marker.exists() and marker.read_text() == env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]:
         return
     Path(env["AIRFLOW_HOME"]).mkdir(parents=True, exist_ok=True)
-    done = _airflow(["db", "migrate"], env, capture_output=True)
+    done = _airflow(list(MIGRATE), env, capture_output=True)
     if done.returncode != 0:
         raise SystemExit(f"airflow db migrate failed:\n{done.stdout}\n{done.stderr}")
     marker.write_text(env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"])
@@ -407,7 +507,7 @@ class AirflowProcesses:
         migrate_airflow(self.env)
         try:
             for name in self.components:
-                self.start(name)
+                self.start(name.split("#")[0], label=name)
             if "api-server" in self.components and not self.wait_until_up():
                 raise RuntimeError(f"the API server did not come up; see {self.log_dir}")
         except BaseException:
@@ -418,14 +518,31 @@ class AirflowProcesses:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    def command(self, name: str, label: str) -> tuple[list[str], dict[str, str]]:
+        """The command line and extra environment of component ``name`` started as ``label``.
+
+        A Celery worker gets a node name and a task-instance hostname of its own
+        (``worker-N``), since every worker here runs on one machine.
+        """
+        airflow = str(Path(sys.executable).with_name("airflow"))
+        args = [airflow, *COMMANDS.get(name, tuple(name.split()))]
+        extra: dict[str, str] = {}
+        if name == "celery worker":
+            args += ["--celery-hostname", f"{worker_name(label)}@%h"]
+            extra = {
+                WORKER_NAME_ENV: worker_name(label),
+                "AIRFLOW__CORE__HOSTNAME_CALLABLE": "replayable.devenv.worker_hostname",
+            }
+        return args, extra
+
     def start(self, name: str, *, label: str | None = None) -> subprocess.Popen[bytes]:
         """Start ``airflow <name>`` (``label`` names it when one component runs twice)."""
-        airflow = str(Path(sys.executable).with_name("airflow"))
         key = label or name
+        args, extra = self.command(name, key)
         with open(self.log_dir / f"{key.replace(' ', '-')}.log", "ab") as log:
             proc = subprocess.Popen(
-                [airflow, *name.split()],
-                env={**os.environ, **self.env},
+                args,
+                env={**os.environ, **self.env, **extra},
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -450,13 +567,11 @@ class AirflowProcesses:
 
     def token(self, username: str = "admin") -> str:
         """A JWT for ``username``, whose password the API server generated."""
-        passwords = Path(self.env["AIRFLOW_HOME"]) / "simple_auth_manager_passwords.json.generated"
-        password = json.loads(passwords.read_text())[username]
-        response = httpx.post(
-            f"{self.url}/auth/token", json={"username": username, "password": password}
-        )
-        response.raise_for_status()
-        return str(response.json()["access_token"])
+        return api_token(self.url, Path(self.env["AIRFLOW_HOME"]), username)
+
+    def pids(self) -> dict[str, int]:
+        """Each running component's pid (its process group), by label."""
+        return {name: proc.pid for name, proc in self.procs.items()}
 
     def stop(self) -> None:
         for proc in self.procs.values():
@@ -464,6 +579,248 @@ class AirflowProcesses:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=10)
         self.procs.clear()
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class RedisServer:
+    """Debian's ``redis-server`` on 127.0.0.1, in its own process group, keeping nothing on disk.
+
+    ``tools/install-redis.sh`` installs it when missing (``make cluster``, ``.ci/run``).
+    """
+
+    def __init__(self, directory: Path, port: int | None = None) -> None:
+        self.directory = directory
+        self.port = port or free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self, timeout_s: float = 30) -> RedisServer:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise SystemExit("redis-server is not installed: run tools/install-redis.sh")
+        self.directory.mkdir(parents=True, exist_ok=True)
+        with open(self.directory / "redis.log", "ab") as log:
+            self.proc = subprocess.Popen(
+                [
+                    binary,
+                    "--bind",
+                    "127.0.0.1",
+                    "--port",
+                    str(self.port),
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                    "--dir",
+                    str(self.directory),
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + timeout_s
+        while not self.ping():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"redis-server did not start; see {self.directory}/redis.log")
+            time.sleep(0.1)
+        return self
+
+    def ping(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=1) as sock:
+                sock.sendall(b"PING\r\n")
+                return sock.recv(16).startswith(b"+PONG")
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop_tree(self.proc.pid, timeout_s=10)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=5)
+            self.proc = None
+
+
+class Cluster:
+    """Redis, Airflow's components on CeleryExecutor and its Celery workers, on loopback.
+
+    Every process runs in its own process group (see :class:`AirflowProcesses`), against the
+    services of :func:`start` (the embedded Postgres, the model server). As a context
+    manager it stops everything it started on the way out; :meth:`detach` leaves it running
+    for ``make cluster`` and records the process groups in ``cluster.json`` for
+    :func:`stop_cluster`.
+
+    :param services: the database and the model server.
+    :param state: the state folder; logs go to ``<state>/cluster``.
+    :param components: labels of :data:`CLUSTER` form (``celery worker#N`` for worker N).
+    :param extra_env: added to every component's environment (e.g. more source roots).
+    """
+
+    def __init__(
+        self,
+        services: Services,
+        state: Path,
+        *,
+        components: tuple[str, ...] = CLUSTER,
+        extra_env: dict[str, str] | None = None,
+    ) -> None:
+        self.state = state
+        self.log_dir = state / "cluster"
+        self.redis = RedisServer(self.log_dir / "redis")
+        self.api_port = free_port()
+        self.env = cluster_env(
+            services, state, api_port=self.api_port, broker_url=self.redis.url
+        ) | (extra_env or {})
+        self.airflow = AirflowProcesses(self.env, self.log_dir, components)
+
+    @property
+    def url(self) -> str:
+        return self.airflow.url
+
+    @property
+    def workers(self) -> list[str]:
+        return [name for name in self.airflow.components if name.startswith("celery worker")]
+
+    def __enter__(self) -> Cluster:
+        self.redis.start()
+        try:
+            self.airflow.__enter__()
+        except BaseException:
+            self.redis.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        self.airflow.stop()
+        self.redis.stop()
+
+    def detach(self) -> dict[str, Any]:
+        """Leave every process running; record them in ``cluster.json`` and return that."""
+        import psutil
+
+        assert self.redis.proc is not None
+        pids = {"redis": self.redis.proc.pid, **self.airflow.pids()}
+        record = {
+            "url": self.url,
+            "airflow_home": self.env["AIRFLOW_HOME"],
+            "broker_url": self.redis.url,
+            "log_dir": str(self.log_dir),
+            # With its start time, so that a pid reused since is never taken for ours.
+            "pids": {name: [pid, psutil.Process(pid).create_time()] for name, pid in pids.items()},
+        }
+        (self.state / "cluster.json").write_text(json.dumps(record, indent=2))
+        return record
+
+
+def stop_cluster(state: Path) -> None:
+    """Stop what ``make cluster`` left running under ``state``; safe to call twice.
+
+    A recorded pid is only stopped while it is still the process that was started (same
+    start time): after a reboot the number may belong to something else.
+    """
+    import psutil
+
+    path = state / "cluster.json"
+    if not path.exists():
+        return
+    record = json.loads(path.read_text())
+    for pid, started in record["pids"].values():
+        try:
+            same = abs(psutil.Process(pid).create_time() - started) < 1
+        except psutil.Error:
+            continue
+        if same:
+            stop_tree(pid, timeout_s=15)
+    path.unlink()
+
+
+def api_token(url: str, airflow_home: Path, username: str = "admin") -> str:
+    """A JWT for ``username`` from the API server at ``url``, with its generated password."""
+    passwords = airflow_home / "simple_auth_manager_passwords.json.generated"
+    password = json.loads(passwords.read_text())[username]
+    response = httpx.post(f"{url}/auth/token", json={"username": username, "password": password})
+    response.raise_for_status()
+    return str(response.json()["access_token"])
+
+
+class AirflowApi:
+    """The few calls of Airflow's REST API that the cluster commands and tests make."""
+
+    def __init__(self, url: str, token: str, dag_id: str = DAG_ID) -> None:
+        self.dag_id = dag_id
+        self.http = httpx.Client(
+            base_url=f"{url}/api/v2", headers={"Authorization": f"Bearer {token}"}, timeout=30
+        )
+
+    def close(self) -> None:
+        self.http.close()
+
+    def wait_for_dag(self, timeout_s: float = 180) -> None:
+        """Wait until the DAG processor has parsed the DAG."""
+        deadline = time.monotonic() + timeout_s
+        while self.http.get(f"/dags/{self.dag_id}").status_code != 200:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.dag_id} was not parsed within {timeout_s:.0f} s")
+            time.sleep(1)
+
+    def trigger(self, conf: dict[str, Any]) -> str:
+        """Trigger a run with ``conf``; return its run id."""
+        response = self.http.post(
+            f"/dags/{self.dag_id}/dagRuns", json={"logical_date": None, "conf": conf}
+        )
+        response.raise_for_status()
+        return str(response.json()["dag_run_id"])
+
+    def state(self, run_id: str) -> str:
+        return str(self.http.get(f"/dags/{self.dag_id}/dagRuns/{run_id}").json()["state"])
+
+    def wait(self, run_id: str, timeout_s: float = 900) -> str:
+        """Wait for the run to end; return ``success`` or ``failed``."""
+        deadline = time.monotonic() + timeout_s
+        while (state := self.state(run_id)) not in ("success", "failed"):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"run {run_id} is still {state} after {timeout_s:.0f} s")
+            time.sleep(1)
+        return state
+
+    def task_instances(self, run_id: str) -> list[dict[str, Any]]:
+        found = self.http.get(
+            f"/dags/{self.dag_id}/dagRuns/{run_id}/taskInstances", params={"limit": 1000}
+        )
+        found.raise_for_status()
+        return list(found.json()["task_instances"])
+
+    def tries(self, run_id: str, task_id: str, map_index: int) -> list[dict[str, Any]]:
+        """Every try of one task instance, the current one included."""
+        found = self.http.get(
+            f"/dags/{self.dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/{map_index}/tries"
+        )
+        found.raise_for_status()
+        return list(found.json()["task_instances"])
+
+
+def tasks_by_worker(task_instances: list[dict[str, Any]]) -> dict[str, int]:
+    """How many of the run's batch task instances each worker ran (by recorded hostname)."""
+    counts: dict[str, int] = {}
+    for ti in task_instances:
+        if ti["task_id"].startswith("batch.") and ti.get("hostname"):
+            name = str(ti["hostname"]).split("@")[0]
+            counts[name] = counts.get(name, 0) + 1
+    return dict(sorted(counts.items()))
 
 
 def admin_password(env: dict[str, str]) -> str | None:
@@ -492,6 +849,55 @@ def _serve_airflow(state: Path, services: Services, api_port: int) -> int:
         _kill_group(proc.pid)
 
 
+def start_cluster(state: Path) -> int:
+    """``make cluster``: start everything and leave it running; ``make cluster-stop`` stops it."""
+    if (state / "cluster.json").exists():
+        record = json.loads((state / "cluster.json").read_text())
+        print(f"the cluster is already running: {record['url']}")
+        return 0
+    services = start(state)
+    try:
+        cluster = Cluster(services, state)
+        cluster.__enter__()
+    except BaseException:
+        stop(state)
+        raise
+    record = cluster.detach()
+    print(
+        f"Airflow on CeleryExecutor: {record['url']} (user admin, password in "
+        f"{record['airflow_home']}/simple_auth_manager_passwords.json.generated)\n"
+        f"broker {record['broker_url']}; workers {', '.join(cluster.workers)}; "
+        f"logs in {record['log_dir']}\nPDFs under {state / 'corpus'} may be a run's source. "
+        "`make cluster-run`, then `make cluster-stop`."
+    )
+    return 0
+
+
+def cluster_run(state: Path, conf: str) -> int:
+    """Trigger document_pipeline on the running cluster, wait, print its report and workers."""
+    from replayable.pipeline import format_report
+
+    path = state / "cluster.json"
+    if not path.exists():
+        raise SystemExit("no cluster is running: `make cluster` first")
+    record = json.loads(path.read_text())
+    api = AirflowApi(record["url"], api_token(record["url"], Path(record["airflow_home"])))
+    try:
+        api.wait_for_dag()
+        started = datetime.now(UTC)
+        run_id = api.trigger(json.loads(conf))
+        print(f"triggered {run_id}; waiting for it to end")
+        state_ = api.wait(run_id)
+        workers = tasks_by_worker(api.task_instances(run_id))
+    finally:
+        api.close()
+    report = latest_report(Services.load(state).replayable_dsn, started)
+    if report is not None:
+        print(format_report(report))
+    print(f"run {run_id}: {state_}; batch tasks per worker: {workers}")
+    return 0 if state_ == "success" else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m replayable.devenv", description=__doc__)
     parser.add_argument("--state", type=Path, default=DEFAULT_STATE)
@@ -505,6 +911,10 @@ def main(argv: list[str] | None = None) -> int:
     run_cmd.add_argument("--conf", default="{}")
     run_cmd.add_argument("--verbose", action="store_true", help="show Airflow's output")
     sub.add_parser("airflow", help="run Airflow standalone on 127.0.0.1:8080 until Ctrl-C")
+    sub.add_parser("cluster", help="start Redis, Airflow on CeleryExecutor and two workers")
+    run_on_cluster = sub.add_parser("cluster-run", help="run document_pipeline on the cluster")
+    run_on_cluster.add_argument("--conf", default="{}")
+    sub.add_parser("cluster-stop", help="stop the cluster and the services under it")
     args = parser.parse_args(argv)
     args.state = args.state.resolve()
 
@@ -512,6 +922,7 @@ def main(argv: list[str] | None = None) -> int:
         services = start(args.state)
         print(f"postgres: {services.replayable_dsn}\nmodel server: {services.model_url}")
     elif args.command == "stop":
+        stop_cluster(args.state)  # it runs on these services
         stop(args.state)
     elif args.command == "status":
         print(json.dumps(asdict(Services.load(args.state)), indent=2))
@@ -524,6 +935,13 @@ def main(argv: list[str] | None = None) -> int:
         return run(args.state, args.conf, quiet=not args.verbose)
     elif args.command == "airflow":
         return serve_airflow(args.state)
+    elif args.command == "cluster":
+        return start_cluster(args.state)
+    elif args.command == "cluster-run":
+        return cluster_run(args.state, args.conf)
+    elif args.command == "cluster-stop":
+        stop_cluster(args.state)
+        stop(args.state)
     return 0
 
 

@@ -456,6 +456,27 @@ def _restore_script_main() -> None:
             _script_main = None
 
 
+def _undo_inherited_process_state() -> None:
+    """Let this process start workers although it was forked from a Celery pool process.
+
+    A Celery prefork worker's pool processes are daemonic, and Airflow's task process is
+    forked from one of them, inheriting multiprocessing's record of the current process from
+    Celery's multiprocessing fork (billiard): the daemon flag, with which multiprocessing
+    refuses to start any child ("daemonic processes are not allowed to have children"), and
+    billiard's authentication key, which multiprocessing cannot pass to a forkserver child.
+    The task process is no daemon of anyone's pool: it owns its workers, and they die with
+    it. No public API resets either; both are set back to what a plain process has.
+    """
+    config = multiprocessing.current_process()._config  # type: ignore[attr-defined]
+    if config.get("daemon"):
+        config["daemon"] = False
+    # typeshed does not declare AuthenticationString, multiprocessing's own bytes type.
+    plain: Any = getattr(multiprocessing.process, "AuthenticationString")  # noqa: B009
+    authkey = config.get("authkey")
+    if authkey is not None and type(authkey) is not plain:
+        config["authkey"] = plain(bytes(authkey))
+
+
 class GuardedPool:
     """A reusable pool of worker processes with per-item wall-clock, CPU and memory limits.
 
@@ -569,6 +590,7 @@ class GuardedPool:
                 broken, self._pool = self._pool, None
             if self._pool is None:
                 _hide_script_main()
+                _undo_inherited_process_state()
                 self._pool = ProcessPool(
                     max_workers=self.workers,
                     max_tasks=0,

@@ -95,6 +95,7 @@ class ModelChoice:
     model: str
     dimensions: int | None
     max_in_flight: int
+    max_rps: float | None = None
 
 
 def model_choice(settings: PipelineSettings, conn: str | EmbeddingsHook) -> ModelChoice:
@@ -109,6 +110,7 @@ def model_choice(settings: PipelineSettings, conn: str | EmbeddingsHook) -> Mode
         model=settings.model or provider.model or DEFAULT_MODEL,
         dimensions=settings.dimensions or provider.dimensions,
         max_in_flight=settings.max_in_flight or provider.max_in_flight or DEFAULT_MAX_IN_FLIGHT,
+        max_rps=settings.max_rps or provider.max_rps,
     )
 
 
@@ -281,12 +283,19 @@ class IdempotentStageOperator(BaseOperator):
             retry=CallRetry(),
         )
         stack.callback(client.close)
+        budget = RequestBudget(
+            choice.provider.base_url,
+            choice.max_in_flight,
+            max_rps=choice.max_rps,
+            connect=connect,
+        )
+        stack.callback(budget.close)
         return EmbedSpec(
             provider=client,
             model=choice.model,
             chunker_key=settings.chunk_config.key,
             connect=connect,
-            budget=RequestBudget(choice.provider.base_url, choice.max_in_flight),
+            budget=budget,
             run_id=run_id,
             dimensions=choice.dimensions,
             inputs_per_call=settings.embed_inputs_per_call,

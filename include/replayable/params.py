@@ -111,6 +111,12 @@ def pipeline_params(default_source: str, roots: Sequence[str] | None = None) -> 
             description="Provider requests in flight at once, across every task and worker; "
             f'default: the connection\'s extra "max_in_flight", else {DEFAULT_MAX_IN_FLIGHT}.',
         ),
+        "max_rps": Param(
+            None,
+            **_bounded("max_rps", type=["null", "number"]),
+            description="Provider requests per second, across every task and worker; "
+            'default: the connection\'s extra "max_rps", else no limit.',
+        ),
         "max_bytes": Param(
             _DEFAULTS.max_bytes,
             **_bounded("max_bytes", type="integer"),

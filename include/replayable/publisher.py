@@ -84,6 +84,20 @@ class PublishEventsOperator(BaseOperator):
                 raise ValueError(f"{name}: expected a number, got {raw!r}") from None
         return PublishLimits(**values)
 
+    def _has_connection(self, conn_id: str) -> bool:
+        """Whether ``conn_id`` is defined; without it, events go out as asset events only."""
+        from airflow.sdk import BaseHook
+        from airflow.sdk.exceptions import AirflowNotFoundException
+
+        try:
+            BaseHook.get_connection(conn_id)
+        except AirflowNotFoundException:
+            self.log.warning(
+                "no connection %r: events are published as asset events only", conn_id
+            )
+            return False
+        return True
+
     def execute(self, context: Context) -> dict[str, Any]:
         from replayable.sinks import WebhookSink, webhook_settings_from_connection
 
@@ -95,7 +109,7 @@ class PublishEventsOperator(BaseOperator):
         limits = self.limits()
         with ExitStack() as stack:
             sink = None
-            if self.events_conn_id is not None:
+            if self.events_conn_id is not None and self._has_connection(self.events_conn_id):
                 sink = stack.enter_context(
                     WebhookSink(webhook_settings_from_connection(self.events_conn_id))
                 )

@@ -26,6 +26,7 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "chunk_overlap": (0, 50_000),
     "embed_inputs_per_call": (1, 2048),
     "max_in_flight": (1, 256),
+    "max_rps": (0.01, 100_000),
     "max_bytes": (1, 2**30),
     "item_timeout_s": (0.1, 3600),
     "memory_mb": (64, 16_384),
@@ -62,6 +63,7 @@ class PipelineSettings:
     chunk_overlap: int = 100
     embed_inputs_per_call: int = 32
     max_in_flight: int | None = None  # None: the connection's extra, else DEFAULT_MAX_IN_FLIGHT
+    max_rps: float | None = None  # None: the connection's extra, else no rate limit
     max_bytes: int = 20 * 2**20
     item_timeout_s: float = 60.0
     memory_mb: int = 1024
@@ -74,7 +76,7 @@ class PipelineSettings:
     def __post_init__(self) -> None:
         for name, (low, high) in BOUNDS.items():
             value = getattr(self, name)
-            if value is not None or name not in ("dimensions", "max_in_flight"):
+            if value is not None or name not in ("dimensions", "max_in_flight", "max_rps"):
                 _within(name, value, low, high)
         unknown = [s for s in self.stages if s not in STAGES]
         if unknown or not self.stages:

@@ -552,3 +552,46 @@ def test_workers_do_not_rerun_the_callers_main_script(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "worker pid differs: True" in done.stdout
+
+
+CELERY_LIKE_WORKER = """
+import os, sys
+import billiard
+from replayable.guards import GuardedPool
+
+def task(_):
+    # What Airflow does on a Celery worker: fork the task process from a pool process.
+    pid = os.fork()
+    if pid == 0:
+        try:
+            with GuardedPool(timeout_s=30, memory_mb=None, workers=1) as pool:
+                print("result", pool.run(abs, -5), flush=True)
+            os._exit(0)
+        except BaseException as error:
+            print("error", repr(error), flush=True)
+            os._exit(2)
+    return os.waitpid(pid, 0)[1]
+
+if __name__ == "__main__":
+    with billiard.Pool(1) as pool:
+        sys.exit(pool.map(task, [0])[0] >> 8)
+"""
+
+
+def test_a_task_forked_from_a_celery_pool_process_can_start_guarded_workers() -> None:
+    """Celery's pool processes are daemonic and carry billiard's authkey; the task is neither.
+
+    In a new interpreter, as a Celery worker is: this one may already run a forkserver.
+    """
+    pytest.importorskip("billiard")
+    include = str(Path(__file__).resolve().parents[2] / "include")
+    done = subprocess.run(
+        [sys.executable, "-c", CELERY_LIKE_WORKER],
+        env={**os.environ, "PYTHONPATH": include},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "result 5" in done.stdout

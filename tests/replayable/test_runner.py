@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from checks import ProviderSampler
 from replayable import db
 from replayable.budget import RequestBudget
 from replayable.keys import sha256_bytes
@@ -53,14 +54,16 @@ def connect_to(dsn):
     return lambda: db.Database(dsn, outage_s=30)
 
 
-def embed_spec(base_url: str, dsn: str, *, in_flight: int = 4, per_call: int = 8) -> EmbedSpec:
+def embed_spec(
+    base_url: str, dsn: str, *, in_flight: int = 4, per_call: int = 8, rps: float | None = None
+) -> EmbedSpec:
     client = HttpEmbeddingClient(base_url=base_url, model="m", retry=FAST, timeout_s=10)
     return EmbedSpec(
         provider=client,
         model="m",
         chunker_key=CHUNKS.key,
         connect=connect_to(dsn),
-        budget=RequestBudget(base_url, in_flight),
+        budget=RequestBudget(base_url, in_flight, max_rps=rps, connect=connect_to(dsn)),
         inputs_per_call=per_call,
         max_in_flight=in_flight,
         peer_poll_s=0.05,
@@ -224,6 +227,37 @@ def test_the_provider_never_sees_more_requests_in_flight_than_the_budget(conn, d
     stats = model.stats()
     assert stats["rejected_concurrency"] == 0
     assert stats["peak_in_flight"] == 2
+    assert sum(len(r.done) for r in results) == len(doc_ids)
+    paid_once(model, conn)
+
+
+def test_the_provider_never_sees_more_requests_a_second_than_max_rps(conn, dsn, model):
+    """Three workers with four threads each share one budget of 20 requests a second."""
+    doc_ids = seed_documents(conn, 12)
+    run(ChunkSpec(config=CHUNKS, connect=connect_to(dsn)), dsn, doc_ids)
+    model.set_faults(latency_ms=5)
+    rate, results = 20.0, []
+
+    def worker(part, n):
+        spec = embed_spec(model.base_url, dsn, in_flight=4, per_call=2, rps=rate)
+        try:
+            results.append(run(spec, dsn, part, owner=f"w{n}"))
+        finally:
+            spec.budget.close()
+
+    parts = [doc_ids[0::3], doc_ids[1::3], doc_ids[2::3]]
+    threads = [threading.Thread(target=worker, args=(p, n)) for n, p in enumerate(parts)]
+    with ProviderSampler(model, every_s=0.02) as sampler:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=120)
+    requests, span = sampler.busy_span()
+    excess, window = sampler.worst_window(rate)
+    print(f"\n{requests} requests in {span:.2f} s; worst window {window:.2f} s: {excess} over")
+    assert requests >= 40  # enough for the rate to bind
+    # A burst of one, plus one for a request that lands between two samples.
+    assert excess <= 2
     assert sum(len(r.done) for r in results) == len(doc_ids)
     paid_once(model, conn)
 

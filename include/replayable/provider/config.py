@@ -8,8 +8,9 @@ endpoint and the secret:
   ``http://127.0.0.1:11434/v1`` for Ollama, …), or a bare host with ``port`` and
   ``schema`` (``http``/``https``) plus ``extra.base_path`` (default ``/v1``);
 - ``password``: the API key, if any (never logged, never stored in the ledger);
-- ``extra``: ``model``, ``dimensions``, ``timeout_s`` defaults, and ``max_in_flight``: the
-  provider's budget of concurrent requests, shared by every task and worker.
+- ``extra``: ``model``, ``dimensions``, ``timeout_s`` defaults, ``max_in_flight``: the
+  provider's budget of concurrent requests, and ``max_rps``: its budget of requests per
+  second, both shared by every task and worker.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ class ModelSettings:
     dimensions: int | None = None
     timeout_s: float = 30.0
     max_in_flight: int | None = None
+    max_rps: float | None = None
 
 
 def settings_from_fields(
@@ -57,4 +59,5 @@ def settings_from_fields(
         dimensions=int(dimensions) if dimensions else None,
         timeout_s=float(extra.get("timeout_s", 30.0)),
         max_in_flight=int(extra["max_in_flight"]) if extra.get("max_in_flight") else None,
+        max_rps=float(extra["max_rps"]) if extra.get("max_rps") else None,
     )
