@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -28,6 +29,11 @@ from replayable.provider.server import LocalModelServer
 # Airflow reads its home when first imported: keep the tests' own Airflow out of ~/airflow.
 os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="replayable-airflow-"))
 os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
+# Every process this session starts inherits the mark, so that the leftover check can tell
+# this session's orphans from those of other sessions running on the same machine.
+SESSION_ENV = "REPLAYABLE_TEST_SESSION"
+os.environ[SESSION_ENV] = uuid.uuid4().hex
+SERVICE_WORDS = ("airflow", "replayable", "postgres", "celery", "redis", "uvicorn", "gunicorn")
 
 ROOT = Path(__file__).resolve().parents[1]
 TABLES = (
@@ -49,6 +55,31 @@ TABLES = (
 )
 
 
+def session_orphans(started: float) -> list[Any]:
+    """This session's orphans: processes of the project's services re-parented to init.
+
+    A parent that was killed leaves its children behind, re-parented to init; those started
+    since ``started`` whose environment carries this session's mark are this session's.
+    Other sessions' orphans (other test runs, `make airflow`) are not, whatever they run.
+    """
+    import psutil
+
+    marker = os.environ[SESSION_ENV]
+    found = []
+    for proc in psutil.process_iter(["ppid", "create_time", "cmdline"]):
+        info = proc.info
+        if (
+            info["ppid"] != 1
+            or (info["create_time"] or 0) < started
+            or not any(w in " ".join(info["cmdline"] or []) for w in SERVICE_WORDS)
+        ):
+            continue
+        with contextlib.suppress(psutil.Error):
+            if proc.environ().get(SESSION_ENV) == marker:
+                found.append(proc)
+    return found
+
+
 @pytest.fixture(scope="session", autouse=True)
 def nothing_left_running() -> Iterator[None]:
     """After the whole session, no process started by a test may still be running.
@@ -60,20 +91,11 @@ def nothing_left_running() -> Iterator[None]:
 
     me = psutil.Process()
     started = time.time()
-    words = ("airflow", "replayable", "postgres", "celery", "redis", "uvicorn", "gunicorn")
 
     def ours_left() -> list[psutil.Process]:
-        # Our descendants, and orphans started since (re-parented to init when a parent that
-        # was killed left them behind) that belong to the project's services.
         found = {p.pid: p for p in me.children(recursive=True)}
-        for proc in psutil.process_iter(["ppid", "create_time", "cmdline"]):
-            info = proc.info
-            if (
-                info["ppid"] == 1
-                and (info["create_time"] or 0) >= started
-                and any(w in " ".join(info["cmdline"] or []) for w in words)
-            ):
-                found.setdefault(proc.pid, proc)
+        for proc in session_orphans(started):
+            found.setdefault(proc.pid, proc)
         alive = []
         for proc in found.values():
             try:
