@@ -35,6 +35,24 @@ SESSION_ENV = "REPLAYABLE_TEST_SESSION"
 os.environ[SESSION_ENV] = uuid.uuid4().hex
 SERVICE_WORDS = ("airflow", "replayable", "postgres", "celery", "redis", "uvicorn", "gunicorn")
 
+
+def adopt_orphans(adopt: bool = True) -> None:
+    """Make this process the subreaper of what it starts (Linux): daemons stay its children.
+
+    A server that detaches (`pg_ctl start`, a killed parent's children) is re-parented to
+    this process instead of init, so it is never an orphan that another session's leftover
+    check, on the same machine, could mistake for its own and stop mid-run.
+    """
+    if sys.platform != "linux":
+        return
+    import ctypes
+
+    pr_set_child_subreaper = 36
+    ctypes.CDLL(None).prctl(pr_set_child_subreaper, int(adopt), 0, 0, 0)
+
+
+adopt_orphans()
+
 ROOT = Path(__file__).resolve().parents[1]
 TABLES = (
     "model_call_items",
