@@ -26,6 +26,10 @@ from replayable.settings import (
     PipelineSettings,
 )
 
+# Added to the longest healthy call before a request's transaction counts as abandoned, for a
+# worker that is only slow (short of CPU, pausing for garbage collection).
+CALL_SLACK_S = 30.0
+
 
 class BatchIncompleteError(Exception):
     """Some items of the batch failed retryably and are under their attempt cap."""
@@ -247,13 +251,14 @@ class IdempotentStageOperator(BaseOperator):
         if self.stage == "chunk":
             return ChunkSpec(config=settings.chunk_config, connect=connect)
         choice = model_choice(settings, self.model_conn_id)
+        retry = CallRetry()
         client = HttpEmbeddingClient(
             base_url=choice.provider.base_url,
             model=choice.model,
             api_key=choice.provider.api_key,
             dimensions=choice.dimensions,
             timeout_s=choice.provider.timeout_s,
-            retry=CallRetry(),
+            retry=retry,
             max_connections=choice.max_in_flight,
         )
         stack.callback(client.close)
@@ -267,6 +272,8 @@ class IdempotentStageOperator(BaseOperator):
             dimensions=choice.dimensions,
             inputs_per_call=settings.embed_inputs_per_call,
             max_in_flight=choice.max_in_flight,
+            # A call ends by then: its retries and waits, then one last request.
+            max_call_s=retry.max_total_s + choice.provider.timeout_s + CALL_SLACK_S,
         )
 
     def _outcome(self, result: BatchResult, settings: PipelineSettings) -> dict[str, Any]:

@@ -1,15 +1,20 @@
+from contextlib import ExitStack
 from datetime import timedelta
 
 import pytest
 from airflow.sdk.definitions.retry_policy import RetryAction
 
+from replayable import operators
 from replayable.operators import (
     BatchIncompleteError,
     BatchRetryPolicy,
     IdempotentStageOperator,
+    ModelChoice,
     SystemicFailureError,
 )
-from replayable.retry import Classified, ErrorKind
+from replayable.provider.config import ModelSettings
+from replayable.retry import CallRetry, Classified, ErrorKind
+from replayable.settings import PipelineSettings
 
 POLICY = BatchRetryPolicy()
 
@@ -49,3 +54,16 @@ def test_the_operator_brings_its_retry_policy():
     op = IdempotentStageOperator(task_id="x", stage="chunk", batch={"doc_ids": ["a"]})
     assert isinstance(op.retry_policy, BatchRetryPolicy)
     assert op.doc_ids("unused", "d", "r") == ["a"]
+
+
+def test_a_request_may_hold_its_chunks_for_as_long_as_a_healthy_call_lasts(monkeypatch):
+    """The embed stage's bound on idle request transactions covers every retry and wait of a
+    call plus its last request, with slack: only an abandoned request loses its locks."""
+    provider = ModelSettings("http://127.0.0.1:9/v1", timeout_s=7)
+    monkeypatch.setattr(
+        operators, "model_choice", lambda settings, conn_id: ModelChoice(provider, "m", None, 2)
+    )
+    op = IdempotentStageOperator(task_id="x", stage="embed", batch={"doc_ids": ["a"]})
+    with ExitStack() as stack:
+        spec = op._spec(PipelineSettings(), stack, lambda: None, 1, "run")
+    assert spec.max_call_s == CallRetry().max_total_s + 7 + operators.CALL_SLACK_S
