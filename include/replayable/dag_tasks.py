@@ -7,7 +7,8 @@ documents and batches live in the ``run_docs`` table.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from airflow.configuration import conf
 from airflow.sdk import get_current_context
@@ -19,6 +20,22 @@ from replayable.settings import PipelineSettings
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
+
+def _on_database(conn_id: str, fn: Callable[[db.Connection], T], describe: str) -> T:
+    """Run ``fn`` on the replayable database and commit, waiting out a restart (ADR 13).
+
+    A task that starts while Postgres restarts waits for it instead of failing a try; ``fn``
+    may run again after a lost connection, which each of these steps allows, as a task
+    retry would.
+    """
+    database = db.Database(connection_dsn(conn_id))
+    try:
+        return database.transaction(fn, describe=describe)
+    finally:
+        database.close()
+
 
 def discover(postgres_conn_id: str = "replayable_db") -> dict[str, Any]:
     """Apply migrations, then record the run's documents; return how many there are.
@@ -29,8 +46,8 @@ def discover(postgres_conn_id: str = "replayable_db") -> dict[str, Any]:
     context = get_current_context()
     ti = context["ti"]
     settings = PipelineSettings.from_params(context["params"])
-    conn = db.connect(connection_dsn(postgres_conn_id))
-    try:
+
+    def record(conn: db.Connection) -> int:
         db.migrate(conn)
         if settings.rerun or settings.redrive:
             documents = pipeline.select_documents(
@@ -40,21 +57,22 @@ def discover(postgres_conn_id: str = "replayable_db") -> dict[str, Any]:
             log.info(
                 "%s selected %d documents: %s", what, documents, settings.rerun or settings.redrive
             )
-        else:
-            try:
-                documents = pipeline.discover(
-                    conn,
-                    settings.source,
-                    dag_id=ti.dag_id,
-                    run_id=ti.run_id,
-                    roots=sources.allowed_roots(),
-                    max_bytes=settings.max_bytes,
-                )
-            except sources.SourceError as error:
-                raise AirflowFailException(str(error)) from error
-            log.info("discovered %d documents in %s", documents, settings.source)
-    finally:
-        conn.close()
+            return documents
+        try:
+            documents = pipeline.discover(
+                conn,
+                settings.source,
+                dag_id=ti.dag_id,
+                run_id=ti.run_id,
+                roots=sources.allowed_roots(),
+                max_bytes=settings.max_bytes,
+            )
+        except sources.SourceError as error:
+            raise AirflowFailException(str(error)) from error
+        log.info("discovered %d documents in %s", documents, settings.source)
+        return documents
+
+    documents = _on_database(postgres_conn_id, record, "discover")
     return {"documents": documents}
 
 
@@ -74,18 +92,20 @@ def plan(
         model, dimensions = choice.model, choice.dimensions
     else:
         model, dimensions = settings.model or "", settings.dimensions
-    conn = db.connect(connection_dsn(postgres_conn_id))
-    try:
-        batches = pipeline.plan_batches(
+    hashes = spec_hashes(settings.chunk_config, model, dimensions)
+    max_map_length = conf.getint("core", "max_map_length", fallback=1024)
+    batches = _on_database(
+        postgres_conn_id,
+        lambda conn: pipeline.plan_batches(
             conn,
             settings,
             dag_id=ti.dag_id,
             run_id=ti.run_id,
-            spec_hashes=spec_hashes(settings.chunk_config, model, dimensions),
-            max_map_length=conf.getint("core", "max_map_length", fallback=1024),
-        )
-    finally:
-        conn.close()
+            spec_hashes=hashes,
+            max_map_length=max_map_length,
+        ),
+        "plan",
+    )
     to_do = sum(batch["size"] for batch in batches)
     log.info(
         "%d documents, %d with work left, in %d batches",
@@ -99,11 +119,11 @@ def plan(
 def report(postgres_conn_id: str = "replayable_db") -> dict[str, Any]:
     """Log the run's counts per stage and status; fail the run if any item is left to do."""
     ti = get_current_context()["ti"]
-    conn = db.connect(connection_dsn(postgres_conn_id))
-    try:
-        result = pipeline.build_report(conn, dag_id=ti.dag_id, run_id=ti.run_id)
-    finally:
-        conn.close()
+    result = _on_database(
+        postgres_conn_id,
+        lambda conn: pipeline.build_report(conn, dag_id=ti.dag_id, run_id=ti.run_id),
+        "report",
+    )
     log.info("run report\n%s", pipeline.format_report(result))
     unfinished = {
         stage: entry.get("failed", 0) + entry.get("running", 0) + entry.get("pending", 0)

@@ -178,13 +178,17 @@ class IdempotentStageOperator(BaseOperator):
         if isinstance(self.batch, Mapping) and "index" in self.batch:
             from replayable.pipeline import batch_doc_ids
 
-            conn = db.connect(dsn)
+            index = int(self.batch["index"])
+            # Through a restart, like every later read and write of the batch (ADR 13): a
+            # task that starts while Postgres is down waits for it instead of failing a try.
+            database = db.Database(dsn)
             try:
-                return batch_doc_ids(
-                    conn, dag_id=dag_id, run_id=run_id, batch=int(self.batch["index"])
+                return database.transaction(
+                    lambda conn: batch_doc_ids(conn, dag_id=dag_id, run_id=run_id, batch=index),
+                    describe="read the batch",
                 )
             finally:
-                conn.close()
+                database.close()
         if isinstance(self.batch, str) or not isinstance(self.batch, Sequence):
             raise ValueError(f"batch was not rendered to a batch reference: {self.batch!r:.80}")
         return list(self.batch)
