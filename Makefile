@@ -55,3 +55,10 @@ corpus: install
 
 clean: stop
 	rm -rf $(STATE)
+
+# --- chaos: production faults through a real Airflow (chaos/README.md, ADR 30-32) ---------
+# Every scenario on 300 documents; results in chaos/results/latest.{json,md}.
+.PHONY: chaos
+chaos: install
+	PYTHONPATH=include:tests $(PY) -m chaos
+# --- end chaos -----------------------------------------------------------------------------
