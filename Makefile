@@ -7,8 +7,8 @@ DEVENV := PYTHONPATH=include $(PY) -m replayable.devenv --state $(STATE)
 CONF   ?= {}
 PYTEST_ARGS ?=
 
-.PHONY: install run demo test lint bench bench-smoke airflow start stop status corpus clean \
-        lock lock-check cluster cluster-run cluster-stop redis
+.PHONY: install run demo test lint bench bench-smoke chaos airflow start stop status corpus \
+        clean lock lock-check cluster cluster-run cluster-stop redis
 
 # --- Locked dependencies (tools/lock.py; ADR 0020) -----------------------------------
 # The venv installs exactly requirements-dev.lock: every package pinned with its hashes,
@@ -131,3 +131,10 @@ cluster-run: install
 cluster-stop:
 	@test ! -x $(PY) || $(DEVENV) cluster-stop
 # --- end of local Celery cluster ------------------------------------------------------
+
+# --- chaos: production faults through a real Airflow (chaos/README.md, ADR 30-32) ---------
+# Every scenario on 300 documents; results in chaos/results/latest.{json,md}.
+.PHONY: chaos
+chaos: install
+	PYTHONPATH=include:tests $(PY) -m chaos
+# --- end chaos -----------------------------------------------------------------------------

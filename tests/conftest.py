@@ -28,11 +28,30 @@ from replayable.provider.server import LocalModelServer
 
 # Airflow reads its home when first imported: keep the tests' own Airflow out of ~/airflow.
 os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="replayable-airflow-"))
-# Every process this session starts inherits the mark, so that the check for survivors
-# below never takes a process of another test session on the same machine for ours.
-SESSION_MARK = "REPLAYABLE_TEST_SESSION"
-os.environ[SESSION_MARK] = uuid.uuid4().hex
 os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
+# Every process this session starts inherits the mark, so that the leftover check can tell
+# this session's orphans from those of other sessions running on the same machine.
+SESSION_ENV = "REPLAYABLE_TEST_SESSION"
+os.environ[SESSION_ENV] = uuid.uuid4().hex
+SERVICE_WORDS = ("airflow", "replayable", "postgres", "celery", "redis", "uvicorn", "gunicorn")
+
+
+def adopt_orphans(adopt: bool = True) -> None:
+    """Make this process the subreaper of what it starts (Linux): daemons stay its children.
+
+    A server that detaches (`pg_ctl start`, a killed parent's children) is re-parented to
+    this process instead of init, so it is never an orphan that another session's leftover
+    check, on the same machine, could mistake for its own and stop mid-run.
+    """
+    if sys.platform != "linux":
+        return
+    import ctypes
+
+    pr_set_child_subreaper = 36
+    ctypes.CDLL(None).prctl(pr_set_child_subreaper, int(adopt), 0, 0, 0)
+
+
+adopt_orphans()
 
 ROOT = Path(__file__).resolve().parents[1]
 TABLES = (
@@ -57,8 +76,33 @@ TABLES = (
 )
 
 
+def session_orphans(started: float) -> list[Any]:
+    """This session's orphans: processes of the project's services re-parented to init.
+
+    A parent that was killed leaves its children behind, re-parented to init; those started
+    since ``started`` whose environment carries this session's mark are this session's.
+    Other sessions' orphans (other test runs, `make airflow`) are not, whatever they run.
+    """
+    import psutil
+
+    marker = os.environ[SESSION_ENV]
+    found = []
+    for proc in psutil.process_iter(["ppid", "create_time", "cmdline"]):
+        info = proc.info
+        if (
+            info["ppid"] != 1
+            or (info["create_time"] or 0) < started
+            or not any(w in " ".join(info["cmdline"] or []) for w in SERVICE_WORDS)
+        ):
+            continue
+        with contextlib.suppress(psutil.Error):
+            if proc.environ().get(SESSION_ENV) == marker:
+                found.append(proc)
+    return found
+
+
 @pytest.fixture(scope="session", autouse=True)
-def nothing_left_running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+def nothing_left_running() -> Iterator[None]:
     """After the whole session, no process started by a test may still be running.
 
     Set up first, so torn down last: every fixture that starts a server has stopped it by
@@ -68,31 +112,11 @@ def nothing_left_running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[N
 
     me = psutil.Process()
     started = time.time()
-    # What marks a process as this session's: its command line or environment names the
-    # session's temporary folder (Postgres's data directory, Airflow's home, a state dir).
-    mark = str(tmp_path_factory.getbasetemp())
-
-    def session_orphan(proc: psutil.Process) -> bool:
-        info = proc.info
-        if info["ppid"] != 1 or (info["create_time"] or 0) < started:
-            return False
-        if mark in " ".join(info["cmdline"] or []):
-            return True
-        try:
-            environ = proc.environ()
-        except psutil.Error:
-            return False
-        return environ.get(SESSION_MARK) == os.environ[SESSION_MARK] or any(
-            mark in value for value in environ.values()
-        )
 
     def ours_left() -> list[psutil.Process]:
-        # Our descendants, and orphans of this session (re-parented to init when a parent
-        # that was killed left them behind).
         found = {p.pid: p for p in me.children(recursive=True)}
-        for proc in psutil.process_iter(["ppid", "create_time", "cmdline"]):
-            if session_orphan(proc):
-                found.setdefault(proc.pid, proc)
+        for proc in session_orphans(started):
+            found.setdefault(proc.pid, proc)
         alive = []
         for proc in found.values():
             try:

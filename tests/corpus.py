@@ -214,15 +214,20 @@ def write_pdf(path: Path, paragraphs: Sequence[str], *, title: str = "") -> Path
     built-in Helvetica font and raise an fpdf2 error.
     """
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(pdf_bytes(paragraphs, title=title))
+    return path
+
+
+def pdf_bytes(paragraphs: Sequence[str], *, title: str = "") -> bytes:
+    """Return the bytes :func:`write_pdf` writes."""
     pdf = _new_pdf(title=title)
     pdf.add_page()
     if title:
         _heading(pdf, title, size=16)
     for paragraph in paragraphs:
         _body(pdf, paragraph)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(bytes(pdf.output()))
-    return path
+    return bytes(pdf.output())
 
 
 def _sample_bytes(index: int, seed: int) -> tuple[str, bytes]:
@@ -295,6 +300,51 @@ def write_sample_corpus(out_dir: Path, n: int = DEFAULT_N, seed: int = DEFAULT_S
     for stale in out_dir.glob("doc-*.pdf"):
         if stale.name not in keep:
             stale.unlink()
+    return paths
+
+
+def _preamble(seed: int) -> list[str]:
+    """Return the preamble that every fourth small document opens with, verbatim."""
+    rng = random.Random(f"preamble-{seed}")
+    return [_paragraph(rng, 6) for _ in range(2)]
+
+
+def small_pdf_bytes(index: int, seed: int = DEFAULT_SEED) -> tuple[str, bytes]:
+    """Return the file name and bytes of small document ``index``: one page, quick to extract.
+
+    About 1.5-3 KB of text, so a few chunks each. Every fourth document opens with the same
+    preamble, longer than one default chunk (800 characters), so those documents share
+    their first chunk; the rest of each one is its own.
+    """
+    rng = random.Random(f"small-{seed}-{index}")
+    title = _title(rng)
+    pdf = _new_pdf(title=title)
+    pdf.add_page()
+    if index % 4 == 0:
+        for paragraph in _preamble(seed):
+            _body(pdf, paragraph)
+    _heading(pdf, f"{title} {index}", size=15)
+    for _ in range(3):
+        _body(pdf, _paragraph(rng, rng.randint(4, 7)))
+    return f"small-{index:04d}-{_slug(title)}.pdf", bytes(pdf.output())
+
+
+def write_small_corpus(
+    out_dir: Path, n: int, *, seed: int = DEFAULT_SEED, first: int = 1
+) -> list[Path]:
+    """Write small documents ``first`` to ``first + n - 1`` into ``out_dir``; return the paths.
+
+    For runs of hundreds of documents where extraction must stay cheap (see
+    :func:`small_pdf_bytes`); byte-identical for the same indexes and seed.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for index in range(first, first + n):
+        name, data = small_pdf_bytes(index, seed)
+        path = out_dir / name
+        path.write_bytes(data)
+        paths.append(path)
     return paths
 
 

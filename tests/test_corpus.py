@@ -194,3 +194,18 @@ def test_small_memory_bomb_variant_amplifies_each_letter() -> None:
     (text,) = extract_pages(data)
     assert len(data) < 2_000
     assert len(text.replace("\n", "")) == 2 * 10 * 255
+
+
+def test_small_documents_are_one_page_and_every_fourth_shares_its_first_chunk(
+    tmp_path: Path,
+) -> None:
+    """The small corpus is cheap to extract and gives shared chunks something to share."""
+    from replayable.stages.chunk import ChunkConfig, chunk_text
+
+    paths = corpus.write_small_corpus(tmp_path, 8)
+    assert digests(corpus.write_small_corpus(tmp_path / "again", 8)) == digests(paths)
+    texts = [extract_pages(p.read_bytes()) for p in paths]
+    assert all(len(pages) == 1 and len(pages[0]) > 1000 for pages in texts)
+    first = [chunk_text(pages[0], ChunkConfig())[0].chunk_id for pages in texts]
+    assert first[3] == first[7]  # documents 4 and 8
+    assert len(set(first)) == 7

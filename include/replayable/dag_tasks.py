@@ -7,7 +7,8 @@ documents and batches live in the ``run_docs`` table.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from airflow.configuration import conf
 from airflow.sdk import get_current_context
@@ -18,6 +19,22 @@ from replayable.operators import connection_dsn, model_choice, triggered_by
 from replayable.settings import PipelineSettings
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+def _on_database(conn_id: str, fn: Callable[[db.Connection], T], describe: str) -> T:
+    """Run ``fn`` on the replayable database and commit, waiting out a restart (ADR 13).
+
+    A task that starts while Postgres restarts waits for it instead of failing a try; ``fn``
+    may run again after a lost connection, which each of these steps allows, as a task
+    retry would.
+    """
+    database = db.Database(connection_dsn(conn_id))
+    try:
+        return database.transaction(fn, describe=describe)
+    finally:
+        database.close()
 
 
 def plan(
@@ -42,8 +59,10 @@ def plan(
         model, dimensions = choice.model, choice.dimensions
     else:
         model, dimensions = settings.model or "", settings.dimensions
-    conn = db.connect(connection_dsn(postgres_conn_id))
-    try:
+    hashes = spec_hashes(settings.chunk_config, model, dimensions)
+    max_map_length = conf.getint("core", "max_map_length", fallback=1024)
+
+    def record_and_plan(conn: db.Connection) -> tuple[int, list[dict[str, Any]]]:
         db.migrate(conn)
         documents = _record_documents(conn, settings, context)
         batches = pipeline.plan_batches(
@@ -51,11 +70,12 @@ def plan(
             settings,
             dag_id=ti.dag_id,
             run_id=ti.run_id,
-            spec_hashes=spec_hashes(settings.chunk_config, model, dimensions),
-            max_map_length=conf.getint("core", "max_map_length", fallback=1024),
+            spec_hashes=hashes,
+            max_map_length=max_map_length,
         )
-    finally:
-        conn.close()
+        return documents, batches
+
+    documents, batches = _on_database(postgres_conn_id, record_and_plan, "plan")
     to_do = sum(batch["size"] for batch in batches)
     log.info("%d documents, %d with work left, in %d batches", documents, to_do, len(batches))
     return batches
@@ -90,11 +110,11 @@ def _record_documents(conn: db.Connection, settings: PipelineSettings, context: 
 def report(postgres_conn_id: str = "replayable_db") -> dict[str, Any]:
     """Log the run's counts per stage and status; fail the run if any item is left to do."""
     ti = get_current_context()["ti"]
-    conn = db.connect(connection_dsn(postgres_conn_id))
-    try:
-        result = pipeline.build_report(conn, dag_id=ti.dag_id, run_id=ti.run_id)
-    finally:
-        conn.close()
+    result = _on_database(
+        postgres_conn_id,
+        lambda conn: pipeline.build_report(conn, dag_id=ti.dag_id, run_id=ti.run_id),
+        "report",
+    )
     log.info("run report\n%s", pipeline.format_report(result))
     unfinished = {
         stage: entry.get("failed", 0) + entry.get("running", 0) + entry.get("pending", 0)

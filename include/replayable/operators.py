@@ -28,6 +28,10 @@ from replayable.settings import (
     PipelineSettings,
 )
 
+# Added to the longest healthy call before a request's transaction counts as abandoned, for a
+# worker that is only slow (short of CPU, pausing for garbage collection).
+CALL_SLACK_S = 30.0
+
 
 class BatchIncompleteError(Exception):
     """Some items of the batch failed retryably and are under their attempt cap."""
@@ -199,13 +203,17 @@ class IdempotentStageOperator(BaseOperator):
         if isinstance(self.batch, Mapping) and "index" in self.batch:
             from replayable.pipeline import batch_doc_ids
 
-            conn = db.connect(dsn)
+            index = int(self.batch["index"])
+            # Through a restart, like every later read and write of the batch (ADR 13): a
+            # task that starts while Postgres is down waits for it instead of failing a try.
+            database = db.Database(dsn)
             try:
-                return batch_doc_ids(
-                    conn, dag_id=dag_id, run_id=run_id, batch=int(self.batch["index"])
+                return database.transaction(
+                    lambda conn: batch_doc_ids(conn, dag_id=dag_id, run_id=run_id, batch=index),
+                    describe="read the batch",
                 )
             finally:
-                conn.close()
+                database.close()
         if isinstance(self.batch, str) or not isinstance(self.batch, Sequence):
             raise ValueError(f"batch was not rendered to a batch reference: {self.batch!r:.80}")
         return list(self.batch)
@@ -276,11 +284,12 @@ class IdempotentStageOperator(BaseOperator):
             return ChunkSpec(config=settings.chunk_config, connect=connect)
         hook = EmbeddingsHook(self.model_conn_id)
         choice = model_choice(settings, hook)
+        retry = CallRetry()
         client = hook.get_client(
             model=choice.model,
             dimensions=choice.dimensions,
             max_in_flight=choice.max_in_flight,
-            retry=CallRetry(),
+            retry=retry,
         )
         stack.callback(client.close)
         budget = RequestBudget(
@@ -300,6 +309,8 @@ class IdempotentStageOperator(BaseOperator):
             dimensions=choice.dimensions,
             inputs_per_call=settings.embed_inputs_per_call,
             max_in_flight=choice.max_in_flight,
+            # A call ends by then: its retries and waits, then one last request.
+            max_call_s=retry.max_total_s + choice.provider.timeout_s + CALL_SLACK_S,
         )
 
     def _outcome(

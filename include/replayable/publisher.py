@@ -92,9 +92,7 @@ class PublishEventsOperator(BaseOperator):
         try:
             BaseHook.get_connection(conn_id)
         except AirflowNotFoundException:
-            self.log.warning(
-                "no connection %r: events are published as asset events only", conn_id
-            )
+            self.log.warning("no connection %r: events are published as asset events only", conn_id)
             return False
         return True
 

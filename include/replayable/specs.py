@@ -270,6 +270,11 @@ class EmbedSpec:
     wait_for_peer_s: float = 300.0
     peer_poll_s: float = 0.5
     systemic_after: int = 5
+    # How long a request's transaction may sit idle (in the provider call, retries and waits
+    # included) before Postgres ends its session; None: no limit. Set it above the longest
+    # healthy call, so that only a worker frozen or gone mid-request (SIGSTOP, a host that
+    # died without closing its socket) loses its chunk locks and budget slot to its peers.
+    max_call_s: float | None = None
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -327,9 +332,13 @@ class _EmbedBatch:
         self._answered: dict[str, tuple[embed.EmbeddingResult, list[embed.CallRecord]]] = {}
 
     def run(self) -> None:
+        # One pool for every round: each thread keeps its one connection while the batch
+        # waits round after round for chunks a peer holds.
+        self._threads = ThreadPoolExecutor(self.spec.max_in_flight, thread_name_prefix="embed")
         try:
             self._run()
         finally:
+            self._threads.shutdown()
             for database in self._databases:
                 database.close()
         for item in self.items:
@@ -384,11 +393,10 @@ class _EmbedBatch:
                 if probe.error is not None:
                     solo += self._failed(probe)
             first_round = False
-            with ThreadPoolExecutor(spec.max_in_flight, thread_name_prefix="embed") as threads:
-                for request in threads.map(self._send, [] if self.io.stopping else requests):
-                    busy += request.busy
-                    if request.error is not None:
-                        solo += self._failed(request)
+            for request in self._threads.map(self._send, [] if self.io.stopping else requests):
+                busy += request.busy
+                if request.error is not None:
+                    solo += self._failed(request)
             pending = self._still_missing(busy)
             if pending and time.monotonic() > deadline:
                 error = ItemError(
@@ -495,6 +503,9 @@ class _EmbedBatch:
         key = _request_key(spec, request.chunk_ids)
         answered = self._answered.get(key)
         if answered is None:
+            if spec.max_call_s is not None:
+                ms = str(round(spec.max_call_s * 1000))
+                fetch_all(conn, "limit_idle_transaction", {"ms": ms})
             locked = {
                 row["chunk_id"]
                 for row in fetch_all(

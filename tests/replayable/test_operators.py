@@ -1,15 +1,22 @@
+from contextlib import ExitStack
 from datetime import timedelta
+from unittest import mock
 
+import psycopg2
 import pytest
 from airflow.sdk.definitions.retry_policy import RetryAction
 
+from replayable import db, operators, pipeline
 from replayable.operators import (
     BatchIncompleteError,
     BatchRetryPolicy,
     IdempotentStageOperator,
+    ModelChoice,
     SystemicFailureError,
 )
-from replayable.retry import Classified, ErrorKind
+from replayable.provider.config import ModelSettings
+from replayable.retry import CallRetry, Classified, ErrorKind
+from replayable.settings import PipelineSettings
 
 POLICY = BatchRetryPolicy()
 
@@ -102,3 +109,37 @@ def test_a_batch_emits_airflow_metrics_tagged_with_its_stage(monkeypatch):
 def test_a_batch_past_its_deadline_is_retried_not_failed():
     error = Classified("deadline", ErrorKind.SYSTEMIC, "past this run's deadline")
     assert decide(SystemicFailureError(error)).action is RetryAction.DEFAULT
+
+
+def test_a_request_may_hold_its_chunks_for_as_long_as_a_healthy_call_lasts(monkeypatch):
+    """The embed stage's bound on idle request transactions covers every retry and wait of a
+    call plus its last request, with slack: only an abandoned request loses its locks."""
+    provider = ModelSettings("http://127.0.0.1:9/v1", timeout_s=7)
+    monkeypatch.setattr(
+        operators, "model_choice", lambda settings, conn_id: ModelChoice(provider, "m", None, 2)
+    )
+    op = IdempotentStageOperator(task_id="x", stage="embed", batch={"doc_ids": ["a"]})
+    with ExitStack() as stack:
+        spec = op._spec(PipelineSettings(), stack, lambda: None, 1, "run")
+    assert spec.max_call_s == CallRetry().max_total_s + 7 + operators.CALL_SLACK_S
+
+
+def flaky_connect(failures: int):
+    """``db.connect`` while Postgres restarts: refused ``failures`` times, then a connection."""
+    calls = {"n": 0}
+
+    def connect(dsn, *, autocommit=False):
+        calls["n"] += 1
+        if calls["n"] <= failures:
+            raise psycopg2.OperationalError("connection refused: the server is restarting")
+        return mock.MagicMock(closed=0, autocommit=autocommit)
+
+    return connect
+
+
+def test_a_batch_that_starts_during_a_database_restart_waits_for_it(monkeypatch):
+    """Reading the batch's documents rides out a restart instead of failing the task's try."""
+    monkeypatch.setattr(db, "connect", flaky_connect(2))
+    monkeypatch.setattr(pipeline, "batch_doc_ids", lambda conn, **where: ["a", "b"])
+    op = IdempotentStageOperator(task_id="x", stage="chunk", batch={"index": 0})
+    assert op.doc_ids("dsn", "d", "r") == ["a", "b"]

@@ -42,6 +42,14 @@ def seed_documents(conn, n: int, *, shared: str = "", tag: str = "doc") -> list[
     return sorted(ids)
 
 
+def rows(conn, sql: str, *params) -> list[tuple]:
+    with conn.cursor() as cur:
+        cur.execute(sql, params)
+        found = cur.fetchall()
+    conn.commit()
+    return list(found)
+
+
 def count(conn, sql: str, *params) -> int:
     with conn.cursor() as cur:
         cur.execute(sql, params)
@@ -317,6 +325,113 @@ def test_two_workers_on_one_batch_pay_for_each_chunk_once(conn, dsn, model, chun
     assert sum(processed for _, _, processed, _, _ in results) == len(chunked)
     paid_once(model, conn)
     assert all(n == 1 for n in model.stats()["idempotency_keys"].values())
+
+
+def _backends(dsn) -> int:
+    with db.connect(dsn, autocommit=True) as probe, probe.cursor() as cur:
+        cur.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'replayable'"
+            " AND datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        n = int(cur.fetchone()[0])
+    probe.close()
+    return n
+
+
+def test_waiting_round_after_round_for_a_peers_chunk_opens_no_new_connections(conn, dsn, model):
+    """A batch that waits for a chunk a peer holds keeps one connection per request thread,
+    however many rounds it waits (it used to open new ones every round, until Postgres ran
+    out of connections for everyone)."""
+    docs = seed_documents(conn, 2, shared=BOILERPLATE, tag="w")
+    run(ChunkSpec(config=CHUNKS, connect=connect_to(dsn)), dsn, docs)
+    (shared, *_) = [
+        chunk_id
+        for (chunk_id,) in rows(
+            conn,
+            "SELECT chunk_id FROM replayable.doc_chunks GROUP BY chunk_id"
+            " HAVING count(DISTINCT doc_id) > 1",
+        )
+    ]
+    peer = db.connect(dsn)  # a peer in the middle of a request that holds the shared chunk
+    with peer.cursor() as cur:
+        cur.execute(
+            "SELECT pg_advisory_xact_lock(hashtextextended(%s || '/' || %s, 0))", (shared, "m")
+        )
+    before = _backends(dsn)
+    peak = [before]
+    waiting = threading.Event()
+
+    def watch():
+        while not waiting.wait(0.05):
+            peak[0] = max(peak[0], _backends(dsn))
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        spec = embed_spec(model.base_url, dsn, in_flight=4)
+        spec.wait_for_peer_s = 2
+        spec.peer_poll_s = 0.02
+        result = run(spec, dsn, docs)
+    finally:
+        waiting.set()
+        watcher.join(timeout=10)
+        peer.rollback()
+        peer.close()
+    assert result.errors == {"chunk_busy": 2}
+    # The runner's three (work, control, lease keeper), the batch's own, one per thread.
+    assert peak[0] - before <= 3 + 1 + spec.max_in_flight
+
+
+class _FrozenProvider:
+    """Forwards to a real client, but the first call stops until released: a frozen worker."""
+
+    def __init__(self, client) -> None:
+        self.client = client
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def embed(self, texts, **kwargs):
+        if not self.entered.is_set():
+            self.entered.set()
+            self.release.wait(timeout=120)
+        return self.client.embed(texts, **kwargs)
+
+
+def test_a_frozen_worker_holds_shared_chunks_no_longer_than_its_longest_call(conn, dsn, model):
+    """A worker frozen mid-request (SIGSTOP, a host gone without closing its socket) loses
+    its chunk locks once its transaction has sat idle past ``max_call_s``: a peer that needs
+    the same chunks embeds them instead of waiting for it, then failing ``chunk_busy``."""
+    frozen_docs = seed_documents(conn, 2, shared=BOILERPLATE, tag="f")
+    peer_docs = seed_documents(conn, 2, shared=BOILERPLATE, tag="p")
+    run(ChunkSpec(config=CHUNKS, connect=connect_to(dsn)), dsn, frozen_docs + peer_docs)
+    frozen = embed_spec(model.base_url, dsn, per_call=100)
+    frozen.provider = _FrozenProvider(frozen.provider)
+    frozen.max_call_s = 1.0
+    outcome = {}
+    worker = threading.Thread(
+        target=lambda: outcome.update(result=run(frozen, dsn, frozen_docs, owner="frozen"))
+    )
+    worker.start()
+    try:
+        assert frozen.provider.entered.wait(timeout=30)
+        peer = embed_spec(model.base_url, dsn)
+        peer.wait_for_peer_s = 8
+        started = time.monotonic()
+        result = run(peer, dsn, peer_docs, owner="peer")
+        assert sorted(result.done) == peer_docs, result.errors
+        assert time.monotonic() - started < peer.wait_for_peer_s
+        assert not frozen.provider.release.is_set()  # the peer did not wait for the thaw
+    finally:
+        frozen.provider.release.set()
+        worker.join(timeout=60)
+    # Thawed, the frozen worker stores what it was paid for on a new connection.
+    assert sorted(outcome["result"].done) == frozen_docs
+    missing = count(
+        conn,
+        "SELECT count(*) FROM replayable.chunks c WHERE NOT EXISTS"
+        " (SELECT 1 FROM replayable.embeddings e WHERE e.chunk_id = c.chunk_id)",
+    )
+    assert missing == 0
 
 
 class _SlowSpec:

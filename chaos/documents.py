@@ -1,0 +1,180 @@
+"""The chaos corpora: small clean PDFs and a share of poison, each with the end it must reach.
+
+Clean documents come from ``tests/corpus.py`` (:func:`corpus.small_pdf_bytes`: one page,
+cheap to extract on two cores). Poison files are variants of the hostile files of the poison
+corpus, each with distinct bytes (the same bytes would be one document), plus documents
+whose text makes the local provider answer 400. Every poison file has the stage and error
+class it must be dead-lettered with, so that a run can be checked against them exactly.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import corpus
+
+# The provider answers 400 to any input containing this (a fault set for every scenario).
+PROVIDER_POISON_MARKER = "POISON-400"
+# Poison kinds in the order they are handed out, so that a small corpus still gets a mix.
+POISON_ORDER = (
+    "truncated",
+    "not_pdf",
+    "provider_400",
+    "encrypted",
+    "zero_bytes",
+    "memory_bomb",
+    "slow",
+    "oversize",
+    "truncated",
+    "provider_400",
+    "not_pdf",
+    "encrypted",
+    "truncated",
+    "provider_400",
+    "provider_400",
+)
+# (stage, error class) each kind ends dead with.
+EXPECTED = {
+    "zero_bytes": ("extract", "not_pdf"),
+    "not_pdf": ("extract", "not_pdf"),
+    "truncated": ("extract", "malformed"),
+    "encrypted": ("extract", "encrypted"),
+    "oversize": ("extract", "oversize"),
+    "slow": ("extract", "timeout"),
+    "memory_bomb": ("extract", "memory"),
+    "provider_400": ("embed", "http_400"),
+}
+# Run settings the poison files are made for: oversize exceeds max_bytes, slow exceeds the
+# item timeout, the memory bomb exceeds memory_mb.
+MAX_BYTES = 1_000_000
+OVERSIZE_BYTES = 1_200_000
+
+
+@dataclass(frozen=True)
+class Poison:
+    """One poison file and how it must end."""
+
+    path: Path
+    kind: str
+
+    @property
+    def stage(self) -> str:
+        return EXPECTED[self.kind][0]
+
+    @property
+    def error_class(self) -> str:
+        return EXPECTED[self.kind][1]
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """A folder of documents: clean ones and poison ones."""
+
+    folder: Path
+    clean: tuple[Path, ...]
+    poison: tuple[Poison, ...]
+
+    @property
+    def documents(self) -> int:
+        return len(self.clean) + len(self.poison)
+
+
+def poison_count(documents: int, share: float = 0.05) -> int:
+    """How many of ``documents`` are poison: ``share`` of them, at least one."""
+    return max(1, round(documents * share))
+
+
+def poison_bytes(kind: str, variant: int) -> bytes:
+    """Bytes of poison ``kind``; each ``variant`` differs from every other file's bytes."""
+    if kind == "zero_bytes":
+        if variant:
+            raise ValueError("there is only one empty file")
+        return b""
+    if kind == "not_pdf":
+        return f"plain text {variant}, named .pdf: not a PDF at all\n".encode()
+    if kind == "truncated":
+        _, whole = corpus.small_pdf_bytes(100_000 + variant)
+        return whole[: len(whole) // 2]
+    if kind == "encrypted":
+        return _encrypted(100_100 + variant)
+    if kind == "oversize":
+        return corpus.oversize_pdf_bytes(OVERSIZE_BYTES, text=f"Oversize document {variant}.")
+    if kind == "slow":
+        return corpus.slow_pdf_bytes(pages=40 + variant)
+    if kind == "memory_bomb":
+        return corpus.memory_bomb_pdf_bytes(pages=64 + variant)
+    if kind == "provider_400":
+        text = (
+            f"This report carries {PROVIDER_POISON_MARKER} marker {variant}: the provider "
+            "refuses every request that contains it."
+        )
+        return corpus.pdf_bytes([text], title=f"Refused report {variant}")
+    raise ValueError(f"unknown poison kind {kind!r}")
+
+
+def _encrypted(index: int) -> bytes:
+    from pypdf import PdfReader, PdfWriter
+
+    _, plain = corpus.small_pdf_bytes(index)
+    writer = PdfWriter(clone_from=PdfReader(io.BytesIO(plain)))
+    # RC4 is built into pypdf; AES would need the optional cryptography package.
+    writer.encrypt(user_password="s3cret", owner_password="owner", algorithm="RC4-128")  # noqa: S106
+    out = io.BytesIO()
+    writer.write(out)
+    return out.getvalue()
+
+
+def write_pool(folder: Path, documents: int, *, share: float = 0.05) -> Corpus:
+    """Write ``documents`` files into ``folder``: ``share`` poison among clean ones."""
+    poisoned = poison_count(documents, share)
+    clean = corpus.write_small_corpus(folder, documents - poisoned)
+    return Corpus(folder, tuple(clean), write_poison(folder, poisoned))
+
+
+def write_poison(folder: Path, count: int) -> tuple[Poison, ...]:
+    """Write ``count`` poison files into ``folder``, kinds handed out in POISON_ORDER."""
+    seen: dict[str, int] = {}
+    poison = []
+    for n in range(count):
+        kind = POISON_ORDER[n % len(POISON_ORDER)]
+        if kind == "zero_bytes" and seen.get(kind):
+            kind = "not_pdf"
+        variant = seen.get(kind, 0)
+        seen[kind] = variant + 1
+        path = folder / f"poison-{n:03d}-{kind}.pdf"
+        path.write_bytes(poison_bytes(kind, variant))
+        poison.append(Poison(path, kind))
+    return tuple(poison)
+
+
+def overlapping(folder: Path, documents: int, *, share: float = 0.05) -> tuple[Corpus, Corpus]:
+    """Two corpora of ``documents`` files each that share half their clean files and all poison.
+
+    The files live once in ``folder/pool``; each corpus is a folder of hard links to them, so
+    a shared file is the same document (the same bytes) in both.
+    """
+    poisoned = poison_count(documents, share)
+    per_run = documents - poisoned
+    shared = per_run // 2
+    pool = folder / "pool"
+    clean = corpus.write_small_corpus(pool, 2 * per_run - shared)
+    poison = write_poison(pool, poisoned)
+    first = _linked(folder / "first", clean[:per_run], poison)
+    second = _linked(folder / "second", clean[per_run - shared :], poison)
+    return first, second
+
+
+def _linked(folder: Path, clean: Sequence[Path], poison: Iterable[Poison]) -> Corpus:
+    folder.mkdir(parents=True, exist_ok=True)
+    links = []
+    for path in clean:
+        (folder / path.name).hardlink_to(path)
+        links.append(folder / path.name)
+    poisons = []
+    for item in poison:
+        (folder / item.path.name).hardlink_to(item.path)
+        poisons.append(Poison(folder / item.path.name, item.kind))
+    return Corpus(folder, tuple(links), tuple(poisons))
