@@ -7,7 +7,7 @@ DEVENV := PYTHONPATH=include $(PY) -m replayable.devenv --state $(STATE)
 CONF   ?= {}
 PYTEST_ARGS ?=
 
-.PHONY: install run demo test lint bench bench-smoke chaos airflow start stop status corpus \
+.PHONY: install run demo test test-fast lint bench bench-smoke chaos airflow start stop status corpus \
         clean lock lock-check cluster cluster-run cluster-stop redis
 
 # --- Locked dependencies (tools/lock.py; ADR 0020) -----------------------------------
@@ -138,3 +138,18 @@ cluster-stop:
 chaos: install
 	PYTHONPATH=include:tests $(PY) -m chaos
 # --- end chaos -----------------------------------------------------------------------------
+
+# --- real-world PDFs: the producers tests/realworld.py drives (LibreOffice, Ghostscript, groff,
+# LaTeX), installed from Debian's packages when missing; without them those tests skip, saying
+# so. ------------------------------------------------------------------------------------------
+.PHONY: realworld-tools test-fast
+realworld-tools:
+	@tests/install-realworld-tools.sh >/dev/null || echo "make realworld-tools: the PDF producers could not be installed; the real-world tests will skip"
+
+test: realworld-tools
+
+# The inner loop: the tests that need neither Postgres, Airflow nor the PDF producers (under a
+# minute). Tiers, by marker: db (a real Postgres), e2e (DAGs through Airflow), realworld, chaos,
+# cluster, bench; `make test` runs them all.
+test-fast: install
+	$(PY) -m pytest -m "not db and not e2e and not realworld and not chaos and not cluster and not bench" $(PYTEST_ARGS)

@@ -101,6 +101,17 @@ def session_orphans(started: float) -> list[Any]:
     return found
 
 
+# Fixtures that reach a real Postgres: a test using one is in the `db` tier.
+_DB_FIXTURES = frozenset({"conn", "dsn", "services", "database", "airflow_env", "run_dag"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test that uses the real Postgres `db`, so tiers select by marker."""
+    for item in items:
+        if _DB_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.db)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def nothing_left_running() -> Iterator[None]:
     """After the whole session, no process started by a test may still be running.

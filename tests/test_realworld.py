@@ -12,6 +12,8 @@ import realworld
 from replayable.retry import ErrorKind, ItemError
 from replayable.stages.extract import extract_file
 
+pytestmark = pytest.mark.realworld
+
 # The session fixture realworld_corpus: the corpus is built once for all modules using it.
 pytest_plugins = ["realworld_fixture"]
 

@@ -1,3 +1,4 @@
+import json
 from contextlib import ExitStack
 from datetime import timedelta
 from unittest import mock
@@ -11,10 +12,8 @@ from replayable.operators import (
     BatchIncompleteError,
     BatchRetryPolicy,
     IdempotentStageOperator,
-    ModelChoice,
     SystemicFailureError,
 )
-from replayable.provider.config import ModelSettings
 from replayable.retry import CallRetry, Classified, ErrorKind
 from replayable.settings import PipelineSettings
 
@@ -114,10 +113,8 @@ def test_a_batch_past_its_deadline_is_retried_not_failed():
 def test_a_request_may_hold_its_chunks_for_as_long_as_a_healthy_call_lasts(monkeypatch):
     """The embed stage's bound on idle request transactions covers every retry and wait of a
     call plus its last request, with slack: only an abandoned request loses its locks."""
-    provider = ModelSettings("http://127.0.0.1:9/v1", timeout_s=7)
-    monkeypatch.setattr(
-        operators, "model_choice", lambda settings, conn_id: ModelChoice(provider, "m", None, 2)
-    )
+    connection = {"conn_type": "http", "host": "http://127.0.0.1:9/v1", "extra": {"timeout_s": 7}}
+    monkeypatch.setenv("AIRFLOW_CONN_REPLAYABLE_MODEL", json.dumps(connection))
     op = IdempotentStageOperator(task_id="x", stage="embed", batch={"doc_ids": ["a"]})
     with ExitStack() as stack:
         spec = op._spec(PipelineSettings(), stack, lambda: None, 1, "run")
