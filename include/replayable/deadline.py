@@ -37,6 +37,8 @@ class DeadlineSpec:
         self.spec = spec
         self.name = spec.name
         self.code_version = spec.code_version
+        # Whether finishing here announces documents as ready (ADR 0040): the wrapped stage's.
+        self.last_stage = bool(getattr(spec, "last_stage", False))
         self.seconds = seconds
         self._ends = time.monotonic() + seconds
 

@@ -62,3 +62,16 @@ def test_a_batch_within_its_deadline_is_untouched(conn, dsn):
 def test_a_deadline_must_be_positive():
     with pytest.raises(ValueError, match="seconds"):
         DeadlineSpec(_OneSecondEach(), 0)
+
+
+def test_the_deadline_keeps_the_wrapped_stage_announcing_ready_documents():
+    """A stage's last_stage flag survives the wrapper, or no document.ready would be written."""
+    from replayable.runner import ready_versions
+
+    class Last:
+        name, code_version, last_stage = "embed", "1", True
+
+        def lineage(self):
+            return {}
+
+    assert ready_versions(DeadlineSpec(Last(), 60)) == {"stage": "embed", "code_version": "1"}
