@@ -16,9 +16,14 @@ PYTEST_ARGS ?=
 # re-synced only when a lock changed since the last install. To add a package: put it,
 # pinned, in requirements.txt (runtime, goes into the image) or requirements-dev.txt (tools
 # and tests), run `make lock`, then `make install`, and commit the inputs and both locks.
-$(VENV)/.installed: requirements.lock requirements-dev.lock
+# Then the project itself is installed editable (ADR 0063), which puts `replayable` on the
+# venv's PATH and registers its Airflow provider: no dependencies (the lock has them), no
+# build isolation (the locked setuptools builds it; nothing is fetched); include/ stays the
+# code that runs.
+$(VENV)/.installed: requirements.lock requirements-dev.lock pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --require-hashes --no-deps -r requirements-dev.lock
+	$(PY) -m pip install --quiet --no-deps --no-build-isolation --editable .
 	$(PY) -m pip check
 	touch $@
 
@@ -29,7 +34,8 @@ install: $(VENV)/.installed
 lock: install
 	$(PY) tools/lock.py lock $(if $(UPGRADE),--upgrade)
 
-# pip freeze of the venv must equal the dev lock, package for package.
+# pip freeze of the venv must equal the dev lock, package for package (the project's own
+# editable install aside).
 lock-check: install
 	$(PY) tools/lock.py check --python $(PY)
 # --- end of locked dependencies ---------------------------------------------------------

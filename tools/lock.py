@@ -23,7 +23,9 @@ Airflow provider is limited to the versions that were on PyPI at ``RELEASE_CUTOF
 lock's header says which of the two was used.
 
 ``python tools/lock.py check --python .venv/bin/python`` compares ``pip freeze`` of an
-environment with the dev lock (``make lock-check``).
+environment with the dev lock (``make lock-check``). It lists every package, setuptools
+included (the lock pins it: it builds the project's editable install), except pip itself,
+which comes with the venv, and the project, which ``make install`` installs from its source.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import tomllib
 import urllib.request
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -154,14 +157,21 @@ def lock(upgrade: bool) -> None:
         print(f"lock: wrote {name} ({len(pins(path))} packages)")
 
 
+def project_name() -> str:
+    """The project's own distribution name (pyproject.toml)."""
+    return str(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["name"])
+
+
 def check(python: str, lock_file: Path) -> int:
     """Compare ``pip freeze`` of ``python``'s environment with ``lock_file``; 0 when equal."""
+    # --all: on Python < 3.12 pip freeze hides setuptools, which the lock pins.
     frozen = subprocess.run(
-        [python, "-m", "pip", "freeze", "--disable-pip-version-check"],
+        [python, "-m", "pip", "freeze", "--all", "--disable-pip-version-check",
+         "--exclude", "pip", "--exclude", project_name()],
         capture_output=True,
         text=True,
         check=True,
-    ).stdout
+    ).stdout  # fmt: skip
     installed = {
         normalize(name): version
         for name, version in (line.split("==", 1) for line in frozen.splitlines() if "==" in line)

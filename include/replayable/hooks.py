@@ -12,7 +12,7 @@ hook for a client. The connection holds:
   provider's budget of concurrent requests, shared by every task and worker).
 
 The connection type ``replayable_embeddings`` and its form fields are declared in
-:func:`replayable.get_provider_info.get_provider_info`, the way Airflow 3.2+ wants them;
+:mod:`replayable.get_provider_info`, the way Airflow 3.2+ wants them;
 a connection of any other type (``http`` in the dev environment) works all the same.
 """
 
@@ -23,6 +23,12 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseHook
 
+from replayable.get_provider_info import (
+    CONN_TYPE,
+    CONNECTION_FIELDS,
+    HOOK_NAME,
+    UI_FIELD_BEHAVIOUR,
+)
 from replayable.provider.config import ModelSettings, settings_from_fields
 from replayable.settings import DEFAULT_MAX_IN_FLIGHT, DEFAULT_MODEL
 
@@ -31,38 +37,6 @@ if TYPE_CHECKING:
     from replayable.stages.embed import HttpEmbeddingClient
 
 __all__ = ["CONNECTION_FIELDS", "UI_FIELD_BEHAVIOUR", "EmbeddingsHook"]
-
-# Airflow's declarative connection form (provider info "conn-fields"): stored in extra.
-CONNECTION_FIELDS: dict[str, dict[str, Any]] = {
-    "model": {
-        "label": "Model",
-        "description": "Embedding model sent with each request, unless a run's params name one.",
-        "schema": {"type": ["string", "null"]},
-    },
-    "dimensions": {
-        "label": "Dimensions",
-        "description": "Output size, for models that accept one; empty for the model's own.",
-        "schema": {"type": ["integer", "null"], "minimum": 1},
-    },
-    "timeout_s": {
-        "label": "Timeout (seconds)",
-        "description": "Deadline of one request, from sending to the last byte.",
-        "schema": {"type": ["number", "null"], "exclusiveMinimum": 0},
-    },
-    "max_in_flight": {
-        "label": "Max requests in flight",
-        "description": "The provider's budget of concurrent requests, shared by every worker.",
-        "schema": {"type": ["integer", "null"], "minimum": 1},
-    },
-}
-UI_FIELD_BEHAVIOUR: dict[str, Any] = {
-    "hidden-fields": ["login", "schema", "port"],
-    "relabeling": {"host": "API root URL", "password": "API key"},
-    "placeholders": {
-        "host": "https://api.openai.com/v1 (the root that /embeddings is under)",
-        "password": "sk-… (sent as a bearer token; leave empty for a local server)",
-    },
-}
 
 
 class EmbeddingsHook(BaseHook):
@@ -73,8 +47,8 @@ class EmbeddingsHook(BaseHook):
 
     conn_name_attr = "embeddings_conn_id"
     default_conn_name = "replayable_model"
-    conn_type = "replayable_embeddings"
-    hook_name = "Replayable embeddings (OpenAI-compatible)"
+    conn_type = CONN_TYPE
+    hook_name = HOOK_NAME
 
     def __init__(self, embeddings_conn_id: str = default_conn_name, **kwargs: Any) -> None:
         super().__init__(**kwargs)
