@@ -1,10 +1,15 @@
-"""Terminal view of the ledger: ``python -m replayable status|failed|dead-letters|rerun``.
+"""The ``replayable`` command: ``replayable status|failed|dead-letters|rerun|redrive``.
 
-Every command reads the replayable database through a read-only session and the
-``cli_*`` queries in ``sql/queries``; ``rerun`` only prints the DAG-run conf (and the
-commands that trigger it), so nothing here changes state. ``--json`` prints JSON for
-scripts instead of tables. Exit codes: 0 ok, 1 ``status --watch`` timed out with work
-left, 2 usage or connection problems.
+Installed as a console script by ``make install`` (``pip install -e .``; ADR 0063), and
+also ``python -m replayable`` where ``include/`` is on PYTHONPATH. Every command reads the
+replayable database through a read-only session and the ``cli_*`` queries in
+``sql/queries``; ``rerun`` and ``redrive`` print the DAG-run conf, what it matches now and
+the commands that trigger it. Only ``redrive --trigger`` changes anything, and only through
+Airflow: it triggers ``document_pipeline`` with Airflow's REST API, as the Airflow user
+whose token or login it is given (ADR 0064). ``--json`` prints JSON for scripts instead of
+tables. Exit codes: 0 ok; 1 ``status --watch`` timed out with the run unfinished, or
+``redrive --trigger`` found no open letter to redrive; 2 usage or connection problems, or
+Airflow refused.
 
 Text from the ledger (file names, errors, owners, notes, run ids) comes from documents and
 the people and runs that handled them: tables show it through :func:`replayable.terminal.
@@ -15,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import getpass
 import json
 import os
 import re
@@ -26,6 +32,7 @@ from datetime import datetime
 from typing import Any
 from urllib.parse import urlparse
 
+import httpx
 import psycopg2
 import psycopg2.errors
 from rich.console import Console, Group, RenderableType
@@ -35,12 +42,19 @@ from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
-from replayable import db, devenv
+from replayable import airflow_http, db, devenv
 from replayable.pipeline import rerun_params
 from replayable.settings import STAGES
 from replayable.terminal import for_terminal
 
 ENV_DSN = "REPLAYABLE_DATABASE_URL"
+# Where `redrive --trigger` reaches Airflow, and as whom (ADR 0064). No password flag: a
+# command line is visible to every user of the machine and stays in shell history.
+ENV_AIRFLOW_URL = "AIRFLOW_URL"
+ENV_AIRFLOW_TOKEN = "AIRFLOW_TOKEN"  # noqa: S105 - the variable's name, not a token
+ENV_AIRFLOW_USERNAME = "AIRFLOW_USERNAME"
+ENV_AIRFLOW_PASSWORD = "AIRFLOW_PASSWORD"  # noqa: S105 - the variable's name
+DEFAULT_AIRFLOW_URL = "http://127.0.0.1:8080"  # `make airflow`
 # What a re-run selects (count_rerun_docs shows the same filters without recording a run).
 RERUN_QUERY = "select_rerun_docs"
 RERUN_COUNT = "count_rerun_docs"
@@ -86,6 +100,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except psycopg2.OperationalError as err:
         _error(f"replayable: lost the database: {_redact(str(err), dsn)}")
         return 2
+    except airflow_http.AirflowRefusedError as err:
+        _error(f"replayable: Airflow refused: {err.status} {err.detail}")
+        return 2
     except KeyboardInterrupt:
         return 130
 
@@ -107,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="print JSON for scripts instead of tables",
     )
     parser = argparse.ArgumentParser(
-        prog="python -m replayable",
+        prog="replayable",
         description="Look at Replayable's ledger: progress, failures, dead letters, re-runs.",
         parents=[common],
     )
@@ -127,7 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--watch",
         metavar="SECONDS",
         type=_positive(float),
-        help="re-render every SECONDS until items exist and none is pending or running",
+        help="re-render every SECONDS until the run has ended (its report is written); "
+        "without --run, follows the newest run",
     )
     status.add_argument(
         "--timeout",
@@ -173,7 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
         "documents the ledger matches, the query it implies, how many documents match now,\n"
         "and the commands that trigger it. Nothing is triggered.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="example:\n  python -m replayable rerun --stage embed --status failed "
+        epilog="example:\n  replayable rerun --stage embed --status failed "
         "--error-class http_429 --code-version-lt 1.3",
     )
     rerun.add_argument(
@@ -213,6 +231,60 @@ def build_parser() -> argparse.ArgumentParser:
         help="document ids, or unique prefixes of at least 6 characters",
     )
     rerun.set_defaults(handler=_cmd_rerun)
+
+    redrive = sub.add_parser(
+        "redrive",
+        parents=[common],
+        help="redrive open dead letters: print the conf and what it matches; --trigger runs it",
+        description="Print the DAG-run conf that redrives STAGE's open dead letters (the\n"
+        "ones given by --id, or every one matching the filters), how many letters and\n"
+        "documents it matches now, and the commands that trigger it. With --trigger, start\n"
+        "that run of document_pipeline through Airflow's REST API as an Airflow user:\n"
+        f"--username (${ENV_AIRFLOW_USERNAME}) with the password in ${ENV_AIRFLOW_PASSWORD}\n"
+        f"(asked for at a terminal), or else the one whose JWT is in ${ENV_AIRFLOW_TOKEN}.\n"
+        "It prints the new run's id and its link in Airflow's UI.\n"
+        "A filtered redrive ends when the letters are counted (--until, at the latest), so\n"
+        "that letters arriving later are not taken along unseen.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="example:\n  replayable redrive --stage embed --error-class http_400 "
+        "--reason 'provider fixed' --trigger --username ana",
+    )
+    redrive.add_argument(
+        "--stage", required=True, choices=STAGES, help="the stage to redrive: %(choices)s"
+    )
+    redrive.add_argument(
+        "--id", dest="ids", nargs="+", type=_letter_id, metavar="ID", help="dead-letter ids"
+    )
+    redrive.add_argument(
+        "--error-class", nargs="+", type=_non_empty, metavar="CLASS", help="e.g. http_400"
+    )
+    redrive.add_argument(
+        "--since", metavar="ISO", type=_since, help="letters created at or after this time"
+    )
+    redrive.add_argument(
+        "--until", metavar="ISO", type=_since, help="letters created before this time"
+    )
+    redrive.add_argument(
+        "--reason", required=True, type=_reason, help="why: kept with every letter redriven"
+    )
+    redrive.add_argument(
+        "--by", type=_non_empty, help="who to record (default: the Airflow user who triggers)"
+    )
+    redrive.add_argument(
+        "--trigger", action="store_true", help="start the run through Airflow's REST API"
+    )
+    redrive.add_argument(
+        "--airflow-url",
+        default=os.environ.get(ENV_AIRFLOW_URL) or DEFAULT_AIRFLOW_URL,
+        help=f"Airflow's URL (default: ${ENV_AIRFLOW_URL}, else %(default)s)",
+    )
+    redrive.add_argument(
+        "--username",
+        default=os.environ.get(ENV_AIRFLOW_USERNAME),
+        help=f"log in to Airflow as this user (default: ${ENV_AIRFLOW_USERNAME}); without "
+        f"one, ${ENV_AIRFLOW_TOKEN} is the Airflow JWT to use",
+    )
+    redrive.set_defaults(handler=_cmd_redrive)
     return parser
 
 
@@ -261,8 +333,19 @@ def _redact(message: str, dsn: str) -> str:
 # ---- status ------------------------------------------------------------------------------
 
 
+def run_state(conn: db.Connection, run_id: str | None) -> dict[str, Any] | None:
+    """The run ``run_id`` (else the newest run) as the ledger records it; None if unknown."""
+    rows = db.fetch_all(conn, "cli_run_state", {"run_id": run_id})
+    return rows[0] if rows else None
+
+
 def status_data(conn: db.Connection, run_id: str | None) -> dict[str, Any]:
-    """Per stage: items by current status, open dead letters and model calls; plus totals."""
+    """Per stage: items by current status, open dead letters and model calls; plus totals.
+
+    With ``run_id``, the run's own documents (``run_docs``) only, and ``finished`` says the
+    run has ended: its report is written (the report task runs however the run went). For
+    all runs, ``finished`` means that items exist and none is pending or running.
+    """
     params = {"run_id": run_id, "stages": list(STAGES)}
     items = {row["stage"]: row for row in db.fetch_all(conn, "cli_status_stages", params)}
     calls = {row["stage"]: row for row in db.fetch_all(conn, "cli_status_model_calls", params)}
@@ -279,14 +362,17 @@ def status_data(conn: db.Connection, run_id: str | None) -> dict[str, Any]:
         stages.append(entry)
     total = sum(s["total"] for s in stages)
     in_progress = sum(s[status] for s in stages for status in _IN_PROGRESS)
+    # For a run, only its report says it ended: between two batches nothing may be running.
+    # For all runs, no items yet means no run has registered any: keep waiting.
+    run = run_state(conn, run_id) if run_id else None
+    finished = bool(run and run["reported"]) if run_id else total > 0 and in_progress == 0
     return {
         "run_id": run_id,
         "as_of": datetime.now().astimezone().isoformat(timespec="seconds"),
         "stages": stages,
         "items": total,
         "in_progress": in_progress,
-        # No items yet means the run has not registered any: keep waiting rather than stop.
-        "finished": total > 0 and in_progress == 0,
+        "finished": finished,
         "model_calls": {
             k: sum(s["model_calls"][k] for s in stages) for k in ("calls", "ok", "tokens")
         },
@@ -328,6 +414,12 @@ def render_status(data: dict[str, Any]) -> RenderableType:
 def _cmd_status(
     conn: db.Connection, args: argparse.Namespace, console: Console, as_json: bool
 ) -> int:
+    if args.watch is not None and args.run is None:
+        # Watching means following a run: the newest one, when none is named.
+        newest = run_state(conn, None)
+        if newest is None:
+            raise UsageError("no run is recorded yet: nothing to watch (give --run RUN_ID)")
+        args.run = newest["run_id"]
     data = status_data(conn, args.run)
     if args.watch is None:
         _emit(console, as_json, data, render_status)
@@ -347,8 +439,8 @@ def _cmd_status(
     if data["finished"]:
         return 0
     _error(
-        f"replayable: timed out after {args.timeout:g}s with {data['in_progress']} of "
-        f"{data['items']} items pending or running"
+        f"replayable: timed out after {args.timeout:g}s before run {args.run} ended, with "
+        f"{data['in_progress']} of {data['items']} items pending or running"
     )
     return 1
 
@@ -503,7 +595,6 @@ def rerun_data(conn: db.Connection, conf: dict[str, Any]) -> dict[str, Any]:
     rerun = conf["rerun"]
     params = rerun_params(rerun)
     matching = int(db.fetch_all(conn, RERUN_COUNT, params)[0]["matched"])
-    text = json.dumps(conf)
     return {
         "conf": conf,
         "sql_file": f"include/replayable/sql/queries/{RERUN_COUNT}.sql",
@@ -512,11 +603,14 @@ def rerun_data(conn: db.Connection, conf: dict[str, Any]) -> dict[str, Any]:
         "matching_documents": matching,
         # Mirrors PipelineSettings.revives_dead: such a run reopens dead items.
         "revives_dead": "status" not in rerun or "dead" in rerun["status"],
-        "commands": [
-            f"airflow dags trigger {devenv.DAG_ID} --conf {shlex.quote(text)}",
-            f"make run CONF={shlex.quote(text)}",
-        ],
+        "commands": _trigger_commands(conf),
     }
+
+
+def _trigger_commands(conf: dict[str, Any]) -> list[str]:
+    """The shell commands that trigger a run of document_pipeline with ``conf``."""
+    text = shlex.quote(json.dumps(conf))
+    return [f"airflow dags trigger {devenv.DAG_ID} --conf {text}", f"make run CONF={text}"]
 
 
 def _cmd_rerun(
@@ -575,7 +669,157 @@ def _resolve_doc_ids(conn: db.Connection, given: Sequence[str]) -> list[str]:
     return found
 
 
+# ---- redrive -----------------------------------------------------------------------------
+
+
+def redrive_data(
+    conn: db.Connection,
+    stage: str,
+    *,
+    reason: str,
+    ids: Sequence[int] | None = None,
+    error_classes: Sequence[str] | None = None,
+    since: str | None = None,
+    until: str | None = None,
+    by: str | None = None,
+) -> dict[str, Any]:
+    """The ``{"redrive": {...}}`` conf of params.py's schema and the open letters it matches.
+
+    Without ``ids``, the conf ends at ``until`` or, at the latest, when the database counted
+    the matches, as the UI's filtered redrive does: what is shown is what the run takes.
+    """
+    params = {
+        "ids": _unique_ids(ids),
+        "stage": stage,
+        "error_classes": _unique(error_classes),
+        "since": since,
+        "until": until,
+    }
+    rows = db.fetch_all(conn, "redrive_scope", params)
+    found: dict[str, Any] = rows[0] if rows else {"letters": 0, "documents": 0, "as_of": None}
+    selection: dict[str, Any] = {"stage": stage}
+    optional: dict[str, Any] = {
+        "ids": params["ids"],
+        "error_class": params["error_classes"],
+        "since": since,
+        "until": until,
+    }
+    if ids is None and found["as_of"] is not None:
+        as_of = found["as_of"].isoformat()
+        later = until is not None and datetime.fromisoformat(until) > found["as_of"]
+        optional["until"] = as_of if until is None or later else until
+    selection.update({key: value for key, value in optional.items() if value is not None})
+    selection["reason"] = reason
+    if by:
+        selection["by"] = by
+    conf = {"redrive": selection}
+    return {
+        "conf": conf,
+        "letters": int(found["letters"]),
+        "documents": int(found["documents"]),
+        "commands": _trigger_commands(conf),
+    }
+
+
+def _cmd_redrive(
+    conn: db.Connection, args: argparse.Namespace, console: Console, as_json: bool
+) -> int:
+    data = redrive_data(
+        conn,
+        args.stage,
+        reason=args.reason,
+        ids=args.ids,
+        error_classes=args.error_class,
+        since=args.since,
+        until=args.until,
+        by=args.by,
+    )
+    if args.trigger:
+        if not data["letters"]:
+            _print_redrive(console, as_json, data)
+            _error("replayable: no open dead letter matches: nothing to redrive")
+            return 1
+        token = _airflow_token(args)
+        run = airflow_http.trigger_run(
+            args.airflow_url,
+            token,
+            devenv.DAG_ID,
+            data["conf"],
+            note=f"Redrive of {data['letters']} {args.stage} dead letters: {args.reason}"[:1000],
+        )
+        data["run_id"] = str(run["dag_run_id"])
+        data["run_url"] = (
+            f"{args.airflow_url.rstrip('/')}/{airflow_http.run_path(devenv.DAG_ID, data['run_id'])}"
+        )
+    _print_redrive(console, as_json, data)
+    return 0
+
+
+def _print_redrive(console: Console, as_json: bool, data: dict[str, Any]) -> None:
+    if as_json:
+        _print_json(data)
+        return
+    console.rule("DAG-run conf")
+    console.print(_syntax(json.dumps(data["conf"], indent=2), "json"))
+    console.print(
+        Text(
+            f"Open dead letters matching now: {data['letters']} ({data['documents']} documents)",
+            style="bold",
+        )
+    )
+    if "run_id" in data:
+        console.rule("Triggered")
+        console.print(Text(f"run {for_terminal(data['run_id'])}"), soft_wrap=True)
+        console.print(Text(for_terminal(data["run_url"])), soft_wrap=True)
+        return
+    console.rule("Trigger it with")
+    console.print(Text("replayable redrive … --trigger  (this command, with --trigger)"))
+    for command in data["commands"]:
+        console.print(Text(command), soft_wrap=True)
+
+
+def _airflow_token(args: argparse.Namespace) -> str:
+    """An Airflow JWT: a login of ``--username``, else ``$AIRFLOW_TOKEN``."""
+    if args.username:
+        password = os.environ.get(ENV_AIRFLOW_PASSWORD)
+        if password is None:
+            if not sys.stdin.isatty():
+                raise UsageError(
+                    f"set {ENV_AIRFLOW_PASSWORD} (or run at a terminal to be asked) "
+                    f"to log in to Airflow as {args.username!r}"
+                )
+            password = getpass.getpass(f"Airflow password for {args.username}: ")
+        try:
+            return airflow_http.fetch_token(args.airflow_url, args.username, password)
+        except httpx.HTTPError as err:
+            raise UsageError(f"cannot reach Airflow at {args.airflow_url}: {err}") from err
+    token = os.environ.get(ENV_AIRFLOW_TOKEN)
+    if not token:
+        raise UsageError(
+            f"--trigger needs Airflow credentials: --username (or ${ENV_AIRFLOW_USERNAME}) "
+            f"with ${ENV_AIRFLOW_PASSWORD}, or an Airflow JWT in ${ENV_AIRFLOW_TOKEN}"
+        )
+    return token
+
+
 # ---- argument types ----------------------------------------------------------------------
+
+
+def _letter_id(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if not 0 < number < 2**63:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a dead-letter id")
+    return number
+
+
+def _reason(value: str) -> str:
+    text = value.strip()
+    if len(text) < 3 or re.search(r"[\x00-\x1f\x7f-\x9f]", text):
+        raise argparse.ArgumentTypeError("give a reason of 3 or more characters on one line")
+    return text
 
 
 def _version(value: str) -> str:
@@ -683,6 +927,10 @@ def _shown(shown: int, matched: int) -> str:
 
 
 def _unique(values: Sequence[str] | None) -> list[str] | None:
+    return list(dict.fromkeys(values)) if values else None
+
+
+def _unique_ids(values: Sequence[int] | None) -> list[int] | None:
     return list(dict.fromkeys(values)) if values else None
 
 

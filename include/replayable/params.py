@@ -168,6 +168,9 @@ def pipeline_params(default_source: str, roots: Sequence[str] | None = None) -> 
                     "items": {"type": "integer", "minimum": 1, "maximum": 2**63 - 1},
                     "minItems": 1,
                 },
+                # Letters created in [since, until), as the dead-letter page filters them.
+                "since": {"type": "string", "format": "date-time", "pattern": _DATE_TIME},
+                "until": {"type": "string", "format": "date-time", "pattern": _DATE_TIME},
                 "reason": {"type": "string", "minLength": 3, "maxLength": 2000, "pattern": _TEXT},
                 "by": {"type": "string", "minLength": 1, "maxLength": 200, "pattern": _TEXT},
             },

@@ -147,6 +147,8 @@ def select_documents(
                 "stage": redrive["stage"],
                 "error_classes": redrive.get("error_class"),
                 "ids": redrive.get("ids"),
+                "since": redrive.get("since"),
+                "until": redrive.get("until"),
                 "by": redrive.get("by") or by,
                 "reason": redrive["reason"],
             },

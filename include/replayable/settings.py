@@ -95,12 +95,19 @@ class PipelineSettings:
         for name, value in (("rerun", self.rerun), ("redrive", self.redrive)):
             if value and value.get("stage") not in STAGES:
                 raise ValueError(f"{name}.stage: {value.get('stage')!r} is not one of {STAGES}")
-        since = (self.rerun or {}).get("since")
-        if since is not None:
+        times = [
+            (f"{name}.{key}", selection.get(key))
+            for name, selection in (("rerun", self.rerun), ("redrive", self.redrive))
+            for key in ("since", "until")
+            if selection
+        ]
+        for name, moment in times:
+            if moment is None:
+                continue
             try:
-                datetime.fromisoformat(since)
+                datetime.fromisoformat(moment)
             except (TypeError, ValueError):
-                raise ValueError(f"rerun.since: {since!r} is not an ISO 8601 time") from None
+                raise ValueError(f"{name}: {moment!r} is not an ISO 8601 time") from None
 
     @property
     def first_stage(self) -> str | None:

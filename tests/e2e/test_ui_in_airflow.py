@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urljoin
 
 import httpx
 import pytest
@@ -81,6 +82,15 @@ def airflow(
     env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS"] = USERS
     env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE"] = str(folder / "passwords.json")
     with devenv.AirflowProcesses(env, folder / "logs", components=("api-server",)) as procs:
+        # A redrive triggers document_pipeline, which Airflow knows once it is serialized;
+        # a DAG processor would do it too, but keep parsing all along.
+        subprocess.run(
+            [str(ROOT / ".venv" / "bin" / "airflow"), "dags", "reserialize"],
+            env=env,
+            check=True,
+            capture_output=True,
+            timeout=300,
+        )
         yield RunningAirflow(procs.url, folder / "passwords.json")
 
 
@@ -113,7 +123,7 @@ def _pages(letter_id: int) -> list[str]:
         for route in app.routes
         if isinstance(route, APIRoute) and "GET" in route.methods
     ]
-    assert len(paths) == 8
+    assert len(paths) == 9
     return paths
 
 
@@ -133,6 +143,37 @@ def _actors(conn: Any, letter_id: int) -> list[tuple[str, str]]:
             letter_id,
         )
     ]
+
+
+def _letter_task(conn: Any, letter_id: int) -> tuple[str, str, str, int, int]:
+    dag_id, run_id, stage, map_index, try_number = rows(
+        conn,
+        "SELECT dag_id, run_id, stage, map_index, try_number FROM replayable.dead_letters"
+        " WHERE id = %s",
+        letter_id,
+    )[0]
+    return dag_id, run_id, f"batch.{stage}", map_index, try_number
+
+
+def _expected_log_path(conn: Any, letter_id: int) -> str:
+    dag_id, run_id, task_id, map_index, try_number = _letter_task(conn, letter_id)
+    return f"dags/{dag_id}/runs/{run_id}/tasks/{task_id}/mapped/{map_index}?try_number={try_number}"
+
+
+def _assert_the_task_try_exists(airflow: RunningAirflow, conn: Any, letter_id: int) -> None:
+    """The coordinates the links carry name a real task try, with a log, in Airflow."""
+    dag_id, run_id, task_id, map_index, try_number = _letter_task(conn, letter_id)
+    instance = f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}"
+    with airflow.client("admin") as admin:
+        ti = admin.get(f"{instance}/{map_index}")
+        assert ti.status_code == 200, ti.text
+        assert ti.json()["try_number"] >= try_number >= 1
+        log = admin.get(
+            f"{instance}/logs/{try_number}",
+            params={"map_index": map_index},
+            headers={"Accept": "application/json"},
+        )
+        assert log.status_code == 200, log.text
 
 
 # ---- roles, with real tokens ---------------------------------------------------------------
@@ -209,6 +250,88 @@ def test_a_cookie_post_from_another_origin_is_refused(
     assert _actors(conn, letter) == [("op", "assigned")]
 
 
+# ---- redrive, as the logged-in user ---------------------------------------------------------
+
+
+def _airflow_run(airflow: RunningAirflow, run_id: str) -> dict[str, Any]:
+    with airflow.client("admin") as admin:
+        response = admin.get(f"/api/v2/dags/{devenv.DAG_ID}/dagRuns/{run_id}")
+    response.raise_for_status()
+    return dict(response.json())
+
+
+def _runs_in_airflow(airflow: RunningAirflow) -> int:
+    with airflow.client("admin") as admin:
+        response = admin.get(f"/api/v2/dags/{devenv.DAG_ID}/dagRuns", params={"limit": 1})
+    response.raise_for_status()
+    return int(response.json()["total_entries"])
+
+
+@pytest.mark.parametrize(("username", "allowed"), [("viewer", False), ("op", True)])
+def test_a_redrive_from_the_ui_is_a_run_triggered_as_the_logged_in_user(
+    airflow: RunningAirflow, conn: Any, letter: int, username: str, allowed: bool
+) -> None:
+    """The page asks Airflow's own REST API with the caller's token: Airflow decides and
+    records them; a viewer changes nothing, in the ledger or in Airflow."""
+    before = _runs_in_airflow(airflow)
+    with airflow.client(username) as client:
+        answer = client.post(
+            "/replayable/dead-letters/redrive",
+            data={"scope": "selected", "ids": [str(letter)], "reason": "parser fixed"},
+        )
+    if not allowed:
+        assert answer.status_code == 403, answer.text
+        assert _runs_in_airflow(airflow) == before
+        assert _letter_state(conn, letter)[0] == "open"
+        return
+    assert answer.status_code == 200, answer.text
+    run_id = answer.text.split('class="run" href="', 1)[1].split('"', 1)[0].rsplit("/", 1)[1]
+    run = _airflow_run(airflow, run_id)
+    assert run["triggering_user_name"] == username
+    assert run["conf"] == {
+        "redrive": {"stage": "extract", "ids": [letter], "reason": "parser fixed", "by": username}
+    }
+    # Nothing has run yet (no scheduler here): the letter stays open until the run takes it.
+    assert _letter_state(conn, letter)[0] == "open"
+
+
+def test_replayable_redrive_trigger_starts_the_run_as_the_airflow_user_it_logs_in_as(
+    airflow: RunningAirflow, dsn: str, letter: int
+) -> None:
+    """The installed console script, against the running Airflow: a viewer is refused with
+    Airflow's answer and exit code 2; op gets a run, printed with its link."""
+    command = [str(ROOT / ".venv" / "bin" / "replayable"), "--dsn", dsn, "--json", "redrive"]
+    command += ["--stage", "extract", "--id", str(letter), "--reason", "parser fixed"]
+    command += ["--trigger", "--airflow-url", airflow.url]
+
+    def replayable(username: str) -> subprocess.CompletedProcess[str]:
+        env = {"PATH": "/usr/bin:/bin", "AIRFLOW_PASSWORD": airflow.password(username)}
+        return subprocess.run(
+            [*command, "--username", username],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+
+    before = _runs_in_airflow(airflow)
+    refused = replayable("viewer")
+    assert refused.returncode == 2, refused.stderr
+    assert "Airflow refused: 403" in refused.stderr
+    assert airflow.password("viewer") not in refused.stdout + refused.stderr
+    assert _runs_in_airflow(airflow) == before
+
+    done = replayable("op")
+    assert done.returncode == 0, done.stderr
+    printed = json.loads(done.stdout)
+    run = _airflow_run(airflow, printed["run_id"])
+    assert run["triggering_user_name"] == "op"
+    assert run["conf"] == printed["conf"]
+    assert printed["run_url"] == f"{airflow.url}/dags/{devenv.DAG_ID}/runs/{printed['run_id']}"
+    assert airflow.password("op") not in done.stdout + done.stderr
+
+
 # ---- a browser session ---------------------------------------------------------------------
 
 
@@ -234,7 +357,7 @@ def chromium() -> Path:
 def _overview_counts(frame: Any) -> dict[str, list[int]]:
     """The overview table as {stage: [pending, running, done, failed, dead, total, open]}."""
     found = {}
-    for row in frame.locator("table tbody tr").all():
+    for row in frame.locator("table.stages tbody tr").all():
         stage, *numbers = [cell.strip() for cell in row.locator("td").all_inner_texts()]
         found[stage] = [int(n.replace(",", "")) for n in numbers]
     return found
@@ -321,6 +444,14 @@ def test_a_browser_session_through_the_airflow_ui(
             expect(frame.get_by_role("heading", name="Overview")).to_be_visible()
             page.screenshot(path=shots / "2-overview.png")
             assert _overview_counts(frame) == _ledger_counts(conn)
+            # The chart: one bar per hour of the last 48, which add up to the ledger's count.
+            assert frame.locator("svg.per-hour rect").count() == 48
+            hourly = frame.locator("table.per-hour tbody td.num").all_text_contents()
+            assert sum(int(n) for n in hourly) == scalar(
+                conn,
+                "SELECT count(*) FROM replayable.dead_letters"
+                " WHERE created_at >= date_trunc('hour', now()) - interval '47 hours'",
+            )
 
             frame.get_by_role("link", name="Dead letters", exact=True).click()
             row = frame.locator(f"#dl-{letter}")
@@ -338,6 +469,17 @@ def test_a_browser_session_through_the_airflow_ui(
             expect(frame.locator("table.history")).to_contain_text("assigned")
             expect(frame.get_by_role("heading", level=1)).to_contain_text(HOSTILE_NAME)
             page.screenshot(path=shots / "4-assigned.png", full_page=True)
+
+            # The letter leads to the task try that wrote it, in Airflow's own UI.
+            log_link = frame.locator("p.airflow").get_by_role("link", name="log", exact=False)
+            href = log_link.get_attribute("href")
+            # Relative to the plugin's iframe, not to the page around it.
+            (frame_url,) = [f.url for f in page.frames if f != page.main_frame]
+            target = urljoin(frame_url, href)
+            assert target == f"{airflow.url}/{_expected_log_path(conn, letter)}"
+            page.goto(target)
+            expect(page.get_by_text("batch.extract").first).to_be_visible()
+            page.screenshot(path=shots / "5-task-log.png")
         finally:
             context.close()
 
@@ -353,4 +495,6 @@ def test_a_browser_session_through_the_airflow_ui(
         "2-overview.png",
         "3-dead-letters.png",
         "4-assigned.png",
+        "5-task-log.png",
     ]
+    _assert_the_task_try_exists(airflow, conn, letter)

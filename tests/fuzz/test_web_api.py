@@ -2,10 +2,11 @@
 
 The app disables its docs routes in production (Airflow's auth does not cover them), so the
 test builds its own instance with the OpenAPI schema served (``create_app(openapi_url=...)``).
-Every operation (the JSON API, the pages and the two form posts) gets generated requests, valid
-and invalid, from an operator whose changes are allowed, against the real test Postgres
+Every operation (the JSON API, the pages and the three form posts) gets generated requests,
+valid and invalid, from an operator whose changes are allowed, against the real test Postgres
 holding a small ledger; each response must be no 5xx and match the documented status codes,
-content types, headers and bodies. The total number of requests is printed.
+content types, headers and bodies. A redrive reaches a fake Airflow on loopback, which starts
+every run asked of it. The total number of requests is printed.
 """
 
 from __future__ import annotations
@@ -29,11 +30,12 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
+from fake_airflow import FakeAirflow
 from replayable.web import create_app
 
 pytestmark = pytest.mark.db
 
-PER_OPERATION = 30  # examples per operation and mode: 10 operations x 2 modes x 30 = 600
+PER_OPERATION = 30  # examples per operation and mode: 12 operations x 2 modes x 30 = 720
 MINIMUM = 500
 CHECKS = [
     not_a_server_error,
@@ -49,6 +51,11 @@ HEADERS = {"Authorization": "Bearer fuzz"}
 
 @pytest.fixture
 def app(dsn: str, conn: Any) -> Iterator[FastAPI]:
+    with FakeAirflow() as airflow:
+        yield from _app(dsn, conn, airflow.url)
+
+
+def _app(dsn: str, conn: Any, airflow_url: str) -> Iterator[FastAPI]:
     """The UI with its schema served, an operator logged in, over a ledger with some letters."""
     create_auth_manager()
     with conn.cursor() as cur:
@@ -72,7 +79,7 @@ def app(dsn: str, conn: Any) -> Iterator[FastAPI]:
             ("b" * 64,),
         )
     conn.commit()
-    built = create_app(lambda: dsn, openapi_url="/openapi.json")
+    built = create_app(lambda: dsn, openapi_url="/openapi.json", airflow_api_url=airflow_url)
     built.dependency_overrides[get_user] = lambda: SimpleAuthManagerUser(username="op", role="OP")
     yield built
     built.state.pool.close()
@@ -83,7 +90,7 @@ def test_the_api_answers_every_generated_request_within_its_schema(
 ) -> None:
     schema = schemathesis.openapi.from_asgi("/openapi.json", app)
     operations = [result.ok() for result in schema.get_all_operations()]
-    assert len(operations) == 10
+    assert len(operations) == 12
     sent: dict[str, int] = {}
 
     def fuzz(operation: Any, mode: GenerationMode) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from fake_airflow import PASSWORD, TOKEN, USERNAME, FakeAirflow
 from replayable import cli, db, devenv
 from replayable.params import STATUSES, pipeline_params
 from replayable.pipeline import select_documents
@@ -119,9 +120,43 @@ def test_status_run_filters_to_the_documents_and_calls_of_that_run(ledger, dsn, 
     assert data["model_calls"] == {"calls": 2, "ok": 1, "tokens": 100}
 
 
-def test_status_watch_returns_once_nothing_is_pending_or_running(ledger, dsn, capsys):
+def _report(conn, run_id):
+    """The run's report, as its report task writes it at the end of the run."""
+    db.execute(conn, "save_report", {"dag_id": "d", "run_id": run_id, "report": "{}"})
+    conn.commit()
+
+
+def test_status_watch_returns_once_the_run_has_written_its_report(ledger, conn, dsn, capsys):
+    _report(conn, "r2")
     assert cli.main(["--dsn", dsn, "status", "--run", "r2", "--watch", "5"]) == 0
     assert "Items by stage (run r2)" in capsys.readouterr().out
+
+
+def test_status_watch_keeps_watching_a_run_with_nothing_running_until_its_report(
+    ledger, conn, dsn, capsys
+):
+    """Between two batches nothing of the run may be running: that is no end of the run."""
+    args = ["--dsn", dsn, "--json", "status", "--run", "r2", "--watch", "0.05", "--timeout", "0.3"]
+    assert cli.main(args) == 1
+    first = json.loads(capsys.readouterr().out.splitlines()[0])
+    assert first["in_progress"] == 0 and first["items"] > 0 and first["finished"] is False
+
+
+def test_status_watch_follows_the_newest_run_when_none_is_named(ledger, conn, dsn, capsys):
+    with conn.cursor() as cur:
+        # r1 becomes the newest run by making the others older (its report stays later).
+        cur.execute("UPDATE replayable.runs SET created_at = now() - interval '1 minute'"
+                    " WHERE run_id <> 'r1'")  # fmt: skip
+    conn.commit()
+    _report(conn, "r1")
+    args = ["--dsn", dsn, "--json", "status", "--watch", "0.05", "--timeout", "10"]
+    assert cli.main(args) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["run_id"] == "r1"
+
+
+def test_status_watch_without_any_run_exits_2(conn, dsn, capsys):
+    assert cli.main(["--dsn", dsn, "status", "--watch", "1"]) == 2
+    assert "no run" in capsys.readouterr().err
 
 
 def test_status_watch_gives_up_with_1_after_the_timeout(ledger, dsn, capsys):
@@ -325,3 +360,122 @@ def test_status_prints_no_escape_sequence_from_a_stage_name(conn, dsn, capsys, m
     assert cli.main(["--dsn", dsn, "status"]) == 0
     out = capsys.readouterr().out
     assert "\x1b" not in out and "\x07" not in out and "x\ufffd" in out
+
+
+# ---- redrive -----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def letters(ledger, conn):
+    """Besides the ledger's: two more open embed letters of A and B, one of class http_400."""
+    with conn.cursor() as cur:
+        cur.execute(
+            "INSERT INTO replayable.dead_letters (stage, item_key, doc_id, error_class,"
+            " error_kind, error, attempts, code_version, created_at) VALUES"
+            " ('embed', 'ma', %s, 'http_400', 'terminal', 'e', 1, '2.0', now() - interval '1 day'),"
+            " ('embed', 'mb', %s, 'http_413', 'terminal', 'e', 1, '2.0', now())"
+            " RETURNING id",
+            (A, B),
+        )
+        ids = [row[0] for row in cur.fetchall()]
+    conn.commit()
+    return ids
+
+
+def test_redrive_prints_a_valid_conf_and_what_it_matches(letters, conn, dsn, capsys):
+    data = run_json(capsys, dsn, "redrive", "--stage", "embed", "--reason", "provider fixed")
+    redrive = data["conf"]["redrive"]
+    assert {k: v for k, v in redrive.items() if k != "until"} == {
+        "stage": "embed",
+        "reason": "provider fixed",
+    }
+    # A filtered redrive ends when the letters were counted: the ones shown are the ones taken.
+    until = datetime.fromisoformat(redrive["until"])
+    assert datetime.now(UTC) - timedelta(minutes=1) < until <= datetime.now(UTC)
+    assert (data["letters"], data["documents"]) == (2, 2)
+    param = copy.deepcopy(pipeline_params("/data")["redrive"])
+    assert param.resolve(redrive) == redrive
+    trigger = next(c for c in data["commands"] if c.startswith("airflow dags trigger"))
+    assert json.loads(shlex.split(trigger)[-1]) == data["conf"]
+    # And the run that conf starts takes exactly those letters' documents.
+    settings = PipelineSettings(redrive=redrive)
+    assert select_documents(conn, settings, dag_id="d", run_id="redrive", by="t") == 2
+
+
+def test_redrive_filters_by_id_class_and_time(letters, dsn, capsys):
+    by_id = run_json(capsys, dsn, "redrive", "--stage", "embed", "--id", str(letters[1]),
+                     "--reason", "one letter", "--by", "ana")  # fmt: skip
+    assert by_id["conf"] == {
+        "redrive": {"stage": "embed", "ids": [letters[1]], "reason": "one letter", "by": "ana"}
+    }
+    assert by_id["letters"] == 1
+    by_class = run_json(capsys, dsn, "redrive", "--stage", "embed", "--error-class", "http_400",
+                        "--reason", "fixed")  # fmt: skip
+    assert by_class["conf"]["redrive"]["error_class"] == ["http_400"]
+    assert by_class["letters"] == 1
+    since = (datetime.now(UTC) - timedelta(hours=1)).isoformat()
+    recent = run_json(capsys, dsn, "redrive", "--stage", "embed", "--since", since,
+                      "--reason", "fixed")  # fmt: skip
+    assert recent["letters"] == 1 and recent["conf"]["redrive"]["since"]
+
+
+def test_redrive_trigger_starts_the_run_as_the_airflow_user_and_prints_its_link(
+    letters, dsn, capsys, monkeypatch
+):
+    monkeypatch.setenv(cli.ENV_AIRFLOW_PASSWORD, PASSWORD)
+    with FakeAirflow() as airflow:
+        args = ["redrive", "--stage", "embed", "--reason", "provider fixed", "--trigger"]
+        data = run_json(capsys, dsn, *args, "--airflow-url", airflow.url, "--username", USERNAME)
+    (sent,) = airflow.triggers
+    assert sent.authorization == f"Bearer {TOKEN}"
+    assert sent.body["logical_date"] is None and sent.body["conf"] == data["conf"]
+    assert data["run_id"] == "manual__fake-1"
+    assert data["run_url"] == f"{airflow.url}/dags/document_pipeline/runs/manual__fake-1"
+
+
+def test_redrive_trigger_takes_a_token_from_the_environment(letters, dsn, capsys, monkeypatch):
+    monkeypatch.setenv(cli.ENV_AIRFLOW_TOKEN, "jwt-from-env")
+    monkeypatch.delenv(cli.ENV_AIRFLOW_USERNAME, raising=False)
+    with FakeAirflow() as airflow:
+        args = ["--dsn", dsn, "redrive", "--stage", "embed", "--reason", "fixed", "--trigger"]
+        assert cli.main([*args, "--airflow-url", airflow.url]) == 0
+    assert [s.authorization for s in airflow.sent] == ["Bearer jwt-from-env"]
+    out = capsys.readouterr().out
+    assert "manual__fake-1" in out and "/dags/document_pipeline/runs/manual__fake-1" in out
+
+
+def test_a_refused_redrive_exits_2_with_airflows_answer(letters, dsn, capsys, monkeypatch):
+    monkeypatch.setenv(cli.ENV_AIRFLOW_TOKEN, "viewer-jwt")
+    monkeypatch.delenv(cli.ENV_AIRFLOW_USERNAME, raising=False)
+    with FakeAirflow(answer=(403, {"detail": "Forbidden"})) as airflow:
+        args = ["--dsn", dsn, "redrive", "--stage", "embed", "--reason", "fixed", "--trigger"]
+        assert cli.main([*args, "--airflow-url", airflow.url]) == 2
+    assert "Airflow refused: 403 Forbidden" in capsys.readouterr().err
+
+
+def test_redrive_trigger_without_credentials_exits_2_saying_what_to_set(
+    letters, dsn, capsys, monkeypatch
+):
+    for name in (cli.ENV_AIRFLOW_TOKEN, cli.ENV_AIRFLOW_USERNAME):
+        monkeypatch.delenv(name, raising=False)
+    args = ["--dsn", dsn, "redrive", "--stage", "embed", "--reason", "fixed", "--trigger"]
+    assert cli.main([*args, "--airflow-url", "http://127.0.0.1:1"]) == 2
+    err = capsys.readouterr().err
+    assert cli.ENV_AIRFLOW_TOKEN in err and cli.ENV_AIRFLOW_PASSWORD in err
+
+
+def test_redrive_trigger_with_nothing_to_redrive_exits_1_and_asks_nothing(
+    ledger, dsn, capsys, monkeypatch
+):
+    monkeypatch.setenv(cli.ENV_AIRFLOW_TOKEN, "jwt")
+    with FakeAirflow() as airflow:
+        args = ["--dsn", dsn, "redrive", "--stage", "chunk", "--reason", "fixed", "--trigger"]
+        assert cli.main([*args, "--airflow-url", airflow.url]) == 1
+    assert airflow.sent == [] and "nothing to redrive" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("reason", ["ab", "two\nlines"])
+def test_redrive_needs_a_one_line_reason_of_three_characters(dsn, capsys, reason):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["--dsn", dsn, "redrive", "--stage", "embed", "--reason", reason])
+    assert exit_.value.code == 2 and "--reason" in capsys.readouterr().err

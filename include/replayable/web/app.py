@@ -26,19 +26,27 @@ read queries).
 from __future__ import annotations
 
 import base64
+import dataclasses
+import json
 import logging
 import pathlib
 from collections.abc import Awaitable, Callable, Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from http import HTTPStatus
 from typing import Annotated, Any, Literal, get_args
 from urllib.parse import urlencode, urlsplit
 
+import httpx
 import jinja2
 import psycopg2
 import psycopg2.errors
 from airflow.api_fastapi.app import get_auth_manager
-from airflow.api_fastapi.auth.managers.models.resource_details import AccessView, DagDetails
+from airflow.api_fastapi.auth.managers.base_auth_manager import COOKIE_NAME_JWT_TOKEN
+from airflow.api_fastapi.auth.managers.models.resource_details import (
+    AccessView,
+    DagAccessEntity,
+    DagDetails,
+)
 from airflow.api_fastapi.core_api.security import (
     GetUserDep,
     bearer_scheme,
@@ -48,9 +56,16 @@ from airflow.configuration import conf
 from fastapi import APIRouter, Depends, FastAPI, Form, HTTPException, Path, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials
-from pydantic import BaseModel, BeforeValidator, StringConstraints
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    Field,
+    StringConstraints,
+    computed_field,
+)
 
-from replayable import db
+from replayable import airflow_http, db
 from replayable.settings import STAGES
 from replayable.web.metrics import router as metrics_router
 from replayable.web.pool import ConnectionPool, PoolBusyError
@@ -71,6 +86,7 @@ After = Annotated[str | None, Query(max_length=400, pattern=r"^[A-Za-z0-9_-]+$")
 LetterId = Annotated[int, Path(ge=1, le=2**63 - 1)]  # a bigserial
 ErrorClass = Annotated[str, StringConstraints(max_length=200, pattern=r"^[A-Za-z0-9_.:, -]*$")]
 
+CHART_HOURS = 48
 _OWNER_MAX = 200
 _NOTE_MAX = 2000
 # Free text people type: no control characters but tab and line breaks (Postgres refuses NUL,
@@ -116,6 +132,31 @@ class Summary(BaseModel):
     open_dead_letters: int
 
 
+class AirflowLinks(BaseModel):
+    """Where a row's work happened in Airflow's UI, relative to Airflow's base URL (ADR 0060).
+
+    ``run`` is the DAG run, ``task_instance`` the ``batch.<stage>`` task instance (its details)
+    and ``log`` its log, of the recorded try when there is one.
+    """
+
+    run: str
+    task_instance: str
+    log: str
+
+
+def _links(
+    dag_id: str | None,
+    run_id: str | None,
+    stage: str,
+    map_index: int | None,
+    try_number: int | None,
+) -> AirflowLinks | None:
+    found = airflow_http.task_links(
+        dag_id=dag_id, run_id=run_id, stage=stage, map_index=map_index, try_number=try_number
+    )
+    return AirflowLinks(**dataclasses.asdict(found)) if found else None
+
+
 class FailedItem(BaseModel):
     """An item whose current status in a stage is failed."""
 
@@ -132,6 +173,12 @@ class FailedItem(BaseModel):
     map_index: int | None
     try_number: int | None = None
     updated_at: datetime
+
+    @computed_field  # type: ignore[prop-decorator]  # pydantic's documented pattern
+    @property
+    def links(self) -> AirflowLinks | None:
+        """The item's last task try in Airflow's UI."""
+        return _links(self.dag_id, self.run_id, self.stage, self.map_index, self.try_number)
 
 
 class FailedList(BaseModel):
@@ -174,6 +221,7 @@ class DeadLetter(BaseModel):
     dag_id: str | None
     run_id: str | None
     map_index: int | None
+    try_number: int | None = None
     status: str
     owner: str | None
     note: str | None
@@ -183,6 +231,12 @@ class DeadLetter(BaseModel):
     resolution: str | None = None
     history: list[LetterChange] = []
 
+    @computed_field  # type: ignore[prop-decorator]  # pydantic's documented pattern
+    @property
+    def links(self) -> AirflowLinks | None:
+        """The task try that dead-lettered the item, in Airflow's UI."""
+        return _links(self.dag_id, self.run_id, self.stage, self.map_index, self.try_number)
+
 
 class DeadLetterList(BaseModel):
     """Dead letters, newest first; ``matched`` counts them all; ``next_after`` pages on."""
@@ -190,6 +244,34 @@ class DeadLetterList(BaseModel):
     matched: int
     dead_letters: list[DeadLetter]
     next_after: str | None = None
+
+
+class HourCount(BaseModel):
+    """Dead letters created in the hour that starts at ``hour`` (UTC)."""
+
+    hour: datetime
+    created: int
+
+
+class LettersPerHour(BaseModel):
+    """Dead letters created per hour over the last ``hours`` hours, the current hour last."""
+
+    hours: int
+    per_hour: list[HourCount]
+    total: int
+    peak: int
+
+
+class RedriveRun(BaseModel):
+    """One redrive run asked of Airflow: a stage's letters, and the run or Airflow's answer."""
+
+    stage: str
+    letters: int
+    documents: int
+    conf: dict[str, Any]
+    run_id: str | None = None
+    run_link: str | None = None  # relative to Airflow's base URL
+    refused: str | None = None
 
 
 class Problem(BaseModel):
@@ -283,6 +365,136 @@ def dead_letter(conn: db.Connection, letter_id: int) -> DeadLetter:
     if not rows:
         raise HTTPException(HTTPStatus.NOT_FOUND, f"no dead letter {letter_id}")
     return _with_history(conn, rows)[0]
+
+
+def letters_per_hour(conn: db.Connection, hours: int = CHART_HOURS) -> LettersPerHour:
+    """Dead letters created in each of the last ``hours`` hours (UTC), zeros included."""
+    rows = db.fetch_all(conn, "dead_letters_per_hour", {"hours": hours})
+    per_hour = [HourCount(hour=row["hour"], created=int(row["created"])) for row in rows]
+    counts = [h.created for h in per_hour]
+    return LettersPerHour(
+        hours=hours, per_hour=per_hour, total=sum(counts), peak=max(counts, default=0)
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Bar:
+    x: int
+    y: float
+    height: float
+    hour: HourCount
+    since: str  # the hour's bounds, as the dead-letter filters take them
+    until: str
+
+
+_CHART_BAR_W, _CHART_H = 20, 120  # SVG user units: 48 bars of 20 make 960 wide
+
+
+def _chart_bars(data: LettersPerHour) -> list[_Bar]:
+    """One bar per hour, scaled to the peak; an empty hour gets a 1-unit stub."""
+    bars = []
+    for i, hour in enumerate(data.per_hour):
+        height = max(_CHART_H * hour.created / data.peak, 2.0) if hour.created else 1.0
+        bars.append(
+            _Bar(
+                x=i * _CHART_BAR_W,
+                y=_CHART_H - height,
+                height=height,
+                hour=hour,
+                since=_filter_time(hour.hour),
+                until=_filter_time(hour.hour + timedelta(hours=1)),
+            )
+        )
+    return bars
+
+
+def redrive(
+    conn: db.Connection,
+    *,
+    api_root: str,
+    token: str,
+    by: str,
+    reason: str,
+    ids: list[int] | None = None,
+    stage: str | None = None,
+    error_classes: list[str] | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+) -> list[RedriveRun]:
+    """Trigger document_pipeline runs that redrive open dead letters, one run per stage.
+
+    The letters are ``ids`` (ticked on the page), or else every open letter matching the
+    filters; a filtered redrive ends at ``until`` or, at the latest, when the letters were
+    counted, so that letters arriving later are not taken along unseen. Each run is asked of
+    Airflow's REST API with ``token``, the caller's own JWT: Airflow checks their permission
+    and records them as the triggering user. The first refusal stops: raised as the page's
+    answer if no run has started, else recorded on the run it refused.
+    """
+    params = {
+        "ids": ids,
+        "stage": stage,
+        "error_classes": error_classes,
+        "since": since,
+        "until": until,
+    }
+    scopes = db.fetch_all(conn, "redrive_scope", params)
+    if not scopes:
+        raise HTTPException(HTTPStatus.CONFLICT, "No open dead letter matches: nothing to redrive.")
+    runs: list[RedriveRun] = []
+    stopped: str | None = None
+    for scope in scopes:
+        selection: dict[str, Any] = {"stage": scope["stage"]}
+        if ids is not None:
+            selection["ids"] = [int(i) for i in scope["ids"]]
+        else:
+            if error_classes:
+                selection["error_class"] = error_classes
+            if since is not None:
+                selection["since"] = since.isoformat()
+            as_of: datetime = scope["as_of"]
+            selection["until"] = (as_of if until is None else min(until, as_of)).isoformat()
+        selection.update(reason=reason, by=by)
+        run = RedriveRun(
+            stage=scope["stage"],
+            letters=int(scope["letters"]),
+            documents=int(scope["documents"]),
+            conf={"redrive": selection},
+        )
+        runs.append(run)
+        if stopped is not None:
+            run.refused = f"not asked: {stopped}"
+            continue
+        note = f"Redrive of {run.letters} {run.stage} dead letters by {by}: {reason}"
+        try:
+            started = airflow_http.trigger_run(api_root, token, DAG_ID, run.conf, note=note[:1000])
+        except (airflow_http.AirflowRefusedError, httpx.HTTPError) as err:
+            refusal = _airflow_refusal(err, api_root)
+            if len(runs) == 1:
+                raise refusal from err
+            stopped = f"the {runs[0].stage} run before it was refused"
+            run.refused = str(refusal.detail)
+            continue
+        run.run_id = str(started["dag_run_id"])
+        run.run_link = airflow_http.run_path(DAG_ID, run.run_id)
+    return runs
+
+
+def _airflow_refusal(err: Exception, api_root: str) -> HTTPException:
+    """The page's answer when Airflow refused a run (its status where it is the caller's)."""
+    if isinstance(err, airflow_http.AirflowRefusedError):
+        if err.status in (HTTPStatus.UNAUTHORIZED, HTTPStatus.FORBIDDEN):
+            return HTTPException(err.status, f"Airflow refused to trigger the run: {err.detail}")
+        if err.status in (HTTPStatus.BAD_REQUEST, HTTPStatus.UNPROCESSABLE_ENTITY):
+            return HTTPException(
+                HTTPStatus.BAD_REQUEST, f"Airflow rejected the run's conf: {err.detail}"
+            )
+        return HTTPException(HTTPStatus.BAD_GATEWAY, f"Airflow answered {err.status}: {err.detail}")
+    log.warning("replayable UI cannot reach Airflow's REST API at %s: %s", api_root, err)
+    return HTTPException(
+        HTTPStatus.BAD_GATEWAY,
+        "Airflow's REST API could not be reached; set [replayable] airflow_api_url to the URL "
+        "this API server can reach Airflow at.",
+    )
 
 
 def _with_history(conn: db.Connection, rows: list[dict[str, Any]]) -> list[DeadLetter]:
@@ -430,10 +642,12 @@ def _dag_details() -> DagDetails:
     return DagDetails(id=DAG_ID, team_name=team)
 
 
-def _require_dag(method: Literal["GET", "PUT"]) -> Callable[[GetUserDep], None]:
+def _require_dag(
+    method: Literal["GET", "PUT", "POST"], entity: DagAccessEntity | None = None
+) -> Callable[[GetUserDep], None]:
     def check(user: GetUserDep) -> None:
         if not get_auth_manager().is_authorized_dag(
-            method=method, details=_dag_details(), user=user
+            method=method, access_entity=entity, details=_dag_details(), user=user
         ):
             raise HTTPException(HTTPStatus.FORBIDDEN, "Forbidden")
 
@@ -441,9 +655,52 @@ def _require_dag(method: Literal["GET", "PUT"]) -> Callable[[GetUserDep], None]:
 
 
 # Reading the ledger of document_pipeline is reading the DAG; changing its work list is
-# editing it. A redrive from here would trigger a run: POST with DagAccessEntity.RUN.
+# editing it; a redrive triggers a run of it, as Airflow's own trigger route asks.
 require_read_access = _require_dag("GET")
 require_edit_access = _require_dag("PUT")
+require_trigger_access = _require_dag("POST", DagAccessEntity.RUN)
+
+
+def callers_token(
+    request: Request,
+    bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer_scheme)],
+) -> str:
+    """The JWT this request was authenticated with, chosen as Airflow's ``get_user`` chooses.
+
+    A redrive forwards it to Airflow's REST API, so that the run is the caller's own: never a
+    service account's (ADR 0062).
+    """
+    if bearer is not None and bearer.scheme.lower() == "bearer":
+        return bearer.credentials
+    token = request.cookies.get(COOKIE_NAME_JWT_TOKEN)
+    if not token:
+        raise HTTPException(HTTPStatus.UNAUTHORIZED, "Not authenticated")
+    return token
+
+
+def airflow_api_root(request: Request) -> str:
+    """Where this API server reaches Airflow's REST API (ADR 0062).
+
+    ``create_app(airflow_api_url=...)``, else ``[replayable] airflow_api_url``, else
+    ``[api] base_url``; with none of them, the address this request arrived at (the API
+    server's own socket, not the Host header a client sent).
+    """
+    configured = (
+        request.app.state.airflow_api_url
+        or conf.get("replayable", "airflow_api_url", fallback=None)
+        or conf.get("api", "base_url", fallback=None)
+    )
+    if configured:
+        return str(configured).rstrip("/")
+    server = request.scope.get("server")
+    if not server or server[1] is None:
+        raise HTTPException(
+            HTTPStatus.SERVICE_UNAVAILABLE,
+            "This API server's own address is unknown; set [replayable] airflow_api_url.",
+        )
+    host = f"[{server[0]}]" if ":" in server[0] else server[0]
+    scheme = "https" if conf.get("api", "ssl_cert", fallback="") else "http"
+    return f"{scheme}://{host}:{server[1]}"
 
 
 # ---- pages and API -----------------------------------------------------------------------
@@ -451,6 +708,19 @@ require_edit_access = _require_dag("PUT")
 
 def _when(moment: datetime | None) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC") if moment else ""
+
+
+def _filter_time(moment: datetime | None) -> str:
+    """A time as the date filters show and take it: UTC, to the second, without a zone."""
+    if moment is None:
+        return ""
+    return moment.astimezone(UTC).replace(tzinfo=None).isoformat(timespec="seconds")
+
+
+def _hour_label(moment: datetime) -> str:
+    """An axis label: the hour in UTC, or the date at midnight."""
+    utc = moment.astimezone(UTC)
+    return utc.strftime("%b %d") if utc.hour == 0 else utc.strftime("%H:00")
 
 
 def _file_name(uri: str | None) -> str:
@@ -464,13 +734,35 @@ _templates = jinja2.Environment(
     trim_blocks=True,
     lstrip_blocks=True,
 )
-_templates.filters.update(when=_when, file_name=_file_name)
-_templates.globals.update(stages=STAGES, letter_statuses=get_args(LetterStatus))
+_templates.filters.update(
+    when=_when,
+    file_name=_file_name,
+    filter_time=_filter_time,
+    hour_label=_hour_label,
+    # Plain text: autoescaping escapes it like every other value.
+    pretty_json=lambda value: json.dumps(value, indent=2, ensure_ascii=False),
+)
+_templates.globals.update(
+    stages=STAGES,
+    letter_statuses=get_args(LetterStatus),
+    chart_w=CHART_HOURS * _CHART_BAR_W,
+    chart_h=_CHART_H,
+    chart_bar_w=_CHART_BAR_W,
+)
 
 
-def _page(name: str, *, root: str = "", **context: Any) -> HTMLResponse:
-    """Render a page; ``root`` leads from the page's URL back to the app's (for nested pages)."""
-    return HTMLResponse(_templates.get_template(name).render(page=name, root=root, **context))
+def _page(
+    name: str, *, root: str = "", status: int = HTTPStatus.OK, **context: Any
+) -> HTMLResponse:
+    """Render a page; ``root`` leads from the page's URL back to the app's (for nested pages).
+
+    ``airflow`` leads from the page to Airflow's base URL, for links into Airflow's UI: the
+    app is mounted one level below it (at ``/replayable``), so it is ``root`` and ``../``.
+    """
+    html = _templates.get_template(name).render(
+        page=name, root=root, airflow=f"{root}../", **context
+    )
+    return HTMLResponse(html, status_code=status)
 
 
 def _error_classes(values: list[str] | None) -> list[str] | None:
@@ -488,12 +780,46 @@ def _blank_is_none(value: object) -> object:
     return None if value == "" else value
 
 
+def _utc(moment: datetime | None) -> datetime | None:
+    """A time without a zone is UTC, as the pages show every time."""
+    if moment is None:
+        return None
+    if moment.tzinfo is None:
+        return moment.replace(tzinfo=UTC)
+    try:
+        return moment.astimezone(UTC)
+    except OverflowError:
+        raise ValueError("out of the range of dates") from None
+
+
+def _at_least_three(text: str) -> str:
+    text = text.strip()
+    if len(text) < 3:
+        raise ValueError("say why in at least 3 characters")
+    return text
+
+
 StageFilter = Annotated[Stage | None, BeforeValidator(_blank_is_none), Query()]
+MomentFilter = Annotated[
+    datetime | None, BeforeValidator(_blank_is_none), AfterValidator(_utc), Query()
+]
 StageField = Annotated[Stage | None, BeforeValidator(_blank_is_none), Form()]
+MomentField = Annotated[
+    datetime | None, BeforeValidator(_blank_is_none), AfterValidator(_utc), Form()
+]
+ErrorClassField = Annotated[ErrorClass, Form(max_length=2000)]
 OwnerField = Annotated[str, Form(max_length=_OWNER_MAX, pattern=_TEXT)]
 NoteField = Annotated[str, Form(max_length=_NOTE_MAX, pattern=_TEXT)]
 # A resolution must say why (ADR 0007): at least one character that is not a space.
 ReasonField = Annotated[str, Form(min_length=1, max_length=_NOTE_MAX, pattern=_REASON)]
+# A redrive's reason goes into the run's conf, whose schema wants one line of 3 or more.
+RedriveReasonField = Annotated[
+    str,
+    AfterValidator(_at_least_three),
+    Form(min_length=3, max_length=_NOTE_MAX, pattern=r"^[^\x00-\x1f\x7f-\x9f]*$"),
+]
+RedriveScope = Literal["selected", "matching"]
+LetterIds = Annotated[list[Annotated[int, Field(ge=1, le=2**63 - 1)]] | None, Form(max_length=500)]
 StatusField = Annotated[LetterStatus, Form()]
 LimitField = Annotated[int, Form(ge=1, le=500)]
 ReturnField = Annotated[ReturnTo, Form()]
@@ -515,14 +841,20 @@ _ANY_ROUTE: Responses = {
 _PAGED: Responses = {400: _problem("`after` is not a page cursor")}
 _ONE: Responses = {404: _problem("No such dead letter")}
 _CHANGE: Responses = {**_ONE, 409: _problem("The letter is no longer open")}
+_REDRIVE: Responses = {
+    400: _problem("No letter ticked, or Airflow rejected the run's conf"),
+    409: _problem("No open dead letter matches"),
+    502: _problem("Airflow's REST API could not be reached, or failed"),
+}
 
 router = APIRouter(responses=_ANY_ROUTE)
 
 
 @router.get("/", response_class=HTMLResponse)
 def overview_page(conn: ReadConn) -> HTMLResponse:
-    """Per stage, items by current status; open dead letters."""
-    return _page("overview.html", summary=summary(conn))
+    """Per stage, items by current status; open dead letters; letters created per hour."""
+    chart = letters_per_hour(conn)
+    return _page("overview.html", summary=summary(conn), chart=chart, bars=_chart_bars(chart))
 
 
 @router.get("/failed", response_class=HTMLResponse, responses=_PAGED)
@@ -540,17 +872,47 @@ def failed_page(
     return _page("failed.html", data=data, filters=filters, next_query=_next(filters, data))
 
 
+def _letter_filters(
+    stage: str | None,
+    status: str,
+    classes: list[str] | None,
+    since: datetime | None,
+    until: datetime | None,
+    limit: int,
+) -> dict[str, Any]:
+    """The dead-letter list's filters as its form shows them and its links carry them."""
+    return {
+        "stage": stage,
+        "status": status,
+        "error_class": ", ".join(classes or []),
+        "since": _filter_time(since),
+        "until": _filter_time(until),
+        "limit": limit,
+    }
+
+
 @router.get("/dead-letters", response_class=HTMLResponse, responses=_PAGED)
 def dead_letters_page(
     conn: ReadConn,
     stage: StageFilter = None,
     status: LetterStatus = "open",
+    error_class: ErrorClasses = None,
+    since: MomentFilter = None,
+    until: MomentFilter = None,
     limit: Limit = 100,
     after: After = None,
 ) -> HTMLResponse:
-    """The dead-letter queue (open letters unless asked otherwise), each row expandable."""
-    data = dead_letters(conn, stage, status, limit, after)
-    filters = {"stage": stage, "status": status, "limit": limit}
+    """The dead-letter queue (open letters unless asked otherwise), each row expandable.
+
+    Filters: stage, status, error class and when the letter was created (``since``
+    inclusive, ``until`` exclusive; a time without a zone is UTC). Open letters can be ticked
+    and redriven, or every open letter the filters match.
+    """
+    classes = _error_classes(error_class)
+    data = dead_letters(
+        conn, stage, status, limit, after, error_classes=classes, since=since, until=until
+    )
+    filters = _letter_filters(stage, status, classes, since, until, limit)
     return _page("dead_letters.html", data=data, filters=filters, next_query=_next(filters, data))
 
 
@@ -558,7 +920,7 @@ def dead_letters_page(
 def dead_letter_page(conn: ReadConn, letter_id: LetterId) -> HTMLResponse:
     """One dead letter: its full error, its resolution and every change made to it."""
     letter = dead_letter(conn, letter_id)
-    filters = {"stage": None, "status": "open", "limit": 100}
+    filters = _letter_filters(None, "open", None, None, None, 100)
     return _page("dead_letter.html", root="../", dl=letter, filters=filters)
 
 
@@ -566,19 +928,19 @@ def _next(filters: dict[str, Any], data: FailedList | DeadLetterList) -> str | N
     """The query string of the next page: the same filters and the cursor."""
     if data.next_after is None:
         return None
-    kept = {k: v for k, v in filters.items() if v not in (None, "")}
-    return urlencode({**kept, "after": data.next_after})
+    return urlencode({**_kept(filters), "after": data.next_after})
 
 
-def _back(
-    letter_id: int, return_to: str, stage: str | None, letter_status: str, limit: int
-) -> RedirectResponse:
+def _kept(filters: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in filters.items() if v not in (None, "")}
+
+
+def _back(letter_id: int, return_to: str, filters: dict[str, Any]) -> RedirectResponse:
     # Relative, so that it works under any mount point and [api] base_url:
     # .../dead-letters/<id>/<action> → .../dead-letters/<id> or .../dead-letters
     if return_to == "letter":
         return RedirectResponse(f"../{letter_id}", HTTPStatus.SEE_OTHER)
-    query = {"status": letter_status, "limit": limit, **({"stage": stage} if stage else {})}
-    return RedirectResponse(f"../../dead-letters?{urlencode(query)}", HTTPStatus.SEE_OTHER)
+    return RedirectResponse(f"../../dead-letters?{urlencode(_kept(filters))}", HTTPStatus.SEE_OTHER)
 
 
 _EDIT = [Depends(require_same_origin), Depends(require_edit_access)]
@@ -598,13 +960,18 @@ def ignore_dead_letter(
     reason: ReasonField,
     stage: StageField = None,
     status: StatusField = "open",
+    error_class: ErrorClassField = "",
+    since: MomentField = None,
+    until: MomentField = None,
     limit: LimitField = 100,
     return_to: ReturnField = "list",
 ) -> RedirectResponse:
     """Resolve an open letter as ignored, recording who, when and why; its note stays."""
     params = {"id": letter_id, "by": user.get_name(), "reason": reason.strip()}
     change_open_letter(conn, "web_ignore_dead_letter", params)
-    return _back(letter_id, return_to, stage, status, limit)
+    classes = _error_classes([error_class])
+    filters = _letter_filters(stage, status, classes, since, until, limit)
+    return _back(letter_id, return_to, filters)
 
 
 @router.post(
@@ -622,6 +989,9 @@ def assign_dead_letter(
     note: NoteField = "",
     stage: StageField = None,
     status: StatusField = "open",
+    error_class: ErrorClassField = "",
+    since: MomentField = None,
+    until: MomentField = None,
     limit: LimitField = 100,
     return_to: ReturnField = "list",
 ) -> RedirectResponse:
@@ -633,13 +1003,68 @@ def assign_dead_letter(
         "note": note.strip() or None,
     }
     change_open_letter(conn, "web_assign_dead_letter", params)
-    return _back(letter_id, return_to, stage, status, limit)
+    classes = _error_classes([error_class])
+    filters = _letter_filters(stage, status, classes, since, until, limit)
+    return _back(letter_id, return_to, filters)
+
+
+@router.post(
+    "/dead-letters/redrive",
+    dependencies=[Depends(require_same_origin), Depends(require_trigger_access)],
+    response_class=HTMLResponse,
+    responses=_REDRIVE,
+)
+def redrive_dead_letters(
+    request: Request,
+    user: GetUserDep,
+    conn: ReadConn,
+    token: Annotated[str, Depends(callers_token)],
+    reason: RedriveReasonField,
+    scope: Annotated[RedriveScope, Form()],
+    ids: LetterIds = None,
+    stage: StageField = None,
+    error_class: ErrorClassField = "",
+    since: MomentField = None,
+    until: MomentField = None,
+    limit: LimitField = 100,
+) -> HTMLResponse:
+    """Redrive the ticked open letters, or every open letter the filters match (ADR 0062).
+
+    Triggers ``document_pipeline`` with a ``redrive`` conf through Airflow's REST API as the
+    logged-in user (their own JWT), one run per stage, and shows the runs it started. The
+    ledger is only read here: the run itself closes the letters as redriven.
+    """
+    if scope == "selected" and not ids:
+        raise HTTPException(HTTPStatus.BAD_REQUEST, "Tick the letters to redrive first.")
+    classes = _error_classes([error_class])
+    selected = scope == "selected"
+    runs = redrive(
+        conn,
+        api_root=airflow_api_root(request),
+        token=token,
+        by=user.get_name(),
+        reason=reason,
+        ids=list(dict.fromkeys(ids or [])) if selected else None,
+        stage=None if selected else stage,
+        error_classes=None if selected else classes,
+        since=None if selected else since,
+        until=None if selected else until,
+    )
+    filters = _letter_filters(stage, "open", classes, since, until, limit)
+    back = urlencode(_kept(filters))
+    return _page("redrive.html", root="../", runs=runs, reason=reason, back=back)
 
 
 @router.get("/api/summary")
 def summary_api(conn: ReadConn) -> Summary:
     """The overview as JSON."""
     return summary(conn)
+
+
+@router.get("/api/dead-letters/per-hour")
+def letters_per_hour_api(conn: ReadConn) -> LettersPerHour:
+    """The overview's chart as JSON: letters created per hour over the last 48 hours (UTC)."""
+    return letters_per_hour(conn)
 
 
 @router.get("/api/failed", responses=_PAGED)
@@ -659,11 +1084,23 @@ def dead_letters_api(
     conn: ReadConn,
     stage: StageFilter = None,
     status: LetterStatus = "open",
+    error_class: ErrorClasses = None,
+    since: MomentFilter = None,
+    until: MomentFilter = None,
     limit: Limit = 100,
     after: After = None,
 ) -> DeadLetterList:
     """The dead-letter list as JSON, with full errors, tracebacks and histories."""
-    return dead_letters(conn, stage, status, limit, after)
+    return dead_letters(
+        conn,
+        stage,
+        status,
+        limit,
+        after,
+        error_classes=_error_classes(error_class),
+        since=since,
+        until=until,
+    )
 
 
 @router.get("/api/dead-letters/{letter_id}", responses=_ONE)
@@ -711,6 +1148,7 @@ def create_app(
     pool_size: int | None = None,
     statement_timeout_s: float | None = None,
     openapi_url: str | None = None,
+    airflow_api_url: str | None = None,
 ) -> FastAPI:
     """Build the UI app; ``dsn_provider`` returns the replayable database's DSN.
 
@@ -719,9 +1157,10 @@ def create_app(
     ``[replayable] ui_pool_size`` connections (4) and statements are cancelled after
     ``[replayable] ui_statement_timeout_s`` (5 s); both are Airflow config options, e.g.
     ``AIRFLOW__REPLAYABLE__UI_STATEMENT_TIMEOUT_S``. ``openapi_url`` serves the schema: for
-    tests only, since Airflow's auth does not cover the docs routes. Building the app touches
-    neither Airflow's auth manager nor any database, so the plugin loads cheaply in every
-    Airflow process.
+    tests only, since Airflow's auth does not cover the docs routes. ``airflow_api_url`` is
+    where a redrive reaches Airflow's REST API (see :func:`airflow_api_root` for the
+    default). Building the app touches neither Airflow's auth manager nor any database, so
+    the plugin loads cheaply in every Airflow process.
     """
     app = FastAPI(
         title="Replayable",
@@ -740,6 +1179,7 @@ def create_app(
         statement_timeout_s=statement_timeout_s
         or conf.getfloat("replayable", "ui_statement_timeout_s", fallback=5.0),
     )
+    app.state.airflow_api_url = airflow_api_url
     app.include_router(router)
     app.include_router(metrics_router)  # its own auth: Airflow's or the scrape token
     app.add_exception_handler(psycopg2.errors.UndefinedTable, _schema_missing)

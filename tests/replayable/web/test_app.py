@@ -16,6 +16,7 @@ import re
 import threading
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, get_args
 
@@ -33,6 +34,7 @@ from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 
 from conftest import ROOT
+from fake_airflow import FakeAirflow
 from replayable import db, devenv
 from replayable.settings import STAGES
 from replayable.web import create_app
@@ -147,6 +149,15 @@ def ledger(conn: Any) -> dict[str, int]:
             {"a": A, "b": B, "c": C, "h": HOSTILE},
         )
         ids = [row[0] for row in cur.fetchall()]
+        # Written by document_pipeline's tasks: these rows link into Airflow.
+        cur.execute(
+            "UPDATE replayable.stage_runs SET dag_id = 'document_pipeline', try_number = 1"
+            " WHERE item_key IN ('eb', 'ma')"
+        )
+        cur.execute(
+            "UPDATE replayable.dead_letters SET dag_id = 'document_pipeline', try_number = 2"
+            " WHERE item_key = 'ec'"
+        )
     conn.commit()
     return dict(zip(("encrypted", "bad_input", "redriven"), ids, strict=True))
 
@@ -244,7 +255,7 @@ def test_the_dag_it_authorizes_against_is_the_pipeline() -> None:
 
 def test_every_route_refuses_anonymous_requests(app: FastAPI, anonymous: TestClient) -> None:
     routes = _routes(app)
-    assert len(routes) == 10
+    assert len(routes) == 12
     for method, path in routes:
         response = anonymous.request(method, "/replayable" + path, headers={"Origin": ORIGIN})
         assert response.status_code == 401, (method, path)
@@ -273,7 +284,7 @@ def test_a_user_without_a_role_is_forbidden(app: FastAPI, ledger: dict[str, int]
 def test_every_role_can_read_every_page(app: FastAPI, ledger: dict[str, int], role: str) -> None:
     reader = _as(app, SimpleAuthManagerUser(username="r", role=role))
     pages = [path for method, path in _routes(app) if method == "GET"]
-    assert len(pages) == 8
+    assert len(pages) == 9
     for path in pages:
         path = path.replace("/1", f"/{ledger['encrypted']}")
         assert reader.get("/replayable" + path).status_code == 200, (role, path)
@@ -719,12 +730,16 @@ def test_json_api_shapes(client: TestClient, ledger: dict[str, int]) -> None:
         "map_index",
         "try_number",
         "updated_at",
+        "links",
     }
     letters = client.get("/replayable/api/dead-letters").json()
     assert set(letters) == {"matched", "dead_letters", "next_after"}
     letter = letters["dead_letters"][-1]
     assert letter["error"] == HOSTILE and letter["traceback"] == HOSTILE  # JSON is not HTML
     assert {"id", "owner", "note", "status", "run_id", "map_index", "resolved_by"} <= set(letter)
+    assert {"try_number", "links"} <= set(letter)
+    chart = client.get("/replayable/api/dead-letters/per-hour").json()
+    assert set(chart) == {"hours", "per_hour", "total", "peak"}
 
 
 def test_an_unreachable_database_is_503_without_the_dsn(make_app: Any) -> None:
@@ -930,3 +945,389 @@ def test_a_bad_cursor_is_refused_naming_it(
 ) -> None:
     response = client.get(f"/replayable/api/dead-letters?after={cursor}")
     assert response.status_code == 400 and "after" in response.text
+
+
+# ---- links into Airflow's UI (ADR 0060) ----------------------------------------------------
+
+
+def _hrefs(page: Any) -> set[str]:
+    """Every link of a page, resolved against the page's URL (path and query)."""
+    found = set()
+    for href in re.findall(r'href="([^"]*)"', page.text):
+        url = page.url.join(html.unescape(href))
+        found.add(url.path + (f"?{url.query.decode()}" if url.query else ""))
+    return found
+
+
+def test_failed_items_and_letters_link_to_their_task_instance_run_and_log(
+    client: TestClient, ledger: dict[str, int]
+) -> None:
+    run = "dags/document_pipeline/runs/r1"
+    item = client.get("/replayable/api/failed?stage=extract").json()["items"][0]
+    assert item["links"] == {
+        "run": run,
+        "task_instance": f"{run}/tasks/batch.extract/mapped/1/details",
+        "log": f"{run}/tasks/batch.extract/mapped/1?try_number=1",
+    }
+    letter = client.get(f"/replayable/api/dead-letters/{ledger['encrypted']}").json()
+    run = "dags/document_pipeline/runs/r2"
+    assert letter["links"] == {
+        "run": run,
+        "task_instance": f"{run}/tasks/batch.extract/mapped/0/details",
+        "log": f"{run}/tasks/batch.extract/mapped/0?try_number=2",
+    }
+    # A letter whose row names no DAG run has nowhere to link to.
+    other = client.get(f"/replayable/api/dead-letters/{ledger['bad_input']}").json()
+    assert other["links"] is None
+
+
+def test_pages_link_into_airflow_relative_to_its_base_path(
+    app: FastAPI, ledger: dict[str, int]
+) -> None:
+    """Served at <base>/replayable/..., a page's Airflow links resolve to <base>/dags/...."""
+    letter = ledger["encrypted"]
+    for base in ("", "/airflow"):
+        root = FastAPI()
+        root.mount(f"{base}/replayable", app)
+        app.dependency_overrides[get_user] = _test_identity
+        _USERS["v:VIEWER"] = SimpleAuthManagerUser(username="v", role="VIEWER")
+        viewer = TestClient(root, headers={"X-Test-User": "v:VIEWER"})
+        log = f"{base}/dags/document_pipeline/runs/r2/tasks/batch.extract/mapped/0?try_number=2"
+        for path in ("/dead-letters", f"/dead-letters/{letter}"):
+            hrefs = _hrefs(viewer.get(f"{base}/replayable{path}"))
+            assert log in hrefs, (base, path)
+            assert f"{base}/dags/document_pipeline/runs/r2" in hrefs
+        failed = _hrefs(viewer.get(f"{base}/replayable/failed"))
+        assert f"{base}/dags/document_pipeline/runs/r1/tasks/batch.extract/mapped/1/details" in (
+            failed
+        )
+
+
+# ---- the chart of letters created per hour ---------------------------------------------------
+
+
+def test_the_chart_counts_the_letters_created_in_each_of_the_last_48_hours(
+    client: TestClient, conn: Any, ledger: dict[str, int]
+) -> None:
+    with conn.cursor() as cur:
+        # Two hours ago (twice), 47.5 hours ago (the window's first hour, or just before it),
+        # and three days ago (outside the window): the test buckets them itself below.
+        cur.execute(
+            "INSERT INTO replayable.dead_letters (stage, item_key, doc_id, error_class,"
+            " error_kind, error, attempts, code_version, status, created_at)"
+            " SELECT 'chunk', 'h' || n, %s, 'timeout', 'retryable', 'slow', 3, '1', 'ignored',"
+            " now() - make_interval(mins => m)"
+            " FROM unnest(ARRAY[1, 2, 3, 4], ARRAY[120, 121, 2850, 4320]) AS t (n, m)",
+            (A,),
+        )
+        cur.execute("SELECT created_at, now() FROM replayable.dead_letters")
+        found = cur.fetchall()
+    conn.commit()
+    now = found[0][1].astimezone(UTC)
+    first = now.replace(minute=0, second=0, microsecond=0) - timedelta(hours=47)
+    expected = [0] * 48
+    for created, _ in found:
+        index = int((created.astimezone(UTC) - first).total_seconds() // 3600)
+        if 0 <= index < 48:
+            expected[index] += 1
+
+    chart = client.get("/replayable/api/dead-letters/per-hour").json()
+    assert [h["created"] for h in chart["per_hour"]] == expected
+    assert chart["total"] == sum(expected) and chart["peak"] == max(expected)
+    hours = [datetime.fromisoformat(h["hour"]) for h in chart["per_hour"]]
+    assert hours[0] == first and hours[-1] == first + timedelta(hours=47)
+
+    page = client.get("/replayable/").text
+    assert "<script" not in page
+    assert page.count('class="bar"') == sum(1 for n in expected if n)
+    assert page.count('class="zero"') == sum(1 for n in expected if not n)
+    table = re.search(r'<table class="per-hour">(.*?)</table>', page, re.S)
+    assert table is not None
+    cells = re.findall(r'<td class="num">(\d+)</td>', table.group(1))
+    assert [int(c) for c in cells] == expected
+
+
+def test_a_bar_lists_the_letters_of_its_hour(client: TestClient, ledger: dict[str, int]) -> None:
+    page = client.get("/replayable/")
+    bars = [h for h in _hrefs(page) if h.startswith("/replayable/dead-letters?status=all")]
+    assert bars
+    for bar in bars:
+        listed = client.get(bar.replace("/dead-letters", "/api/dead-letters")).json()
+        assert listed["matched"] >= 1
+
+
+# ---- filters and keyset paging of the dead-letter list ---------------------------------------
+
+
+def _iso(conn: Any, sql: str) -> str:
+    with conn.cursor() as cur:
+        cur.execute(sql)
+        (moment,) = cur.fetchone()
+    conn.commit()
+    return str(moment.astimezone(UTC).replace(tzinfo=None).isoformat())
+
+
+def test_dead_letters_filter_by_error_class_and_creation_time(
+    client: TestClient, conn: Any, ledger: dict[str, int]
+) -> None:
+    def ids(query: str) -> list[int]:
+        return [
+            d["id"]
+            for d in client.get(f"/replayable/api/dead-letters?{query}").json()["dead_letters"]
+        ]
+
+    assert ids("status=all&error_class=http_400") == [ledger["bad_input"]]
+    assert ids("status=all&error_class=http_400,encrypted") == [
+        ledger["bad_input"],
+        ledger["encrypted"],
+    ]
+    # The letters are 3, 2 and 1 minutes old; a time without a zone is UTC.
+    middle = _iso(conn, "SELECT now() - interval '150 seconds'")
+    assert ids(f"status=all&since={middle}") == [ledger["redriven"], ledger["bad_input"]]
+    assert ids(f"status=all&until={middle}") == [ledger["encrypted"]]
+    assert ids(f"status=all&since={middle}Z&error_class=http_500") == [ledger["redriven"]]
+    assert ids("since=&until=&error_class=") == [ledger["bad_input"], ledger["encrypted"]]
+    page = client.get(f"/replayable/dead-letters?status=all&since={middle}").text
+    assert f'name="since" type="datetime-local" step="1" value="{middle[:19]}"' in page
+
+
+def test_keyset_paging_keeps_the_filters(
+    client: TestClient, conn: Any, ledger: dict[str, int]
+) -> None:
+    with conn.cursor() as cur:
+        cur.execute(
+            "INSERT INTO replayable.dead_letters (stage, item_key, doc_id, error_class,"
+            " error_kind, error, attempts, code_version, created_at)"
+            " SELECT 'embed', 'p' || n, %s, CASE WHEN n %% 2 = 0 THEN 'http_400' ELSE 'x' END,"
+            " 'terminal', 'e', 1, '1', now() - make_interval(mins => 10 + n)"
+            " FROM generate_series(1, 9) AS n RETURNING id, error_class",
+            (B,),
+        )
+        wanted = {row[0] for row in cur.fetchall() if row[1] == "http_400"}
+    conn.commit()
+    wanted.add(ledger["bad_input"])
+    since = _iso(conn, "SELECT now() - interval '1 hour'")
+    query: str | None = f"error_class=http_400&since={since}&limit=2"
+    seen: list[int] = []
+    while query is not None:
+        page = client.get(f"/replayable/dead-letters?{query}")
+        seen += [int(i) for i in re.findall(r'<tbody class="letter" id="dl-(\d+)">', page.text)]
+        nxt = re.search(r'<a href="\?([^"]*)">Next page', page.text)
+        query = html.unescape(nxt.group(1)) if nxt else None
+        if query is not None:
+            assert "error_class=http_400" in query and "since=" in query
+    assert len(seen) == len(set(seen)) and set(seen) == wanted
+
+
+# ---- redrive (ADR 0062) ----------------------------------------------------------------------
+
+
+@pytest.fixture
+def fake_airflow() -> Iterator[FakeAirflow]:
+    with FakeAirflow() as airflow:
+        yield airflow
+
+
+def _redriver(make_app: Any, dsn: str, url: str, role: str = "USER") -> TestClient:
+    """A client of an app that reaches Airflow at ``url``, logged in with the UI cookie."""
+    app = make_app(lambda: dsn, airflow_api_url=url)
+    client = _as(app, SimpleAuthManagerUser(username="erin", role=role))
+    client.cookies.set("_token", f"cookie-jwt-{role}")
+    return client
+
+
+def test_redriving_ticked_letters_triggers_a_run_per_stage_as_the_user(
+    make_app: Any, dsn: str, conn: Any, ledger: dict[str, int], fake_airflow: FakeAirflow
+) -> None:
+    client = _redriver(make_app, dsn, fake_airflow.url)
+    ticked = [ledger["encrypted"], ledger["bad_input"], ledger["redriven"], ledger["bad_input"]]
+    page = client.post(
+        "/replayable/dead-letters/redrive",
+        data={"scope": "selected", "ids": ticked, "reason": " provider fixed ", "stage": "embed"},
+    )
+    assert page.status_code == 200, page.text
+    assert [s.path for s in fake_airflow.triggers] == ["/api/v2/dags/document_pipeline/dagRuns"] * 2
+    assert {s.authorization for s in fake_airflow.triggers} == {"Bearer cookie-jwt-USER"}
+    confs = {s.body["conf"]["redrive"]["stage"]: s.body for s in fake_airflow.triggers}
+    assert confs["embed"]["conf"] == {
+        "redrive": {
+            "stage": "embed",
+            "ids": [ledger["bad_input"]],  # the redriven letter is not open: left out
+            "reason": "provider fixed",
+            "by": "erin",
+        }
+    }
+    assert confs["extract"]["conf"]["redrive"]["ids"] == [ledger["encrypted"]]
+    assert all(body["logical_date"] is None for body in confs.values())
+    assert "erin" in confs["embed"]["note"] and "provider fixed" in confs["embed"]["note"]
+    hrefs = _hrefs(page)
+    assert {
+        "/dags/document_pipeline/runs/manual__fake-1",
+        "/dags/document_pipeline/runs/manual__fake-2",
+        "/replayable/dead-letters?stage=embed&status=open&limit=100",
+    } <= hrefs
+    # The page only asked Airflow: the run closes the letters when it takes them.
+    assert _letter(conn, ledger["encrypted"])["status"] == "open"
+    assert _history(conn, ledger["encrypted"]) == []
+
+
+def test_redriving_the_matching_letters_ends_at_the_moment_they_were_counted(
+    make_app: Any, dsn: str, conn: Any, ledger: dict[str, int], fake_airflow: FakeAirflow
+) -> None:
+    client = _redriver(make_app, dsn, fake_airflow.url)
+    since = _iso(conn, "SELECT now() - interval '1 hour'")
+    before = datetime.now(UTC)
+    page = client.post(
+        "/replayable/dead-letters/redrive",
+        data={
+            "scope": "matching",
+            "stage": "embed",
+            "error_class": "http_400",
+            "since": since,
+            "until": "",
+            "reason": "provider fixed",
+            "ids": [ledger["encrypted"]],  # ticked, but this asks for every match
+        },
+    )
+    assert page.status_code == 200, page.text
+    (sent,) = fake_airflow.triggers
+    redrive = sent.body["conf"]["redrive"]
+    assert {k: v for k, v in redrive.items() if k != "until"} == {
+        "stage": "embed",
+        "error_class": ["http_400"],
+        "since": f"{since}+00:00",
+        "reason": "provider fixed",
+        "by": "erin",
+    }
+    until = datetime.fromisoformat(redrive["until"])
+    assert before - timedelta(seconds=5) < until <= datetime.now(UTC)
+    assert "1</td>" in page.text  # one letter, one document
+
+
+def test_a_viewer_may_not_redrive_and_airflow_is_never_asked(
+    make_app: Any, dsn: str, ledger: dict[str, int], fake_airflow: FakeAirflow
+) -> None:
+    viewer = _redriver(make_app, dsn, fake_airflow.url, role="VIEWER")
+    refused = viewer.post(
+        "/replayable/dead-letters/redrive",
+        data={"scope": "selected", "ids": [ledger["encrypted"]], "reason": "try it"},
+    )
+    assert refused.status_code == 403
+    assert fake_airflow.sent == []
+
+
+def test_a_cross_origin_redrive_is_refused(
+    make_app: Any, dsn: str, ledger: dict[str, int], fake_airflow: FakeAirflow
+) -> None:
+    client = _redriver(make_app, dsn, fake_airflow.url)
+    refused = client.post(
+        "/replayable/dead-letters/redrive",
+        data={"scope": "selected", "ids": [ledger["encrypted"]], "reason": "try it"},
+        headers={"Origin": "http://evil.example"},
+    )
+    assert refused.status_code == 403 and fake_airflow.sent == []
+
+
+def test_a_bearer_token_is_forwarded_as_it_came(
+    make_app: Any, dsn: str, ledger: dict[str, int], fake_airflow: FakeAirflow
+) -> None:
+    client = _redriver(make_app, dsn, fake_airflow.url)
+    response = client.post(
+        "/replayable/dead-letters/redrive",
+        data={"scope": "selected", "ids": [ledger["encrypted"]], "reason": "try it"},
+        headers={"Authorization": "Bearer api-client-jwt", "Origin": ""},
+    )
+    assert response.status_code == 200
+    assert [s.authorization for s in fake_airflow.triggers] == ["Bearer api-client-jwt"]
+
+
+@pytest.mark.parametrize(
+    ("answer", "status", "words"),
+    [
+        ((403, {"detail": "Forbidden"}), 403, "Airflow refused"),
+        ((401, {"detail": "Token expired"}), 401, "Token expired"),
+        ((400, {"detail": "Invalid input for param redrive"}), 400, "Invalid input"),
+        ((500, {"detail": "boom"}), 502, "500"),
+    ],
+)
+def test_airflows_refusal_is_passed_on(
+    make_app: Any,
+    dsn: str,
+    ledger: dict[str, int],
+    answer: tuple[int, dict[str, Any]],
+    status: int,
+    words: str,
+) -> None:
+    with FakeAirflow(answer=answer) as airflow:
+        client = _redriver(make_app, dsn, airflow.url)
+        response = client.post(
+            "/replayable/dead-letters/redrive",
+            data={"scope": "selected", "ids": [ledger["encrypted"]], "reason": "try it"},
+        )
+    assert response.status_code == status
+    assert words in response.json()["detail"]
+
+
+def test_an_unreachable_airflow_is_502(make_app: Any, dsn: str, ledger: dict[str, int]) -> None:
+    client = _redriver(make_app, dsn, "http://127.0.0.1:1")
+    response = client.post(
+        "/replayable/dead-letters/redrive",
+        data={"scope": "selected", "ids": [ledger["encrypted"]], "reason": "try it"},
+    )
+    assert response.status_code == 502 and "airflow_api_url" in response.json()["detail"]
+
+
+@pytest.mark.parametrize(
+    ("form", "status"),
+    [
+        ({"scope": "selected", "reason": "why not"}, 400),  # nothing ticked
+        ({"scope": "matching", "stage": "chunk", "reason": "why not"}, 409),  # nothing open
+        ({"scope": "matching", "reason": " ab "}, 422),  # too short a reason
+        ({"scope": "matching", "reason": "two\nlines"}, 422),
+        ({"scope": "all", "reason": "why not"}, 422),
+    ],
+)
+def test_a_redrive_needs_a_reason_and_letters_to_take(
+    make_app: Any,
+    dsn: str,
+    ledger: dict[str, int],
+    fake_airflow: FakeAirflow,
+    form: dict[str, str],
+    status: int,
+) -> None:
+    client = _redriver(make_app, dsn, fake_airflow.url)
+    assert client.post("/replayable/dead-letters/redrive", data=form).status_code == status
+    assert fake_airflow.sent == []
+
+
+def test_the_dead_letter_page_offers_redrive_of_ticked_or_matching_open_letters(
+    client: TestClient, ledger: dict[str, int]
+) -> None:
+    page = client.get("/replayable/dead-letters?error_class=encrypted").text
+    form = re.search(r'<form id="redrive".*?</form>', page, re.S)
+    assert form is not None and 'action="dead-letters/redrive"' in form.group(0)
+    assert 'name="error_class" value="encrypted"' in form.group(0)
+    assert f'name="ids" value="{ledger["encrypted"]}" form="redrive"' in page
+    # Only open letters can be redriven: no form on other statuses, no box on closed rows.
+    closed = client.get("/replayable/dead-letters?status=redriven").text
+    assert 'id="redrive"' not in closed and 'name="ids"' not in closed
+
+
+def test_without_configuration_the_api_server_calls_itself(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from replayable.web.app import airflow_api_root
+
+    state = type("State", (), {"airflow_api_url": None})()
+    scope = {
+        "type": "http",
+        "app": type("App", (), {"state": state})(),
+        "server": ("127.0.0.1", 8793),
+        "headers": [(b"host", b"evil.example")],
+    }
+    monkeypatch.delenv("AIRFLOW__API__BASE_URL", raising=False)
+    assert airflow_api_root(Request(scope)) == "http://127.0.0.1:8793"
+    monkeypatch.setenv("AIRFLOW__API__BASE_URL", "https://airflow.example/team/")
+    assert airflow_api_root(Request(scope)) == "https://airflow.example/team"
+    monkeypatch.setenv("AIRFLOW__REPLAYABLE__AIRFLOW_API_URL", "http://airflow-api:8080")
+    assert airflow_api_root(Request(scope)) == "http://airflow-api:8080"

@@ -30,9 +30,9 @@ WITH input AS (
 ), letters AS (
     INSERT INTO replayable.dead_letters
         (stage, item_key, doc_id, error_class, error_kind, error, traceback, attempts,
-         code_version, dag_id, run_id, map_index)
+         code_version, dag_id, run_id, map_index, try_number)
     SELECT %(stage)s, f.item_key, f.doc_id, i.error_class, i.error_kind, i.error, i.traceback,
-           f.attempts, f.code_version, %(dag_id)s, %(run_id)s, %(map_index)s
+           f.attempts, f.code_version, %(dag_id)s, %(run_id)s, %(map_index)s, %(try_number)s
     FROM finished f JOIN input i USING (item_key)
     WHERE f.status = 'dead'
     ON CONFLICT (stage, item_key) WHERE status = 'open' DO NOTHING

@@ -3,7 +3,7 @@
 -- as `after`. `matched` counts every match.
 SELECT dl.id, dl.stage, dl.item_key, dl.doc_id, d.uri, dl.error_class, dl.error_kind,
        dl.error, dl.traceback, dl.attempts, dl.code_version, dl.dag_id, dl.run_id,
-       dl.map_index, dl.status, dl.owner, dl.note, dl.created_at, dl.resolved_at,
+       dl.map_index, dl.try_number, dl.status, dl.owner, dl.note, dl.created_at, dl.resolved_at,
        dl.resolved_by, dl.resolution,
        (SELECT count(*) FROM replayable.dead_letters m
         WHERE (%(stage)s::text IS NULL OR m.stage = %(stage)s::text)

@@ -1,7 +1,8 @@
 -- Close the matching open dead letters as redriven (who, when, why) and record their
 -- documents as the run's; the run revives the dead items of the redriven stage under the
 -- current keys (a letter left by an older code version reopens nothing stale). Ignored
--- letters are never matched. Returns how many documents.
+-- letters are never matched; `since` (inclusive) and `until` (exclusive) bound the letters'
+-- created_at as the dead-letter page's filters do. Returns how many documents.
 INSERT INTO replayable.runs (dag_id, run_id, selection)
 VALUES (%(dag_id)s, %(run_id)s, %(selection)s)
 ON CONFLICT (dag_id, run_id) DO UPDATE
@@ -18,6 +19,8 @@ WITH picked AS (
       AND stage = %(stage)s
       AND (%(error_classes)s::text[] IS NULL OR error_class = ANY(%(error_classes)s::text[]))
       AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
+      AND (%(since)s::timestamptz IS NULL OR created_at >= %(since)s::timestamptz)
+      AND (%(until)s::timestamptz IS NULL OR created_at < %(until)s::timestamptz)
     RETURNING doc_id
 )
 INSERT INTO replayable.run_docs (dag_id, run_id, doc_id)
