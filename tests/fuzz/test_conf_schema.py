@@ -100,6 +100,8 @@ redrive = st.fixed_dictionaries(
     optional={
         "error_class": st.lists(free_text, min_size=1, max_size=3),
         "ids": st.lists(st.integers(min_value=-5, max_value=2**70), min_size=1, max_size=3),
+        "since": moments,
+        "until": moments,
         "by": free_text,
     },
 )
@@ -184,6 +186,8 @@ def test_any_conf_is_refused_naming_a_field_or_runs(params: Any, database: Any, 
                     "stage": redrive["stage"],
                     "error_classes": redrive.get("error_class"),
                     "ids": redrive.get("ids"),
+                    "since": redrive.get("since"),
+                    "until": redrive.get("until"),
                     "by": redrive.get("by") or "fuzz",
                     "reason": redrive["reason"],
                 },

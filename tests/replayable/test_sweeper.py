@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from replayable import db, sweeper
@@ -127,7 +129,10 @@ def test_each_stage_gets_one_rerun_conf_with_a_run_id_of_its_own(conn):
     ]
 
 
-def test_the_selection_reads_the_partial_index_of_current_failed_rows(conn):
+def test_the_selection_reads_current_rows_through_an_index(conn):
+    """Which of the current-row indexes a tiny table gets depends on its statistics; that it
+    never scans stage_runs is what holds at any size (tests/bench checks it at 20,000
+    documents, bench/outbox_queries.py at a million)."""
     add_item(conn, 1, "embed")
     with conn.cursor() as cur:
         cur.execute("SET enable_seqscan = off")  # a tiny table would be scanned otherwise
@@ -143,4 +148,5 @@ def test_the_selection_reads_the_partial_index_of_current_failed_rows(conn):
         )
         plan = "\n".join(row[0] for row in cur.fetchall())
     conn.rollback()
-    assert "stage_runs_current_failed_idx" in plan, plan
+    assert "Seq Scan on stage_runs" not in plan, plan
+    assert re.search(r"stage_runs_current_(failed|status)_idx", plan), plan
