@@ -1,4 +1,8 @@
-"""replayable_sweeper on a running Airflow (API server, scheduler, DAG processor)."""
+"""Stragglers and dead letters on a running Airflow (API server, scheduler, DAG processor).
+
+The sweeper re-runs failed items by itself; a person redrives dead letters from the UI, and
+the run that starts finishes them.
+"""
 
 from __future__ import annotations
 
@@ -31,6 +35,7 @@ class Api:
     """Airflow's REST API as the admin of the running API server."""
 
     def __init__(self, url: str, token: str) -> None:
+        self.url, self.token = url, token
         self.http = httpx.Client(
             base_url=f"{url}/api/v2", headers={"Authorization": f"Bearer {token}"}, timeout=30
         )
@@ -117,3 +122,38 @@ def test_a_sweep_turns_failed_items_into_a_rerun_that_finishes_them(airflow, con
     assert airflow.wait(SWEEPER, again) == "success"
     assert airflow.task_states(SWEEPER, again)[("trigger_rerun", -1)] == "skipped"
     assert set(airflow.runs(PIPELINE)) == runs
+
+
+def test_a_redrive_from_the_ui_starts_a_run_that_finishes_the_letters(
+    airflow, conn, model, tmp_path
+):
+    """Dead letters from a refused input, redriven from the plugin page once it is fixed:
+    the run Airflow starts (as the logged-in user) closes them and finishes their items."""
+    folder = subset(tmp_path, 2)
+    corpus.write_pdf(folder / "refused.pdf", ["A report the provider rejects: BAD-MARKER."])
+    model.set_faults(fail_inputs_containing={"BAD-MARKER": 400})
+    first = airflow.trigger(PIPELINE, {"source": str(folder), "batch_size": 4})
+    assert airflow.wait(PIPELINE, first) in ("success", "failed")
+    letters = rows(
+        conn,
+        "SELECT id FROM replayable.dead_letters WHERE stage = 'embed' AND status = 'open'",
+    )
+    assert len(letters) == 1
+    (letter,) = letters[0]
+
+    model.clear_faults()  # the input is accepted now
+    with httpx.Client(
+        base_url=airflow.url, headers={"Authorization": f"Bearer {airflow.token}"}, timeout=60
+    ) as admin:
+        page = admin.post(
+            "/replayable/dead-letters/redrive",
+            data={"scope": "matching", "stage": "embed", "reason": "provider accepts it now"},
+        )
+    assert page.status_code == 200, page.text
+    run_id = page.text.split('class="run" href="', 1)[1].split('"', 1)[0].rsplit("/", 1)[1]
+    assert airflow.wait(PIPELINE, run_id) == "success"
+
+    assert rows(
+        conn, "SELECT status, resolved_by FROM replayable.dead_letters WHERE id = %s", letter
+    ) == [("redriven", "admin")]
+    assert embed_status(conn) == [("done", 3)]

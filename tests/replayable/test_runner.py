@@ -613,3 +613,30 @@ def test_a_database_outage_mid_batch_costs_no_attempt(conn, dsn, model, chunked)
     assert count(conn, "SELECT max(attempts) FROM replayable.stage_runs WHERE stage = 'embed'") == 1
     assert count(conn, "SELECT count(*) FROM replayable.dead_letters") == 0
     paid_once(model, conn)
+
+
+def test_extract_refuses_a_file_swapped_for_a_link_out_of_the_roots(conn, dsn, tmp_path):
+    """The roots are checked again when the file is read: a document registered inside them
+    and then replaced by a symlink to a file outside ends dead as outside_roots, unread."""
+    import corpus
+    from replayable import guards
+    from replayable.specs import ExtractSpec
+
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    root.mkdir()
+    outside.mkdir()
+    inside = root / "report.pdf"
+    corpus.write_pdf(inside, ["A report that was inside the roots when it was found."])
+    corpus.write_pdf(outside / "secret.pdf", ["Text that must never reach the provider."])
+    doc_id = sha256_bytes(inside.read_bytes())
+    db.execute_values(conn, "upsert_documents", [(doc_id, str(inside), inside.stat().st_size)])
+    conn.commit()
+    inside.unlink()
+    inside.symlink_to(outside / "secret.pdf")
+
+    with guards.GuardedPool(timeout_s=30, memory_mb=512, workers=1) as pool:
+        spec = ExtractSpec(pool=pool, max_bytes=2**20, roots=[str(root)])
+        result = run(spec, dsn, [doc_id])
+    assert result.dead == [doc_id]
+    assert rows(conn, "SELECT error_class FROM replayable.dead_letters") == [("outside_roots",)]
+    assert count(conn, "SELECT count(*) FROM replayable.extractions") == 0
