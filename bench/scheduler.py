@@ -112,7 +112,9 @@ def run(
     documents: int = DOCUMENTS,
     per_doc_documents: int = PER_DOC_DOCUMENTS,
     latency_ms: int = LATENCY_MS,
+    batch: int = BATCH,
 ) -> tuple[list[Row], dict[str, Any]]:
+    """B9, B1 and B4; ``batch`` is the first run's batch_size (B4 always compares with 50)."""
     corpus = pdf_corpus(documents)
     cores = os.cpu_count() or 1
     settings = PipelineSettings()
@@ -129,7 +131,7 @@ def run(
             with devenv.AirflowProcesses(env, state / "logs") as procs:
                 airflow = _Airflow(procs)
                 model.set_faults(latency_ms=latency_ms)
-                conf = {"source": str(corpus), "batch_size": BATCH}
+                conf = {"source": str(corpus), "batch_size": batch}
                 first, first_state, _ = airflow.run(conf)
                 first_calls = model.stats()["requests"]
                 model.reset_stats()
