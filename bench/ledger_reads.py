@@ -12,6 +12,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +70,17 @@ def reads() -> dict[str, Read]:
         params = pipeline.rerun_params({"stage": "extract", **selection})
         return lambda conn: db.fetch_all(conn, "count_rerun_docs", params)
 
+    def redrive_scope(conn: db.Connection) -> Any:
+        params = {
+            "ids": None,
+            "stage": "embed",
+            "error_classes": ["http_400"],
+            "since": datetime.now(UTC) - timedelta(days=7),
+            "until": None,
+        }
+        return db.fetch_all(conn, "redrive_scope", params)
+
+    last_day = datetime.now(UTC) - timedelta(days=1)
     some_docs = [f"{i:064x}" for i in range(100)]
     return {
         "ui overview (summary)": web.summary,
@@ -79,6 +91,12 @@ def reads() -> dict[str, Read]:
         "ui dead letters, all": lambda c: web.dead_letters(c, None, "all", 100),
         "ui dead letters, stage": lambda c: web.dead_letters(c, "chunk", "open", 100),
         "ui dead letters, page 2 (keyset)": letters_page_two,
+        "ui dead letters, class + since": lambda c: web.dead_letters(
+            c, None, "open", 100, error_classes=["http_400", "timeout"], since=last_day
+        ),
+        "ui dead-letter chart (48 hours)": web.letters_per_hour,
+        "ui/cli redrive scope, stage + class + since": redrive_scope,
+        "cli status --watch (the newest run)": lambda c: cli.run_state(c, None),
         "cli status": lambda c: cli.status_data(c, None),
         "cli status --run (1,000 docs)": lambda c: cli.status_data(c, "run-small"),
         "cli failed": lambda c: cli.failed_data(c, None, None, 50),

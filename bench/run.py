@@ -158,6 +158,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--smoke", action="store_true", help="reduced sizes; check counts, never times"
     )
+    parser.add_argument(
+        "--results",
+        type=Path,
+        default=RESULTS,
+        help="folder for latest.json, .md and .png (default: %(default)s); a partial run "
+        "(--only) can write elsewhere and leave the full results as they are",
+    )
     args = parser.parse_args(argv)
     # The benchmarks TRUNCATE tables in the Postgres that devenv starts for them; an
     # inherited REPLAYABLE_DATABASE_URL would point that at someone's real database.
@@ -198,8 +205,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         SMOKE_RESULTS.write_text(text)
         print(f"results written to {SMOKE_RESULTS.relative_to(ROOT)}")
     else:
-        RESULTS.mkdir(parents=True, exist_ok=True)
-        (RESULTS / "latest.json").write_text(text)
+        results = args.results.resolve()
+        results.mkdir(parents=True, exist_ok=True)
+        (results / "latest.json").write_text(text)
         when = result["finished_at"]
         header = [
             f"# Benchmark results ({when}, {os.cpu_count()} CPUs, {duration / 60:.0f} min)",
@@ -208,9 +216,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             "the same run, or a count (see bench/README.md).",
             "",
         ]
-        (RESULTS / "latest.md").write_text("\n".join([*header, *table]) + "\n")
-        _chart(rows, RESULTS / "latest.png")
-        print(f"results written to {(RESULTS / 'latest.json').relative_to(ROOT)} (+ .md, .png)")
+        (results / "latest.md").write_text("\n".join([*header, *table]) + "\n")
+        _chart(rows, results / "latest.png")
+        print(f"results written to {results / 'latest.json'} (+ .md, .png)")
     for row in missed:
         assert row.target is not None
         print(
