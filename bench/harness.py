@@ -36,7 +36,6 @@ STAGE_TABLES = (
     "stage_runs",
     "run_reports",
 )
-ALL_TABLES = (*STAGE_TABLES, "extractions", "documents")
 
 
 # --- samples and results ------------------------------------------------------------
@@ -198,6 +197,15 @@ def services(*, dim: int = 64) -> Iterator[Services]:
             yield Services(started.replayable_dsn, model)
         finally:
             devenv.stop(state)
+
+
+def empty_ledger(dsn: str) -> None:
+    """Empty every table of the replayable schema (:func:`replayable.devenv.empty_ledger`)."""
+    conn = db.connect(dsn)
+    try:
+        devenv.empty_ledger(conn)
+    finally:
+        conn.close()
 
 
 def truncate(dsn: str, tables: tuple[str, ...]) -> None:

@@ -34,27 +34,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import synthetic_ledger  # the folder is put on the path just above
 
-from replayable import db
+from replayable import db, devenv
 
 TARGET_S = 0.050
-TABLES = (
-    "outbox",
-    "model_call_items",
-    "model_call_counts",
-    "stage_counts",
-    "run_docs",
-    "runs",
-    "file_cache",
-    "model_calls",
-    "embeddings",
-    "doc_chunks",
-    "chunks",
-    "extractions",
-    "dead_letters",
-    "stage_runs",
-    "run_reports",
-    "documents",
-)
 SWEEP = {
     "stages": list(synthetic_ledger.SPEC),
     "spec_hashes": list(synthetic_ledger.SPEC.values()),
@@ -124,10 +106,7 @@ def prepare(conn: Any, documents: int) -> float:
     """Migrate, empty and fill the schema with ``documents`` documents; return seconds taken."""
     started = time.perf_counter()
     db.migrate(conn)
-    with conn.cursor() as cur:
-        # Fixed table names from this module, never input.
-        cur.execute("TRUNCATE " + ", ".join(f"replayable.{t}" for t in TABLES) + " CASCADE")
-    conn.commit()
+    devenv.empty_ledger(conn)
     synthetic_ledger.generate(conn, documents)
     return time.perf_counter() - started
 

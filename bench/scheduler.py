@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from harness import BenchError, Row, Samples, Target, count_rows, pdf_corpus, truncate
+from harness import BenchError, Row, Samples, Target, count_rows, empty_ledger, pdf_corpus
 
 from replayable import devenv, sources
 from replayable.provider.server import LocalModelServer
@@ -40,24 +40,6 @@ RERUN_TARGET = Target("≤ 0.05", at_most=0.05)
 NO_CALLS = Target("= 0 calls", equals=0)
 FLOOR_TARGET = Target("≤ 1.5", at_most=1.5)
 MAPPING_TARGET = Target("≥ 10", at_least=10)
-ALL_TABLES = (
-    "model_call_items",
-    "model_call_counts",
-    "stage_counts",
-    "dead_letter_counts",
-    "run_docs",
-    "runs",
-    "file_cache",
-    "model_calls",
-    "embeddings",
-    "doc_chunks",
-    "chunks",
-    "extractions",
-    "dead_letters",
-    "stage_runs",
-    "run_reports",
-    "documents",
-)
 
 
 def _free_port() -> int:
@@ -155,7 +137,7 @@ def run(
                 assert env_roots == env[sources.ROOTS_ENV]
                 mapped: dict[int, float] = {}
                 for size in (1, BATCH):
-                    truncate(services.replayable_dsn, ALL_TABLES)
+                    empty_ledger(services.replayable_dsn)
                     seconds, end, _ = airflow.run(
                         {"source": str(subset), "batch_size": size, "stages": ["extract"]}
                     )

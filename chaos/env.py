@@ -38,23 +38,6 @@ from replayable.provider.server import LocalModelServer
 
 DAG = devenv.DAG_ID
 MODEL = "text-embedding-3-small"
-TABLES = (
-    "model_call_items",
-    "model_call_counts",
-    "stage_counts",
-    "run_docs",
-    "runs",
-    "file_cache",
-    "model_calls",
-    "embeddings",
-    "doc_chunks",
-    "chunks",
-    "extractions",
-    "dead_letters",
-    "stage_runs",
-    "run_reports",
-    "documents",
-)
 
 # Airflow settings for a 2-core machine and for faults that must be noticed within a scenario.
 AIRFLOW_SETTINGS = {
@@ -361,10 +344,8 @@ class ChaosEnv:
 
     def reset(self, faults: dict[str, Any]) -> None:
         """Empty the replayable database, zero the provider's counters, set its faults."""
-        with self.connection() as conn, conn.cursor() as cur:
-            tables = ", ".join(f"replayable.{t}" for t in TABLES)
-            cur.execute(f"TRUNCATE {tables} CASCADE")
-            conn.commit()
+        with self.connection() as conn:
+            devenv.empty_ledger(conn)
         self.model.clear_faults()
         self.model.reset_stats()
         self.model.set_faults(faults)

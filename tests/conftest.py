@@ -54,26 +54,6 @@ def adopt_orphans(adopt: bool = True) -> None:
 adopt_orphans()
 
 ROOT = Path(__file__).resolve().parents[1]
-TABLES = (
-    "model_call_items",
-    "model_call_counts",
-    "stage_counts",
-    "dead_letter_counts",
-    "run_docs",
-    "runs",
-    "file_cache",
-    "model_calls",
-    "embeddings",
-    "doc_chunks",
-    "chunks",
-    "extractions",
-    "dead_letters",
-    "stage_runs",
-    "run_reports",
-    "outbox",
-    "documents",
-    "request_rates",
-)
 
 
 def session_orphans(started: float) -> list[Any]:
@@ -197,9 +177,7 @@ def dsn(services: devenv.Services) -> str:
 def conn(dsn: str) -> Iterator[Any]:
     """A connection to an emptied replayable database."""
     connection = db.connect(dsn)
-    with connection.cursor() as cur:
-        cur.execute("TRUNCATE " + ", ".join(f"replayable.{t}" for t in TABLES) + " CASCADE")
-    connection.commit()
+    devenv.empty_ledger(connection)
     yield connection
     connection.close()
 

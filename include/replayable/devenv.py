@@ -246,6 +246,26 @@ def _postgres_conn_json(dsn: str) -> str:
     )
 
 
+def empty_ledger(conn: Any) -> None:
+    """Empty every table of the replayable schema but its migration record, and commit.
+
+    For the tests, the benchmarks and the chaos runs, between one case and the next. The
+    tables are read from the catalog, so a table a migration adds is emptied too.
+    """
+    from psycopg2 import sql
+
+    with conn.cursor() as cur:
+        cur.execute(
+            "SELECT tablename FROM pg_tables WHERE schemaname = 'replayable'"
+            " AND tablename <> 'schema_migrations' ORDER BY tablename"
+        )
+        names = [row[0] for row in cur.fetchall()]
+        if names:
+            tables = sql.SQL(", ").join(sql.Identifier("replayable", n) for n in names)
+            cur.execute(sql.SQL("TRUNCATE {} CASCADE").format(tables))
+    conn.commit()
+
+
 def read_env_file(path: Path) -> dict[str, str]:
     """The ``KEY=VALUE`` lines of an env file (``#`` comments and blank lines skipped).
 
