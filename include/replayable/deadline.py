@@ -37,10 +37,15 @@ class DeadlineSpec:
         self.spec = spec
         self.name = spec.name
         self.code_version = spec.code_version
-        # Whether finishing here announces documents as ready (ADR 0040): the wrapped stage's.
-        self.last_stage = bool(getattr(spec, "last_stage", False))
         self.seconds = seconds
         self._ends = time.monotonic() + seconds
+
+    def __getattr__(self, name: str) -> Any:
+        # Whatever else the wrapped stage says of itself (``last_stage``, ADR 0040, and any
+        # flag added later) shows through: the deadline changes when it stops, nothing else.
+        if name == "spec":  # not set yet: during unpickling or a failed __init__
+            raise AttributeError(name)
+        return getattr(self.spec, name)
 
     def key_config(self) -> dict[str, Any]:
         return self.spec.key_config()
