@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
@@ -21,10 +22,23 @@ from replayable.retry import CallRetry, ErrorKind, ItemError, call_with_retries,
 
 VERSION = "1.0"
 
-# A response is refused past this size per input (JSON floats take about 20 bytes each;
-# the dimensions are unknown when the provider picks them).
-_BYTES_PER_INPUT = 40 * 4096
+# A response is refused past a size that every legitimate answer fits (ADR 0078): a float
+# prints in at most 24 characters ("-2.2250738585072014e-308"), and providers that indent
+# their JSON (OpenAI: eight spaces, a comma and a newline per component) add about 10
+# more; 40 bytes a component leaves room for deeper indentation. The dimensions are the
+# ones asked for or, when the provider picks them, pgvector's limit: no longer vector can
+# be stored, so nothing legitimate is larger.
+_BYTES_PER_COMPONENT = 40
+_BYTES_PER_ENTRY = 1024  # "object", "index" and the brackets around each vector
+_PGVECTOR_MAX_DIMENSIONS = 16_000
 _RESPONSE_OVERHEAD = 64 * 1024
+
+
+def response_limit(n_inputs: int, dimensions: int | None) -> int:
+    """Return the most bytes a legitimate answer for ``n_inputs`` vectors can take."""
+    per_input = _BYTES_PER_ENTRY + _BYTES_PER_COMPONENT * (dimensions or _PGVECTOR_MAX_DIMENSIONS)
+    return _RESPONSE_OVERHEAD + n_inputs * per_input
+
 
 Gate = Callable[[], AbstractContextManager[Any]]
 
@@ -142,7 +156,7 @@ class HttpEmbeddingClient:
         started = time.monotonic()
         http_status: int | None = None
         status, tokens = "interrupted", 0
-        limit = _RESPONSE_OVERHEAD + len(texts) * _BYTES_PER_INPUT
+        limit = response_limit(len(texts), self.dimensions)
         try:
             with self._http.stream(
                 "POST", "/embeddings", json=body, headers={"Idempotency-Key": key}
@@ -192,14 +206,20 @@ def _json(content: bytes) -> object:
 
 
 def _parse(payload: object, expected: int) -> EmbeddingResult:
-    """Validate an embeddings response: one vector per input, in index order."""
+    """Validate an embeddings response: one vector of finite numbers per input, in index order.
+
+    Every failure is ``bad_response``, retryable: the provider's fault, not the input's
+    (ADR 0078). A vector with NaN or infinity (JSON ``NaN``, ``Infinity``, a ``"nan"``
+    string, or a literal past the float range) is refused here, because pgvector refuses it
+    at the insert, after the call was paid, as an error no class describes.
+    """
     try:
         assert isinstance(payload, dict)
         data = sorted(payload["data"], key=lambda row: row["index"])
         vectors = [[float(x) for x in row["embedding"]] for row in data]
         usage = payload.get("usage") or {}
         tokens = int(usage.get("total_tokens") or usage.get("prompt_tokens") or 0)
-    except (AssertionError, KeyError, TypeError, ValueError) as exc:
+    except (AssertionError, KeyError, TypeError, ValueError, OverflowError) as exc:
         raise ItemError(
             "bad_response", f"unreadable embeddings response: {exc!r}", ErrorKind.RETRYABLE
         ) from exc
@@ -207,4 +227,12 @@ def _parse(payload: object, expected: int) -> EmbeddingResult:
         raise ItemError(
             "bad_response", f"asked for {expected} vectors, got {len(vectors)}", ErrorKind.RETRYABLE
         )
+    for number, vector in enumerate(vectors):
+        if not all(map(math.isfinite, vector)):
+            at = next(i for i, x in enumerate(vector) if not math.isfinite(x))
+            raise ItemError(
+                "bad_response",
+                f"vector {number} is not finite: component {at} is {vector[at]}",
+                ErrorKind.RETRYABLE,
+            )
     return EmbeddingResult(vectors=vectors, tokens=tokens)

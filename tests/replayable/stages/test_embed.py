@@ -1,13 +1,84 @@
 import contextlib
+import json
+import random
+import threading
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
 
 from replayable.provider.server import LocalModelServer
-from replayable.retry import CallRetry, ItemError
+from replayable.retry import CallRetry, ErrorKind, ItemError
 from replayable.stages.embed import CallRecord, HttpEmbeddingClient
 
 FAST = CallRetry(max_attempts=6, base_s=0.01, cap_s=0.05, max_total_s=30)
+
+# Answers a request body (parsed JSON) with the bytes of a 200 response.
+Answer = Callable[[dict], bytes]
+
+
+class _CannedProvider(ThreadingHTTPServer):
+    """A loopback /v1/embeddings endpoint whose 200 bodies a test writes byte for byte."""
+
+    def __init__(self, answer: Answer) -> None:
+        super().__init__(("127.0.0.1", 0), _CannedHandler)
+        self.answer = answer
+        self.requests = 0
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.server_port}/v1"
+
+
+class _CannedHandler(BaseHTTPRequestHandler):
+    server: _CannedProvider
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.server.requests += 1
+        data = self.server.answer(body)
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def canned() -> Iterator[Callable[[Answer], _CannedProvider]]:
+    servers: list[_CannedProvider] = []
+
+    def start(answer: Answer) -> _CannedProvider:
+        server = _CannedProvider(answer)
+        servers.append(server)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        return server
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+def _openai_style(body: dict, vector: Callable[[int], list[float]]) -> bytes:
+    """An embeddings answer laid out as OpenAI's API sends it: indented, one float a line."""
+    data = [
+        {"object": "embedding", "index": i, "embedding": vector(body.get("dimensions") or 8)}
+        for i in range(len(body["input"]))
+    ]
+    usage = {"prompt_tokens": len(data), "total_tokens": len(data)}
+    answer = {"object": "list", "data": data, "model": body["model"], "usage": usage}
+    return json.dumps(answer, indent=2).encode()
+
+
+def _dense(dim: int) -> list[float]:
+    """Full-precision negative components: the longest a float commonly prints."""
+    rng = random.Random(dim)
+    return [-rng.uniform(0.001, 0.01) for _ in range(dim)]
 
 
 @pytest.fixture
@@ -103,3 +174,60 @@ def test_the_gate_is_held_around_each_attempt(client, model):
             base_url=model.base_url, model="m", retry=CallRetry(max_attempts=3, base_s=0.01)
         ).embed(["x"], idempotency_key="k", gate=gate)
     assert len(entered) == model.stats()["requests"] == 3
+
+
+def test_a_legitimate_answer_at_the_largest_dimensions_fits_under_the_size_cap(canned):
+    """8,192 indented full-precision floats per input are about 250 KB each; all must pass."""
+    provider = canned(lambda body: _openai_style(body, _dense))
+    client = HttpEmbeddingClient(
+        base_url=provider.base_url, model="m", dimensions=8192, retry=CallRetry(max_attempts=1)
+    )
+    calls: list[CallRecord] = []
+    result = client.embed(
+        [f"text {n}" for n in range(4)], idempotency_key="k", on_call=calls.append
+    )
+    client.close()
+    assert [len(vector) for vector in result.vectors] == [8192] * 4
+    assert [c.status for c in calls] == ["ok"]
+
+
+def test_an_answer_larger_than_the_requested_dimensions_allow_is_cut_off(canned):
+    """The cap follows the dimensions asked for: 8 asked, 8,192 sent, refused unread."""
+    provider = canned(lambda body: _openai_style({**body, "dimensions": 8192}, _dense))
+    client = HttpEmbeddingClient(
+        base_url=provider.base_url, model="m", dimensions=8, retry=CallRetry(max_attempts=1)
+    )
+    with pytest.raises(ItemError, match="larger than") as info:
+        client.embed(["x"], idempotency_key="k")
+    client.close()
+    assert info.value.error_class == "bad_response"
+
+
+@pytest.mark.parametrize("value", ["NaN", "Infinity", "-Infinity", '"nan"', "1e400"])
+def test_a_non_finite_component_is_a_bad_response_before_anything_is_stored(canned, value):
+    """pgvector refuses NaN and infinity; the answer must fail here, classified, not there."""
+
+    def answer(body: dict) -> bytes:
+        good = _openai_style(body, lambda dim: [0.5] * dim).decode()
+        return good.replace("0.5", value, 1).encode()
+
+    provider = canned(answer)
+    client = HttpEmbeddingClient(
+        base_url=provider.base_url, model="m", retry=CallRetry(max_attempts=2, base_s=0.01)
+    )
+    calls: list[CallRecord] = []
+    with pytest.raises(ItemError, match="finite") as info:
+        client.embed(["x", "y"], idempotency_key="k", on_call=calls.append)
+    client.close()
+    assert (info.value.error_class, info.value.kind) == ("bad_response", ErrorKind.RETRYABLE)
+    # Retryable: a provider's glitch may pass; the item's attempt cap bounds a lasting one.
+    assert [c.status for c in calls] == ["bad_response"] * 2 == ["bad_response"] * provider.requests
+
+
+def test_pgvector_refuses_what_the_client_now_refuses(conn):
+    """Why the check exists: a NaN reaching the insert fails after the call was paid."""
+    import psycopg2
+
+    with pytest.raises(psycopg2.Error, match="NaN"), conn.cursor() as cur:
+        cur.execute("SELECT '[1,NaN]'::vector")
+    conn.rollback()
