@@ -5,11 +5,15 @@ inside one of the allowed roots, which are the project's ``data/`` folder plus w
 ``REPLAYABLE_SOURCE_ROOTS`` lists (``os.pathsep``-separated). Paths are compared after
 resolving symlinks and ``..``, globs are expanded inside the roots only, and the extract
 stage checks each document's path again before reading it.
+
+Folders and globs are listed by one walker that never descends a directory symlink (ADR
+0074): ``glob.iglob(recursive=True)`` follows them, so two links back to their own folder
+made ``**/*.pdf`` enumerate an exponential number of paths.
 """
 
 from __future__ import annotations
 
-import glob
+import fnmatch
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -75,15 +79,14 @@ def find_pdfs(source: str, roots: Sequence[str]) -> Iterator[os.DirEntry[str] | 
     """Yield the PDFs of ``source`` (a folder, searched recursively, a file or a glob).
 
     Only regular files that resolve inside ``roots`` are yielded; symlinks are not followed
-    out of them, and directory symlinks are not descended into.
+    out of them, and directory symlinks are not descended into, by a folder walk and a glob
+    alike. A glob matches as ``glob.glob(recursive=True)`` does: wildcards stay within one
+    path component, ``**`` spans any number of them, and a wildcard skips dotfiles.
     """
     check_source(source, roots)
     path = Path(source).expanduser()
     if any(ch in source for ch in _GLOB_CHARS):
-        for found in glob.iglob(str(path), recursive=True):
-            candidate = Path(found)
-            if candidate.is_file() and is_inside(candidate, roots):
-                yield candidate
+        yield from _glob(str(path), roots)
     elif path.is_dir():
         yield from _walk(str(path), roots)
     elif path.is_file():
@@ -91,6 +94,63 @@ def find_pdfs(source: str, roots: Sequence[str]) -> Iterator[os.DirEntry[str] | 
             yield path
     else:
         raise SourceError(f"source: {source!r} is neither a folder, a file nor a glob")
+
+
+def _glob(pattern: str, roots: Sequence[str]) -> Iterator[os.DirEntry[str]]:
+    """Yield the files matching ``pattern``, walking from its static prefix without links.
+
+    The walk keeps, per folder, the set of pattern positions its path can have reached (an
+    NFA over the components), so a folder no position survives is never listed.
+    """
+    base = _static_prefix(pattern)
+    parts = Path(pattern).parts[len(Path(base).parts) :]
+    stack: list[tuple[str, frozenset[int]]] = [(base, _closure(parts, frozenset({0})))]
+    while stack:
+        current, states = stack.pop()
+        try:
+            entries = list(os.scandir(current))
+        except OSError:
+            continue
+        for entry in entries:
+            after = _closure(parts, _step(parts, states, entry.name))
+            if not after:
+                continue
+            if entry.is_dir(follow_symlinks=False):
+                stack.append((entry.path, after))
+            elif (
+                len(parts) in after
+                and entry.is_file()
+                and (not entry.is_symlink() or is_inside(entry.path, roots))
+            ):
+                yield entry
+
+
+def _closure(parts: Sequence[str], states: frozenset[int]) -> frozenset[int]:
+    """``states`` plus the positions reached by letting each ``**`` match no component."""
+    reached = set(states)
+    for position in sorted(states):
+        while position < len(parts) and parts[position] == "**":
+            position += 1
+            reached.add(position)
+    return frozenset(reached)
+
+
+def _step(parts: Sequence[str], states: frozenset[int], name: str) -> frozenset[int]:
+    """The pattern positions reached from ``states`` by one path component called ``name``."""
+    reached: set[int] = set()
+    for position in states:
+        if position == len(parts):
+            continue
+        part = parts[position]
+        if part == "**":
+            if not name.startswith("."):
+                reached.add(position)
+        elif not any(ch in part for ch in _GLOB_CHARS):
+            if name == part:
+                reached.add(position + 1)
+        elif (not name.startswith(".") or part.startswith(".")) and fnmatch.fnmatchcase(name, part):
+            reached.add(position + 1)
+    return frozenset(reached)
 
 
 def _walk(folder: str, roots: Sequence[str]) -> Iterator[os.DirEntry[str]]:

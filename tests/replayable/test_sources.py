@@ -1,5 +1,7 @@
 """Source roots: only allowed folders are listed and read, whatever the path says."""
 
+import glob
+import itertools
 import os
 
 import pytest
@@ -76,3 +78,36 @@ def test_the_trigger_time_pattern_matches_paths_inside_the_roots(source, ok):
     import re
 
     assert bool(re.search(source_pattern(["/srv/pdfs"]), source)) is ok
+
+
+def test_a_glob_does_not_descend_directory_links_so_a_link_loop_ends(root):
+    """Two links back to their own folder make a recursive glob finite: each file once."""
+    (root / "a").symlink_to(".", target_is_directory=True)
+    (root / "sub" / "b").symlink_to("..", target_is_directory=True)
+    found = list(itertools.islice(find_pdfs(str(root / "**" / "*.pdf"), [str(root)]), 50))
+    assert sorted(os.path.relpath(str(getattr(p, "path", p)), root) for p in found) == ["a.pdf"]
+
+
+@pytest.mark.parametrize(
+    ("pattern", "expected"),
+    [
+        ("**/*.pdf", ["a.pdf", "sub/deeper/d.pdf", "sub/c.pdf"]),
+        ("*.pdf", ["a.pdf"]),
+        ("*/*.pdf", ["sub/c.pdf"]),
+        ("sub/**/*.pdf", ["sub/c.pdf", "sub/deeper/d.pdf"]),
+        ("**/[cd].pdf", ["sub/c.pdf", "sub/deeper/d.pdf"]),
+        ("s?b/*.PDF", ["sub/b.PDF"]),
+        ("**", ["a.pdf", "notes.txt", "sub/b.PDF", "sub/c.pdf", "sub/deeper/d.pdf"]),
+        (".hidden/*.pdf", [".hidden/h.pdf"]),
+    ],
+)
+def test_globs_match_as_recursive_glob_does(root, pattern, expected):
+    """Wildcards stay inside one path component, ** spans any number, dotfiles need a dot."""
+    for name in ("sub/c.pdf", "sub/deeper/d.pdf", ".hidden/h.pdf"):
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(b"%PDF-1.4")
+    found = find_pdfs(str(root / pattern), [str(root)])
+    got = sorted(os.path.relpath(str(getattr(p, "path", p)), root) for p in found)
+    assert got == sorted(expected)
+    legacy = glob.glob(str(root / pattern), recursive=True)
+    assert got == sorted(os.path.relpath(p, root) for p in legacy if os.path.isfile(p))
