@@ -14,7 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pypdf
-from pypdf.errors import FileNotDecryptedError, LimitReachedError, PdfReadError, PyPdfError
+from pypdf.errors import (
+    DependencyError,
+    DeprecationError,
+    FileNotDecryptedError,
+    LimitReachedError,
+    PdfReadError,
+    PyPdfError,
+)
 
 from replayable.retry import ErrorKind, ItemError
 
@@ -75,7 +82,9 @@ def extract_pdf(data: bytes) -> Extraction:
     """Extract the text of every page of the PDF in ``data``.
 
     The text is sanitised for Postgres (see ``sanitize_text``). Raises ItemError
-    (terminal) with class ``not_pdf``, ``encrypted``, ``malformed`` or ``empty_text``.
+    (terminal) with class ``not_pdf``, ``encrypted``, ``malformed``, ``unsupported`` or
+    ``empty_text``: whatever the reader raises is classified by its type, so an
+    ``unexpected`` failure of this stage is a bug in this project (ADR 0078).
     """
     if b"%PDF-" not in data[:_HEADER_WINDOW]:
         raise ItemError("not_pdf", f"no PDF header in the first {_HEADER_WINDOW} bytes")
@@ -86,6 +95,14 @@ def extract_pdf(data: bytes) -> Extraction:
     except LimitReachedError as exc:
         # pypdf's own decompression and parsing budgets: the input is hostile or broken.
         raise ItemError("malformed", f"pypdf limit: {exc}") from exc
+    except (DependencyError, DeprecationError, NotImplementedError) as exc:
+        # The document may be valid, but this reader cannot read it: a decoder missing here
+        # (jbig2dec, brotli), a construct pypdf has dropped (abbreviated filter names outside
+        # inline images), or one it never implemented. Retrying the same reader cannot help;
+        # a redrive after installing the decoder or upgrading the reader can.
+        raise ItemError(
+            "unsupported", f"{type(exc).__name__}: {exc} (pypdf {pypdf.__version__})"
+        ) from exc
     except (PdfReadError, PyPdfError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ItemError("malformed", f"{type(exc).__name__}: {exc}") from exc
     removed = 0

@@ -1,7 +1,9 @@
+import base64
 import hashlib
 from collections.abc import Mapping
 from pathlib import Path
 
+import pypdf
 import pytest
 
 import corpus
@@ -198,3 +200,70 @@ def test_a_file_rewritten_since_discover_is_not_stored_under_its_old_hash(tmp_pa
         extract_file(str(path), expected_sha256=discovered)
     assert info.value.error_class == "changed_on_disk"
     assert extract_file(str(path), hashlib.sha256(path.read_bytes()).hexdigest()).text
+
+
+_SHOWN = b"BT /F1 12 Tf 72 720 Td (Readable text) Tj ET"
+
+
+def _pdf_with_contents(entries: bytes, data: bytes) -> bytes:
+    """Return a one-page PDF whose content stream has these dictionary entries and bytes.
+
+    The reader must decode the page's content stream to extract its text, so the stream's
+    ``/Filter`` decides whether extraction can go through. (pypdf decodes no image while
+    extracting text and only logs a form XObject it cannot decode.)
+    """
+    objects = [
+        b"<< /Type /Catalog /Pages 2 0 R >>",
+        b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+        b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792]"
+        b" /Resources << /Font << /F1 5 0 R >> >> /Contents 4 0 R >>",
+        b"<< %s /Length %d >>\nstream\n%s\nendstream" % (entries, len(data), data),
+        b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
+    ]
+    out = bytearray(b"%PDF-1.7\n")
+    offsets = []
+    for number, body in enumerate(objects, start=1):
+        offsets.append(len(out))
+        out += b"%d 0 obj\n%s\nendobj\n" % (number, body)
+    xref = len(out)
+    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
+    out += b"".join(b"%010d 00000 n \n" % offset for offset in offsets)
+    out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (
+        len(objects) + 1,
+        xref,
+    )
+    return bytes(out)
+
+
+def test_a_content_stream_under_a_standard_filter_name_reads():
+    """The control for the tests below: they fail for their filter, not for their layout."""
+    data = _pdf_with_contents(b"/Filter /ASCII85Decode", base64.a85encode(_SHOWN) + b"~>")
+    assert extract_pdf(data).text == "Readable text"
+
+
+def test_a_jbig2_stream_without_the_jbig2dec_decoder_is_unsupported_not_unexpected():
+    """pypdf's DependencyError: the document is fine, this worker lacks the decoder."""
+    # The decoder is an optional binary; a machine that has it must still take this path.
+    data = _pdf_with_contents(b"/Filter /JBIG2Decode", b"\x00\x00\x00\x01" * 8)
+    with (
+        pypdf.apply_configuration(jbig2dec_binary=None),
+        pytest.raises(ItemError, match="jbig2dec") as info,
+    ):
+        extract_pdf(data)
+    assert (info.value.error_class, info.value.kind) == ("unsupported", ErrorKind.TERMINAL)
+
+
+def test_an_abbreviated_filter_name_pypdf_no_longer_reads_is_unsupported_not_unexpected():
+    """pypdf 7 raises DeprecationError for /A85 outside inline images (abbreviations' place)."""
+    data = _pdf_with_contents(b"/Filter /A85", base64.a85encode(_SHOWN) + b"~>")
+    with pytest.raises(ItemError, match="/A85") as info:
+        extract_pdf(data)
+    assert (info.value.error_class, info.value.kind) == ("unsupported", ErrorKind.TERMINAL)
+
+
+def test_a_filter_the_reader_does_not_implement_is_unsupported_not_unexpected():
+    """pypdf's NotImplementedError names the filter; it is the reader's limit, not a bug here."""
+    data = _pdf_with_contents(b"/Filter /NoSuchDecode", b"anything")
+    with pytest.raises(ItemError, match="NoSuchDecode") as info:
+        extract_pdf(data)
+    assert (info.value.error_class, info.value.kind) == ("unsupported", ErrorKind.TERMINAL)
