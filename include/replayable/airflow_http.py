@@ -17,7 +17,8 @@ The stage tasks of ``document_pipeline`` are ``batch.<stage>`` (a mapped task gr
 stage, map index and try are all a link needs.
 
 **REST calls.** :func:`trigger_run` is ``POST /api/v2/dags/{dag_id}/dagRuns`` with
-``"logical_date": null`` (required but nullable in 3.3); :func:`fetch_token` is ``POST
+``"logical_date": null`` (required but nullable in 3.3), and :func:`trigger_run_async` the
+same call for code that runs in the API server's event loop; :func:`fetch_token` is ``POST
 /auth/token`` of SimpleAuthManager-style deployments. Both raise :class:`AirflowRefusedError`
 with Airflow's status and detail when Airflow says no, so a caller can pass the verdict on.
 """
@@ -100,6 +101,26 @@ def _detail(response: httpx.Response) -> str:
     return detail if isinstance(detail, str) else str(detail)[:2000]
 
 
+def _trigger_request(
+    api_root: str, token: str, dag_id: str, conf: dict[str, Any], note: str | None
+) -> dict[str, Any]:
+    """The URL, body and headers of ``POST /api/v2/dags/{dag_id}/dagRuns``."""
+    body: dict[str, Any] = {"logical_date": None, "conf": conf}
+    if note:
+        body["note"] = note
+    return {
+        "url": f"{api_root.rstrip('/')}/api/v2/dags/{_segment(dag_id)}/dagRuns",
+        "json": body,
+        "headers": {"Authorization": f"Bearer {token}"},
+    }
+
+
+def _started_run(response: httpx.Response) -> dict[str, Any]:
+    if response.status_code >= 400:
+        raise AirflowRefusedError(response.status_code, _detail(response))
+    return dict(response.json())
+
+
 def trigger_run(
     api_root: str,
     token: str,
@@ -119,18 +140,29 @@ def trigger_run(
         reject, …).
     :raises httpx.HTTPError: Airflow could not be reached.
     """
-    body: dict[str, Any] = {"logical_date": None, "conf": conf}
-    if note:
-        body["note"] = note
     with httpx.Client(timeout=TIMEOUT_S, transport=transport) as http:
-        response = http.post(
-            f"{api_root.rstrip('/')}/api/v2/dags/{_segment(dag_id)}/dagRuns",
-            json=body,
-            headers={"Authorization": f"Bearer {token}"},
-        )
-    if response.status_code >= 400:
-        raise AirflowRefusedError(response.status_code, _detail(response))
-    return dict(response.json())
+        response = http.post(**_trigger_request(api_root, token, dag_id, conf, note))
+    return _started_run(response)
+
+
+async def trigger_run_async(
+    api_root: str,
+    token: str,
+    dag_id: str,
+    conf: dict[str, Any],
+    *,
+    note: str | None = None,
+    transport: httpx.AsyncBaseTransport | None = None,
+) -> dict[str, Any]:
+    """:func:`trigger_run` for a caller inside Airflow's API server: it waits holding no thread.
+
+    The UI calls Airflow's REST API on the server it runs in, whose trigger route (and every
+    other sync route, task heartbeats among them) needs a worker thread of that same server:
+    a caller that held one while it waited would take it from them (ADR 0073).
+    """
+    async with httpx.AsyncClient(timeout=TIMEOUT_S, transport=transport) as http:
+        response = await http.post(**_trigger_request(api_root, token, dag_id, conf, note))
+    return _started_run(response)
 
 
 def fetch_token(

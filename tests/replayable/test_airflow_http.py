@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from fake_airflow import PASSWORD, TOKEN, USERNAME, FakeAirflow
@@ -59,6 +61,32 @@ def test_a_trigger_sends_a_null_logical_date_the_conf_and_the_callers_token() ->
     assert sent.path == "/api/v2/dags/document_pipeline/dagRuns"
     assert sent.authorization == "Bearer the-jwt"
     assert sent.body == {"logical_date": None, "conf": {"redrive": {"stage": "embed"}}, "note": "n"}
+
+
+def test_an_awaited_trigger_sends_the_same_request_as_a_blocking_one() -> None:
+    """The UI's trigger, awaited inside the API server, asks exactly what the CLI's asks."""
+    conf = {"redrive": {"stage": "embed"}}
+    with FakeAirflow() as airflow:
+        blocking = airflow_http.trigger_run(airflow.url, "the-jwt", "document_pipeline", conf)
+        awaited = asyncio.run(
+            airflow_http.trigger_run_async(airflow.url, "the-jwt", "document_pipeline", conf)
+        )
+    assert (blocking["dag_run_id"], awaited["dag_run_id"]) == ("manual__fake-1", "manual__fake-2")
+    first, second = airflow.sent
+    assert (first.path, first.authorization, first.body) == (
+        second.path,
+        second.authorization,
+        second.body,
+    )
+
+
+def test_an_awaited_trigger_raises_airflows_refusal() -> None:
+    with (
+        FakeAirflow(answer=(400, {"detail": "Invalid input for param redrive"})) as airflow,
+        pytest.raises(airflow_http.AirflowRefusedError) as refused,
+    ):
+        asyncio.run(airflow_http.trigger_run_async(airflow.url, "t", "document_pipeline", {}))
+    assert (refused.value.status, refused.value.detail) == (400, "Invalid input for param redrive")
 
 
 def test_a_refused_trigger_raises_with_airflows_status_and_detail() -> None:

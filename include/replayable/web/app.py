@@ -26,6 +26,7 @@ read queries).
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import json
 import logging
@@ -54,6 +55,7 @@ from airflow.api_fastapi.core_api.security import (
 )
 from airflow.configuration import conf
 from fastapi import APIRouter, Depends, FastAPI, Form, HTTPException, Path, Query, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials
 from pydantic import (
@@ -68,7 +70,7 @@ from pydantic import (
 from replayable import airflow_http, db
 from replayable.settings import STAGES
 from replayable.web.metrics import router as metrics_router
-from replayable.web.pool import ConnectionPool, PoolBusyError
+from replayable.web.pool import RETRY_AFTER_S, ConnectionPool, PoolBusyError
 
 log = logging.getLogger(__name__)
 
@@ -408,11 +410,9 @@ def _chart_bars(data: LettersPerHour) -> list[_Bar]:
     return bars
 
 
-def redrive(
+def plan_redrive(
     conn: db.Connection,
     *,
-    api_root: str,
-    token: str,
     by: str,
     reason: str,
     ids: list[int] | None = None,
@@ -421,14 +421,13 @@ def redrive(
     since: datetime | None = None,
     until: datetime | None = None,
 ) -> list[RedriveRun]:
-    """Trigger document_pipeline runs that redrive open dead letters, one run per stage.
+    """The document_pipeline runs that redrive open dead letters, one per stage; none asked yet.
 
     The letters are ``ids`` (ticked on the page), or else every open letter matching the
     filters; a filtered redrive ends at ``until`` or, at the latest, when the letters were
-    counted, so that letters arriving later are not taken along unseen. Each run is asked of
-    Airflow's REST API with ``token``, the caller's own JWT: Airflow checks their permission
-    and records them as the triggering user. The first refusal stops: raised as the page's
-    answer if no run has started, else recorded on the run it refused.
+    counted, so that letters arriving later are not taken along unseen. 409 if no open letter
+    matches. Only reads: :func:`ask_airflow` then triggers the runs, with the connection
+    given back (ADR 0073).
     """
     params = {
         "ids": ids,
@@ -441,7 +440,6 @@ def redrive(
     if not scopes:
         raise HTTPException(HTTPStatus.CONFLICT, "No open dead letter matches: nothing to redrive.")
     runs: list[RedriveRun] = []
-    stopped: str | None = None
     for scope in scopes:
         selection: dict[str, Any] = {"stage": scope["stage"]}
         if ids is not None:
@@ -454,22 +452,40 @@ def redrive(
             as_of: datetime = scope["as_of"]
             selection["until"] = (as_of if until is None else min(until, as_of)).isoformat()
         selection.update(reason=reason, by=by)
-        run = RedriveRun(
-            stage=scope["stage"],
-            letters=int(scope["letters"]),
-            documents=int(scope["documents"]),
-            conf={"redrive": selection},
+        runs.append(
+            RedriveRun(
+                stage=scope["stage"],
+                letters=int(scope["letters"]),
+                documents=int(scope["documents"]),
+                conf={"redrive": selection},
+            )
         )
-        runs.append(run)
+    return runs
+
+
+async def ask_airflow(
+    runs: list[RedriveRun], *, api_root: str, token: str, by: str, reason: str
+) -> list[RedriveRun]:
+    """Ask Airflow's REST API for each planned run, with ``token``, the caller's own JWT.
+
+    Airflow checks their permission and records them as the triggering user. The first
+    refusal stops: raised as the page's answer if no run has started, else recorded on the
+    run it refused. Awaited, so that no worker thread of the API server waits for the API
+    server (ADR 0073).
+    """
+    stopped: str | None = None
+    for number, run in enumerate(runs):
         if stopped is not None:
             run.refused = f"not asked: {stopped}"
             continue
         note = f"Redrive of {run.letters} {run.stage} dead letters by {by}: {reason}"
         try:
-            started = airflow_http.trigger_run(api_root, token, DAG_ID, run.conf, note=note[:1000])
+            started = await airflow_http.trigger_run_async(
+                api_root, token, DAG_ID, run.conf, note=note[:1000]
+            )
         except (airflow_http.AirflowRefusedError, httpx.HTTPError) as err:
             refusal = _airflow_refusal(err, api_root)
-            if len(runs) == 1:
+            if number == 0:
                 raise refusal from err
             stopped = f"the {runs[0].stage} run before it was refused"
             run.refused = str(refusal.detail)
@@ -550,8 +566,9 @@ def _matched(rows: list[dict[str, Any]]) -> int:
 # ---- dependencies ------------------------------------------------------------------------
 
 
-def _connection(request: Request, *, readonly: bool) -> Iterator[db.Connection]:
-    pool: ConnectionPool = request.app.state.pool
+@contextlib.contextmanager
+def _pooled(pool: ConnectionPool, *, readonly: bool) -> Iterator[db.Connection]:
+    """A connection of ``pool``; 503 if there is none to have, at once if all are busy."""
     try:
         with pool.connection(readonly=readonly) as conn:
             yield conn
@@ -562,9 +579,22 @@ def _connection(request: Request, *, readonly: bool) -> Iterator[db.Connection]:
             raise
         log.warning("replayable UI cannot reach its database: %s", err)
         raise _unavailable() from err
-    except (psycopg2.InterfaceError, PoolBusyError) as err:
+    except psycopg2.InterfaceError as err:
         log.warning("replayable UI has no database connection: %s", err)
         raise _unavailable() from err
+    except PoolBusyError as err:
+        log.warning("replayable UI refused a request: %s", err)
+        raise HTTPException(
+            HTTPStatus.SERVICE_UNAVAILABLE,
+            f"All {pool.size} of the UI's database connections are busy; try again in a moment.",
+            headers={"Retry-After": str(RETRY_AFTER_S)},
+        ) from err
+
+
+def _connection(request: Request, *, readonly: bool) -> Iterator[db.Connection]:
+    # No request waits for a connection in a worker thread: see replayable.web.pool.
+    with _pooled(request.app.state.pool, readonly=readonly) as conn:
+        yield conn
 
 
 def _unavailable() -> HTTPException:
@@ -1014,10 +1044,9 @@ def assign_dead_letter(
     response_class=HTMLResponse,
     responses=_REDRIVE,
 )
-def redrive_dead_letters(
+async def redrive_dead_letters(
     request: Request,
     user: GetUserDep,
-    conn: ReadConn,
     token: Annotated[str, Depends(callers_token)],
     reason: RedriveReasonField,
     scope: Annotated[RedriveScope, Form()],
@@ -1032,23 +1061,32 @@ def redrive_dead_letters(
 
     Triggers ``document_pipeline`` with a ``redrive`` conf through Airflow's REST API as the
     logged-in user (their own JWT), one run per stage, and shows the runs it started. The
-    ledger is only read here: the run itself closes the letters as redriven.
+    ledger is only read here: the run itself closes the letters as redriven. The letters are
+    read in a worker thread whose connection is given back before Airflow is asked, and
+    Airflow is awaited on the event loop (ADR 0073).
     """
     if scope == "selected" and not ids:
         raise HTTPException(HTTPStatus.BAD_REQUEST, "Tick the letters to redrive first.")
     classes = _error_classes([error_class])
     selected = scope == "selected"
-    runs = redrive(
-        conn,
-        api_root=airflow_api_root(request),
-        token=token,
-        by=user.get_name(),
-        reason=reason,
-        ids=list(dict.fromkeys(ids or [])) if selected else None,
-        stage=None if selected else stage,
-        error_classes=None if selected else classes,
-        since=None if selected else since,
-        until=None if selected else until,
+    by = user.get_name()
+
+    def plan() -> list[RedriveRun]:
+        with _pooled(request.app.state.pool, readonly=True) as conn:
+            return plan_redrive(
+                conn,
+                by=by,
+                reason=reason,
+                ids=list(dict.fromkeys(ids or [])) if selected else None,
+                stage=None if selected else stage,
+                error_classes=None if selected else classes,
+                since=None if selected else since,
+                until=None if selected else until,
+            )
+
+    runs = await run_in_threadpool(plan)
+    runs = await ask_airflow(
+        runs, api_root=airflow_api_root(request), token=token, by=by, reason=reason
     )
     filters = _letter_filters(stage, "open", classes, since, until, limit)
     back = urlencode(_kept(filters))

@@ -2,9 +2,14 @@
 
 The UI runs inside Airflow's API server, next to the scheduler's own use of the database: a
 few viewers must not be able to take every connection or hold one with a slow query. So the
-UI keeps at most ``size`` connections (a request waits up to ``wait_s`` for one, then gets
-503), every statement is cancelled after ``statement_timeout_s``, and each request gets a
-transaction that is read-only unless the route changes the work list (ADR 0015).
+UI keeps at most ``size`` connections, every statement is cancelled after
+``statement_timeout_s``, and each request gets a transaction that is read-only unless the
+route changes the work list (ADR 0015).
+
+A request that finds every connection taken is refused at once (the UI answers 503 with
+``Retry-After``), never made to wait (ADR 0073): it would wait in one of the API server's
+worker threads, the same few dozen that run Airflow's own sync routes, task heartbeats
+among them, and a burst of page loads would starve those.
 """
 
 from __future__ import annotations
@@ -21,9 +26,13 @@ from replayable.db import Connection
 
 log = logging.getLogger(__name__)
 
+# What a refused request is told to wait: a page holds its connection for milliseconds, or
+# at worst for a statement timeout, so a second is the usual wait and never a long one.
+RETRY_AFTER_S = 1
+
 
 class PoolBusyError(Exception):
-    """Every connection stayed in use for longer than the pool's ``wait_s``."""
+    """Every connection was in use when a request asked for one."""
 
 
 class ConnectionPool:
@@ -31,12 +40,12 @@ class ConnectionPool:
 
     Connections are opened when needed (so building the pool touches no database), kept idle
     for the next request, and dropped when they break. The DSN is asked for whenever a new
-    connection is opened, so a changed Airflow connection applies to new connections.
+    connection is opened, so a changed Airflow connection applies to new connections. When
+    all ``size`` are taken, :meth:`connection` raises :class:`PoolBusyError` without waiting.
 
     :param dsn_provider: returns the libpq DSN of the replayable database.
     :param size: the most connections open at once.
     :param statement_timeout_s: every statement is cancelled after this long.
-    :param wait_s: how long a request waits for a free connection.
     """
 
     def __init__(
@@ -45,7 +54,6 @@ class ConnectionPool:
         *,
         size: int = 4,
         statement_timeout_s: float = 5.0,
-        wait_s: float = 10.0,
     ) -> None:
         if size < 1:
             raise ValueError(f"size: must be at least 1, got {size!r}")
@@ -54,11 +62,17 @@ class ConnectionPool:
         self.dsn_provider = dsn_provider
         self.size = size
         self.statement_timeout_s = statement_timeout_s
-        self.wait_s = wait_s
         self._slots = threading.BoundedSemaphore(size)
         self._idle: list[Connection] = []
         self._lock = threading.Lock()
         self._closed = False
+        self._taken = 0
+
+    @property
+    def in_use(self) -> int:
+        """How many connections are handed out right now."""
+        with self._lock:
+            return self._taken
 
     def _open(self) -> Connection:
         timeout_ms = max(1, round(self.statement_timeout_s * 1000))
@@ -77,9 +91,13 @@ class ConnectionPool:
         """A connection in a fresh transaction (read-only if ``readonly``), for one request.
 
         The transaction is rolled back afterwards unless the caller committed it.
+
+        :raises PoolBusyError: every connection is taken (at once: see the module's docstring).
         """
-        if not self._slots.acquire(timeout=self.wait_s):
-            raise PoolBusyError(f"all {self.size} database connections stayed busy")
+        if not self._slots.acquire(blocking=False):
+            raise PoolBusyError(f"all {self.size} database connections are busy")
+        with self._lock:
+            self._taken += 1
         conn: Connection | None = None
         try:
             with self._lock:
@@ -98,6 +116,8 @@ class ConnectionPool:
         finally:
             if conn is not None:
                 self._give_back(conn)
+            with self._lock:
+                self._taken -= 1
             self._slots.release()
 
     def _give_back(self, conn: Connection) -> None:

@@ -10,16 +10,18 @@ checks against a running Airflow with real tokens.
 
 from __future__ import annotations
 
+import contextlib
 import html
 import importlib.util
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, get_args
 
+import anyio.to_thread
 import psycopg2
 import psycopg2.errors
 import psycopg2.extensions
@@ -46,7 +48,7 @@ from replayable.web.app import (
     _read_connection,
     _write_connection,
 )
-from replayable.web.pool import ConnectionPool
+from replayable.web.pool import RETRY_AFTER_S, ConnectionPool, PoolBusyError
 
 HOSTILE = "<script>alert(1)</script>"
 ORIGIN = "http://testserver"  # TestClient's host: what a browser sends for this page's forms
@@ -825,19 +827,24 @@ def test_a_slow_query_is_cut_off_by_the_statement_timeout(
 
 
 def test_the_pool_never_opens_more_connections_than_its_size(dsn: str) -> None:
-    pool = ConnectionPool(lambda: dsn, size=2, statement_timeout_s=5, wait_s=5)
+    pool = ConnectionPool(lambda: dsn, size=2, statement_timeout_s=5)
     seen: set[int] = set()
+    refused: list[int] = []
     lock = threading.Lock()
 
     def use() -> None:
-        with pool.connection(readonly=True) as conn:
-            rows = db.fetch_all(conn, "web_dead_letter_status", {"id": 0})
-            assert rows == []
-            with conn.cursor() as cur:
-                cur.execute("SELECT pg_backend_pid(), pg_sleep(0.05)")
-                pid = cur.fetchone()[0]
+        try:
+            with pool.connection(readonly=True) as conn:
+                rows = db.fetch_all(conn, "web_dead_letter_status", {"id": 0})
+                assert rows == []
+                with conn.cursor() as cur:
+                    cur.execute("SELECT pg_backend_pid(), pg_sleep(0.05)")
+                    pid = cur.fetchone()[0]
+                with lock:
+                    seen.add(pid)
+        except PoolBusyError:
             with lock:
-                seen.add(pid)
+                refused.append(1)
 
     try:
         threads = [threading.Thread(target=use) for _ in range(12)]
@@ -846,6 +853,7 @@ def test_the_pool_never_opens_more_connections_than_its_size(dsn: str) -> None:
         for thread in threads:
             thread.join(timeout=30)
         assert 1 <= len(seen) <= 2
+        assert pool.in_use == 0
     finally:
         pool.close()
 
@@ -869,11 +877,54 @@ def test_the_pool_sets_the_statement_timeout_and_read_only_transactions(dsn: str
 
 def test_a_busy_pool_answers_503(make_app: Any, dsn: str, ledger: dict[str, int]) -> None:
     app = make_app(lambda: dsn, pool_size=1)
-    app.state.pool.wait_s = 0.2
     client = _as(app, SimpleAuthManagerUser(username="c", role="VIEWER"))
     with app.state.pool.connection(readonly=True):
         assert client.get("/replayable/api/summary").status_code == 503
     assert client.get("/replayable/api/summary").status_code == 200
+
+
+def test_a_request_that_finds_every_connection_taken_is_refused_before_one_comes_free(
+    make_app: Any, dsn: str, ledger: dict[str, int]
+) -> None:
+    """No request waits in a worker thread for a connection (ADR 0073): it is answered 503,
+    with Retry-After, while the only connection is still taken."""
+    app = make_app(lambda: dsn, pool_size=1)
+    client = _as(app, SimpleAuthManagerUser(username="c", role="VIEWER"))
+    answers: list[Any] = []
+    asker = threading.Thread(target=lambda: answers.append(client.get("/replayable/api/summary")))
+    with app.state.pool.connection(readonly=True):
+        asker.start()
+        # A request that waited for the connection would get it once this block gives it back.
+        asker.join(timeout=5)
+    asker.join(timeout=60)
+    (answer,) = answers
+    assert answer.status_code == 503, answer.text
+    assert answer.headers["retry-after"] == str(RETRY_AFTER_S)
+    assert "busy" in answer.json()["detail"]
+    assert client.get("/replayable/api/summary").status_code == 200
+
+
+def test_the_pool_refuses_at_once_when_every_connection_is_taken(dsn: str) -> None:
+    pool = ConnectionPool(lambda: dsn, size=1)
+    outcome: list[str] = []
+
+    def take() -> None:
+        try:
+            with pool.connection(readonly=True):
+                outcome.append("connection")
+        except PoolBusyError:
+            outcome.append("busy")
+
+    contender = threading.Thread(target=take)
+    try:
+        with pool.connection(readonly=True):
+            contender.start()
+            contender.join(timeout=5)  # a waiting contender would take the freed connection
+        contender.join(timeout=60)
+        assert outcome == ["busy"]
+        assert pool.in_use == 0
+    finally:
+        pool.close()
 
 
 def test_the_plugin_mounts_the_app_at_replayable_with_a_browse_view() -> None:
@@ -1275,6 +1326,85 @@ def test_an_unreachable_airflow_is_502(make_app: Any, dsn: str, ledger: dict[str
         data={"scope": "selected", "ids": [ledger["encrypted"]], "reason": "try it"},
     )
     assert response.status_code == 502 and "airflow_api_url" in response.json()["detail"]
+
+
+class _WatchedAirflow(FakeAirflow):
+    """Airflow's stand-in that, while a trigger call is in, runs ``during`` and keeps its result."""
+
+    def __init__(self, during: Callable[[], Any]) -> None:
+        super().__init__()
+        self.during = during
+        self.seen: list[Any] = []
+
+    def respond(self, path: str, body: Any) -> tuple[int, dict[str, Any]]:
+        if path.endswith("/dagRuns"):
+            self.seen.append(self.during())
+        return super().respond(path, body)
+
+
+def _ui_connections_in_a_transaction(dsn: str) -> int:
+    """The UI pool's connections that the server sees inside a transaction: checked out."""
+    with contextlib.closing(psycopg2.connect(dsn)) as watcher, watcher.cursor() as cur:
+        cur.execute(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE application_name = 'replayable-ui' AND xact_start IS NOT NULL"
+        )
+        return int(cur.fetchone()[0])
+
+
+def test_a_redrive_holds_no_database_connection_while_it_calls_airflow(
+    make_app: Any, dsn: str, ledger: dict[str, int]
+) -> None:
+    """The letters are read and the connection given back before Airflow is asked (ADR 0073):
+    a slow Airflow cannot keep the UI's few connections."""
+    with _WatchedAirflow(lambda: _ui_connections_in_a_transaction(dsn)) as airflow:
+        client = _redriver(make_app, dsn, airflow.url)
+        page = client.post(
+            "/replayable/dead-letters/redrive",
+            data={
+                "scope": "selected",
+                "ids": [ledger["encrypted"], ledger["bad_input"]],
+                "reason": "provider fixed",
+            },
+        )
+    assert page.status_code == 200, page.text
+    assert len(airflow.triggers) == 2  # one run per stage, each asked with no connection held
+    assert airflow.seen == [0, 0]
+
+
+def test_a_redrive_waits_for_airflow_without_holding_a_worker_thread(
+    make_app: Any, dsn: str, ledger: dict[str, int]
+) -> None:
+    """With a single worker thread left, a sync route of the same server still answers while a
+    redrive waits for Airflow: Airflow's own routes (its trigger route, task heartbeats) are
+    sync routes of the API server the redrive calls back (ADR 0073)."""
+    app = make_app(lambda: dsn, airflow_api_url="http://unset")
+    user = SimpleAuthManagerUser(username="erin", role="USER")
+    with _as(app, user) as client:
+
+        def one_worker_thread() -> None:
+            anyio.to_thread.current_default_thread_limiter().total_tokens = 1
+
+        client.portal.call(one_worker_thread)  # type: ignore[union-attr]  # set in __enter__
+
+        def sync_route_answers() -> int | None:
+            answered: list[int] = []
+            asker = threading.Thread(
+                target=lambda: answered.append(client.get("/replayable/api/summary").status_code)
+            )
+            asker.start()
+            asker.join(timeout=5)  # a starved route answers only after the redrive gave up
+            return answered[0] if answered else None
+
+        with _WatchedAirflow(sync_route_answers) as airflow:
+            app.state.airflow_api_url = airflow.url
+            client.cookies.set("_token", "cookie-jwt")
+            page = client.post(
+                "/replayable/dead-letters/redrive",
+                data={"scope": "selected", "ids": [ledger["encrypted"]], "reason": "try it"},
+            )
+    assert page.status_code == 200, page.text
+    assert airflow.seen == [200]
 
 
 @pytest.mark.parametrize(
