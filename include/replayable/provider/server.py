@@ -107,7 +107,10 @@ only when started.
 Command line::
 
     python -m replayable.provider.server --host 127.0.0.1 --port 0 --dim 64 \\
-        [--api-key KEY] [--port-file PATH] [--verbose]
+        [--api-key KEY] [--port-file PATH] [--parent-pid PID] [--verbose]
+
+With ``--parent-pid`` the server exits, as on SIGTERM, once that process is no longer its
+parent: the process that started it died, however it died.
 """
 
 from __future__ import annotations
@@ -154,6 +157,8 @@ LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 IDEMPOTENCY_MAX_KEYS = 100_000
 IDEMPOTENCY_MAX_BYTES = 64 * 1024 * 1024
 MAX_PAD_BYTES = 64 * 1024 * 1024
+# How often a server tied to its parent checks that the parent is still there (ADR 0079).
+PARENT_CHECK_S = 0.5
 
 _TOKEN_RE = re.compile(r"\w+")
 _WEBHOOK_NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,100}")
@@ -1221,12 +1226,14 @@ def serve(
     api_key: str | None = None,
     port_file: str | os.PathLike[str] | None = None,
     verbose: bool = False,
+    parent_pid: int | None = None,
 ) -> None:
     """Run the server until SIGTERM or SIGINT, then shut it down cleanly.
 
     Prints ``listening on URL`` once it accepts connections and, if ``port_file`` is given,
     writes the port there atomically (and removes the file on exit). Signal handlers are
-    only installed when called from the main thread.
+    only installed when called from the main thread. With ``parent_pid`` it also stops
+    once that process is no longer its parent (checked every :data:`PARENT_CHECK_S`).
     """
     server = EmbeddingServer(host, port, dim=dim, api_key=api_key, verbose=verbose)
     stop = threading.Event()
@@ -1249,7 +1256,13 @@ def serve(
         if port_path is not None:
             _write_port_file(port_path, server.server_port)
         print(f"listening on {server.url}", flush=True)
-        stop.wait()
+        # A parent that dies is replaced by init or a subreaper, so a changed parent pid
+        # means it is gone, even if its pid is reused since. (PR_SET_PDEATHSIG would fire
+        # when the *thread* that started this server ends, and is Linux only.)
+        while not stop.wait(PARENT_CHECK_S if parent_pid is not None else None):
+            if os.getppid() != parent_pid:
+                print(f"parent {parent_pid} is gone; stopping", flush=True)
+                break
         server.shutdown()
     finally:
         server.server_close()
@@ -1275,12 +1288,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         help=f"require 'Authorization: Bearer KEY' on /v1 (default: ${API_KEY_ENV})",
     )
     parser.add_argument("--port-file", help="write the bound port to this file once listening")
+    parser.add_argument(
+        "--parent-pid", type=int, help="exit once this process is no longer the parent"
+    )
     parser.add_argument("--verbose", action="store_true", help="log every request to stderr")
     args = parser.parse_args(argv)
     if not 1 <= args.dim <= MAX_DIM:
         parser.error(f"--dim must be between 1 and {MAX_DIM}")
     try:
-        serve(args.host, args.port, args.dim, args.api_key, args.port_file, args.verbose)
+        serve(
+            args.host,
+            args.port,
+            args.dim,
+            args.api_key,
+            args.port_file,
+            args.verbose,
+            args.parent_pid,
+        )
     except ValueError as exc:
         parser.error(str(exc))
     return 0
@@ -1291,6 +1315,10 @@ class LocalModelServer:
 
     The subprocess gets its own process group so :meth:`stop` can take down everything it
     started. The API key is passed through the environment so it never shows in ``ps``.
+
+    :param tie_to_parent: the server exits when this process dies, even by SIGKILL, so a
+        crashed test or demo leaves no server behind. ``make start`` turns it off: there the
+        server outlives the command that started it until ``make stop``.
     """
 
     def __init__(
@@ -1303,8 +1331,10 @@ class LocalModelServer:
         *,
         startup_timeout: float = 15.0,
         verbose: bool = False,
+        tie_to_parent: bool = True,
     ) -> None:
         self.dim = dim
+        self.tie_to_parent = tie_to_parent
         self.api_key = api_key
         self._requested_port = port
         self._port_file = Path(port_file) if port_file is not None else None
@@ -1387,6 +1417,8 @@ class LocalModelServer:
         ]
         if self._verbose:
             cmd.append("--verbose")
+        if self.tie_to_parent:
+            cmd += ["--parent-pid", str(os.getpid())]
         with log_path.open("ab") as log:
             self._proc = subprocess.Popen(
                 cmd,

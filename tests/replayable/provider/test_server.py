@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 import math
 import os
 import re
+import signal
 import struct
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -21,6 +25,7 @@ import pytest
 
 from replayable.provider.server import (
     MAX_PAD_BYTES,
+    PARENT_CHECK_S,
     EmbeddingServer,
     LocalModelServer,
     embed_text,
@@ -353,6 +358,80 @@ def test_stop_leaves_no_process_and_is_idempotent(tmp_path: Path) -> None:
     with pytest.raises(ProcessLookupError):
         os.killpg(pgid, 0)
     assert not (tmp_path / "port").exists()
+
+
+_PARENT = """
+import sys, time
+from replayable.provider.server import LocalModelServer
+server = LocalModelServer(port_file=sys.argv[1], log_path=sys.argv[2]).start()
+print(server.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def _start_parent(tmp_path: Path, code: str) -> subprocess.Popen[bytes]:
+    """Start a process that starts a LocalModelServer and prints its pid."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3] / "include")}
+    return subprocess.Popen(
+        [sys.executable, "-c", code, str(tmp_path / "port"), str(tmp_path / "server.log")],
+        env=env,
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+    )
+
+
+def _kill_groups(*pids: int) -> None:
+    for pid in pids:
+        if pid:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+
+
+def test_the_server_exits_when_the_process_that_started_it_is_killed(tmp_path: Path) -> None:
+    """A SIGKILLed parent runs no cleanup; the server must notice on its own and exit."""
+    import psutil
+
+    parent = _start_parent(tmp_path, _PARENT)
+    server_pid = 0
+    try:
+        assert parent.stdout is not None
+        server_pid = int(parent.stdout.readline())
+        server = psutil.Process(server_pid)
+        os.killpg(parent.pid, signal.SIGKILL)
+        parent.wait()
+        try:
+            server.wait(timeout=15)
+        except psutil.TimeoutExpired:
+            pytest.fail("the model server outlived the process that started it")
+        server_pid = 0
+    finally:
+        _kill_groups(parent.pid, server_pid)
+    # It shut down the way SIGTERM does: the port file it wrote is gone.
+    assert not (tmp_path / "port").exists()
+
+
+def test_a_detached_server_outlives_the_process_that_started_it(tmp_path: Path) -> None:
+    """`make start` returns and leaves the server to `make stop`: tie_to_parent=False."""
+    import psutil
+
+    code = _PARENT.replace("log_path=sys.argv[2])", "log_path=sys.argv[2], tie_to_parent=False)")
+    parent = _start_parent(tmp_path, code)
+    server_pid = 0
+    try:
+        assert parent.stdout is not None
+        server_pid = int(parent.stdout.readline())
+        os.killpg(parent.pid, signal.SIGKILL)
+        parent.wait()
+        port = int((tmp_path / "port").read_text())
+        # Still answering after several of the watchdog's checks would have fired.
+        for _ in range(3):
+            time.sleep(PARENT_CHECK_S)
+            with httpx.Client(trust_env=False) as client:
+                assert client.get(f"http://127.0.0.1:{port}/healthz").status_code == 200
+    finally:
+        _kill_groups(parent.pid, server_pid)
+        with contextlib.suppress(psutil.Error):
+            psutil.Process(server_pid).wait(timeout=10)
 
 
 # Idempotency keys
