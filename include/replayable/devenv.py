@@ -78,6 +78,9 @@ class Services:
     model_url: str  # OpenAI-compatible API root, ending in /v1
     model_pid: int | None
     pgdata: str | None  # set when the embedded server is ours to stop
+    # The model server's start time (psutil's create_time): with it, a pid reused since is
+    # never taken for the server (ADR 0079). Records without it are never signalled.
+    model_started: float | None = None
 
     @classmethod
     def load(cls, state: Path) -> Services:
@@ -114,14 +117,40 @@ def _embedded_postgres(state: Path) -> tuple[str, str]:
     )
 
 
-def _start_model_server(state: Path) -> tuple[str, int]:
-    """Start the local model server detached: it outlives this process until ``stop``."""
+def _start_model_server(state: Path) -> tuple[str, int, float]:
+    """Start the local model server detached: it outlives this process until ``stop``.
+
+    Returns its URL, pid and start time.
+    """
+    import psutil
+
     from replayable.provider.server import LocalModelServer
 
     server = LocalModelServer(
-        port_file=state / "model.port", log_path=state / "model-server.log"
+        port_file=state / "model.port",
+        log_path=state / "model-server.log",
+        tie_to_parent=False,
     ).start()
-    return server.base_url, server.pid
+    return server.base_url, server.pid, psutil.Process(server.pid).create_time()
+
+
+def _same_process(pid: int, started: float | None) -> bool:
+    """Whether ``pid`` is still the process that was recorded as started at ``started``."""
+    import psutil
+
+    if started is None:
+        return False
+    try:
+        return abs(psutil.Process(pid).create_time() - started) < 1
+    except psutil.Error:
+        return False
+
+
+def model_server_running(services: Services) -> bool:
+    """Whether the model server ``services`` recorded is still that process."""
+    return services.model_pid is not None and _same_process(
+        services.model_pid, services.model_started
+    )
 
 
 def start(state: Path = DEFAULT_STATE, *, model_url: str | None = None) -> Services:
@@ -133,7 +162,7 @@ def start(state: Path = DEFAULT_STATE, *, model_url: str | None = None) -> Servi
     path = state / "services.json"
     if path.exists():
         services = Services.load(state)
-        if services.model_pid is None or _alive(services.model_pid):
+        if services.model_pid is None or model_server_running(services):
             return services
         stop(state)
     external = os.environ.get("REPLAYABLE_DATABASE_URL")
@@ -147,23 +176,35 @@ def start(state: Path = DEFAULT_STATE, *, model_url: str | None = None) -> Servi
     else:
         replayable_dsn, airflow_db = _embedded_postgres(state)
         pgdata = str(state / "pg")
-    model_pid = None
+    model_pid = model_started = None
     if model_url is None:
-        model_url, model_pid = _start_model_server(state)
-    services = Services(replayable_dsn, airflow_db, model_url, model_pid, pgdata)
+        model_url, model_pid, model_started = _start_model_server(state)
+    services = Services(replayable_dsn, airflow_db, model_url, model_pid, pgdata, model_started)
     path.write_text(json.dumps(asdict(services), indent=2))
     _ensure_schema(services)
     return services
 
 
 def stop(state: Path = DEFAULT_STATE) -> None:
-    """Stop whatever ``start`` started under ``state``; safe to call twice."""
+    """Stop whatever ``start`` started under ``state``; safe to call twice.
+
+    The model server is only stopped while its pid is still the process that was started
+    (same start time), as ``stop_cluster`` does: after a crash or a reboot the number may
+    belong to something else, and its whole process group would be killed.
+    """
     path = state / "services.json"
     if not path.exists():
         return
     services = Services(**json.loads(path.read_text()))
-    if services.model_pid:
+    if model_server_running(services):
+        assert services.model_pid is not None
         _kill_group(services.model_pid)
+    elif services.model_pid:
+        print(
+            f"model server pid {services.model_pid} is no longer the server that was started;"
+            " not signalled",
+            file=sys.stderr,
+        )
     if services.pgdata:
         _stop_postgres(Path(services.pgdata))
     path.unlink()
@@ -178,14 +219,6 @@ def _stop_postgres(pgdata: Path) -> None:
     user = "pgserver" if os.geteuid() == 0 else None
     with contextlib.suppress(subprocess.CalledProcessError):  # already stopped
         pg_ctl(["-w", "-m", "fast", "stop"], pgdata=pgdata, user=user)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def _kill_group(pid: int) -> None:
@@ -752,18 +785,12 @@ def stop_cluster(state: Path) -> None:
     A recorded pid is only stopped while it is still the process that was started (same
     start time): after a reboot the number may belong to something else.
     """
-    import psutil
-
     path = state / "cluster.json"
     if not path.exists():
         return
     record = json.loads(path.read_text())
     for pid, started in record["pids"].values():
-        try:
-            same = abs(psutil.Process(pid).create_time() - started) < 1
-        except psutil.Error:
-            continue
-        if same:
+        if _same_process(pid, started):
             stop_tree(pid, timeout_s=15)
     path.unlink()
 
