@@ -7,10 +7,15 @@ the sink, starting a delivery only while its lease is sure to outlast it; and se
 group in one statement: ``published`` once the sink acknowledged the event, ``pending``
 again after a retryable failure (due after a full-jitter backoff, or the receiver's
 Retry-After), ``dead`` at once after a terminal failure or at the attempt cap, and handed
-back without spending an attempt when the sink fails systemically (401/403). A publisher
-that dies between a delivery and its settle leaves the row leased: it is due again when the
-lease ends and is delivered again under the same event id, which the receiver de-duplicates.
-Nothing here imports Airflow.
+back without spending an attempt when the sink fails systemically. A publisher that dies
+between a delivery and its settle leaves the row leased: it is due again when the lease
+ends and is delivered again under the same event id, which the receiver de-duplicates.
+
+A receiver that is down is no event's fault (ADR 0070): 401/403 (refused credentials),
+404/410 (no such endpoint), a refused connection, and ``systemic_after`` retryable failures
+in a row stop the call, and every event it holds, the failed ones of that streak included,
+is handed back with its attempt given back. A call also ends within its time budget
+(``max_s``): it starts no delivery that could end past it. Nothing here imports Airflow.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
@@ -30,6 +35,11 @@ log = logging.getLogger(__name__)
 
 READY = "document.ready"
 FAILED = "document.failed"
+# Answers that say the endpoint itself is missing or misconfigured, not that one event is bad:
+# 404/410 for a receiver's URL is a moved or deleted hook, and every event would get it.
+_MISSING_ENDPOINT = frozenset({"http_404", "http_410"})
+# No event can cause a refused connection: the receiver is unreachable for all of them.
+_UNREACHABLE = frozenset({"connect_error"})
 
 
 @dataclass(frozen=True)
@@ -79,12 +89,26 @@ class PublishLimits:
     max_events: int = 10_000  # claimed per call at most
     backoff_base_s: float = 60.0
     backoff_cap_s: float = 3600.0
+    # Retryable failures in a row that mean the receiver is down, not the events bad.
+    systemic_after: int = 5
+    # One call's time budget: no delivery starts that could end past it. Shorter than the
+    # publish task's execution_timeout (30 min), so the call ends before Airflow kills it.
+    max_s: float = 1200.0
 
     def __post_init__(self) -> None:
-        if self.batch_size < 1 or self.max_events < 1 or self.max_attempts < 1:
-            raise ValueError("batch_size, max_events and max_attempts must be at least 1")
+        if (
+            self.batch_size < 1
+            or self.max_events < 1
+            or self.max_attempts < 1
+            or self.systemic_after < 1
+        ):
+            raise ValueError(
+                "batch_size, max_events, max_attempts and systemic_after must be at least 1"
+            )
         if self.lease_s <= 0:
             raise ValueError(f"lease_s must be positive, got {self.lease_s}")
+        if self.max_s <= 0:
+            raise ValueError(f"max_s must be positive, got {self.max_s}")
 
 
 @dataclass
@@ -100,6 +124,7 @@ class PublishResult:
     lost: int = 0  # settled by nobody here: the lease was taken over meanwhile
     errors: dict[str, int] = field(default_factory=dict)
     systemic: Classified | None = None
+    out_of_time: bool = False  # the call stopped at its time budget (events may be due)
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -112,6 +137,7 @@ class PublishResult:
             "lost": self.lost,
             "errors": dict(self.errors),
             "systemic": self.systemic.error_class if self.systemic else None,
+            "out_of_time": self.out_of_time,
         }
 
 
@@ -194,29 +220,34 @@ def publish(
     owner: str,
     publication: str,
     limits: PublishLimits = PublishLimits(),
+    clock: Callable[[], float] = time.monotonic,
 ) -> PublishResult:
-    """Deliver due events until none is left, ``limits.max_events`` were claimed, or the sink
-    fails systemically. With no sink, events are marked published as claimed (the caller
-    announces them another way, e.g. as an Airflow asset event).
+    """Deliver due events until none is left, ``limits.max_events`` were claimed, the time
+    budget ``limits.max_s`` is spent, or the sink fails systemically. With no sink, events
+    are marked published as claimed (the caller announces them another way, e.g. as an
+    Airflow asset event).
 
     :param owner: this publisher's lease owner name (unique per process and try).
     :param publication: recorded on every event this call publishes (``published_by``), so
         that whoever announces the call's work can read it back.
+    :param clock: monotonic seconds; the lease and the time budget are measured on it.
     """
     if sink is not None and sink.max_send_s >= limits.lease_s:
         raise ValueError(
             f"lease_s ({limits.lease_s:g}) must be longer than one delivery can take "
             f"({sink.max_send_s:g} s with its retries), or a lease could end mid-delivery"
         )
-    result = PublishResult()
+    call = _Call(db, sink, limits, clock, owner=owner, publication=publication)
     # Events due when the call began, never ones it failed or handed back itself: those wait
     # for their backoff and the next call.
     due_by: datetime | None = None
+    result = call.result
     while result.claimed < limits.max_events and result.systemic is None:
+        if not call.may_start():
+            result.out_of_time = True
+            break
         limit = min(limits.batch_size, limits.max_events - result.claimed)
-        claimed = _round(
-            db, sink, result, limit, due_by, owner=owner, publication=publication, limits=limits
-        )
+        claimed = call.round(limit, due_by)
         if claimed is None:
             break
         due_by = due_by or claimed
@@ -224,74 +255,132 @@ def publish(
     return result
 
 
-def _round(
-    db: Database,
-    sink: Sink | None,
-    result: PublishResult,
-    limit: int,
-    due_by: datetime | None,
-    *,
-    owner: str,
-    publication: str,
-    limits: PublishLimits,
-) -> datetime | None:
-    """Claim, deliver and settle one group of events; return the claim's time (None: none)."""
-    started = time.monotonic()  # before the claim: the lease ends no earlier than this
-    claimed = db.transaction(
-        functools.partial(claim, owner=owner, limit=limit, lease_s=limits.lease_s, due_by=due_by),
-        describe="outbox: claim",
-    )
-    events = claimed.events
-    if not events:
-        return None
-    result.claimed += len(events)
-    lease_ends = started + limits.lease_s
-    outcomes = [_deliver(event, sink, result, lease_ends, limits) for event in events]
-    states = db.transaction(
-        functools.partial(
-            _settle,
-            outcomes=outcomes,
-            owner=owner,
-            publication=publication,
-            max_attempts=limits.max_attempts,
-        ),
-        describe="outbox: settle",
-    )
-    _tally(result, outcomes, states)
-    return claimed.at
+class _Call:
+    """One :func:`publish` call: its counts, its deadline and the failures in a row so far."""
 
+    def __init__(
+        self,
+        db: Database,
+        sink: Sink | None,
+        limits: PublishLimits,
+        clock: Callable[[], float],
+        *,
+        owner: str,
+        publication: str,
+    ) -> None:
+        self.db, self.sink, self.limits, self.clock = db, sink, limits, clock
+        self.owner, self.publication = owner, publication
+        self.result = PublishResult()
+        self.deadline = clock() + limits.max_s
+        self.failed_in_a_row = 0
 
-def _deliver(
-    event: Event, sink: Sink | None, result: PublishResult, lease_ends: float, limits: PublishLimits
-) -> _Settle:
-    if result.systemic is not None:
-        return _Settle(event.event_id, "release", result.systemic)
-    if sink is None:
-        return _Settle(event.event_id, "published")
-    if time.monotonic() + sink.max_send_s >= lease_ends:
-        # Another publisher may take the row once the lease ends: never be mid-delivery then.
-        return _Settle(event.event_id, "release")
-    try:
-        sink.deliver(event)
-    except Exception as error:
-        classified = classify(error)
-        log.warning(
-            "outbox: %s %s not delivered (%s): %s",
-            event.event_type,
-            event.event_id,
-            classified.error_class,
-            classified.message,
+    @property
+    def _send_s(self) -> float:
+        return self.sink.max_send_s if self.sink is not None else 0.0
+
+    def may_start(self, lease_ends: float | None = None) -> bool:
+        """Whether a delivery started now ends before the time budget (and the lease)."""
+        ends = self.deadline if lease_ends is None else min(self.deadline, lease_ends)
+        return self.clock() + self._send_s < ends
+
+    def round(self, limit: int, due_by: datetime | None) -> datetime | None:
+        """Claim, deliver and settle one group of events; return the claim's time (None: none)."""
+        started = self.clock()  # before the claim: the lease ends no earlier than this
+        claimed = self.db.transaction(
+            functools.partial(
+                claim, owner=self.owner, limit=limit, lease_s=self.limits.lease_s, due_by=due_by
+            ),
+            describe="outbox: claim",
         )
-        if classified.kind is ErrorKind.SYSTEMIC:
-            result.systemic = classified
-            return _Settle(event.event_id, "release", classified)
-        delay = classified.retry_after_s
-        if delay is None:
-            delay = full_jitter(
-                max(event.attempts - 1, 0), base_s=limits.backoff_base_s, cap_s=limits.backoff_cap_s
+        events = claimed.events
+        if not events:
+            return None
+        self.result.claimed += len(events)
+        lease_ends = started + self.limits.lease_s
+        outcomes: list[_Settle] = []
+        streak: list[int] = []  # this group's failed deliveries since the last answer
+        for event in events:
+            outcome = self._deliver(event, lease_ends)
+            if outcome.outcome == "failed" and outcome.error and outcome.error.retryable:
+                streak.append(len(outcomes))
+            elif outcome.outcome in ("published", "failed"):
+                streak.clear()  # the receiver answered
+            outcomes.append(outcome)
+            if self.result.systemic is not None and streak:
+                # The streak was the receiver's fault, not its events': give their attempts
+                # back too. (Failures of an earlier group in the streak are settled already.)
+                for index in streak:
+                    outcomes[index] = _Settle(outcomes[index].event_id, "release", outcome.error)
+                streak.clear()
+        states = self.db.transaction(
+            functools.partial(
+                _settle,
+                outcomes=outcomes,
+                owner=self.owner,
+                publication=self.publication,
+                max_attempts=self.limits.max_attempts,
+            ),
+            describe="outbox: settle",
+        )
+        _tally(self.result, outcomes, states)
+        return claimed.at
+
+    def _deliver(self, event: Event, lease_ends: float) -> _Settle:
+        result, sink = self.result, self.sink
+        if result.systemic is not None:
+            return _Settle(event.event_id, "release", result.systemic)
+        if sink is None:
+            return _Settle(event.event_id, "published")
+        if not self.may_start(lease_ends):
+            # Another publisher may take the row once the lease ends, and the task may be
+            # killed once the budget ends: never be mid-delivery then.
+            result.out_of_time = result.out_of_time or not self.may_start()
+            return _Settle(event.event_id, "release")
+        try:
+            sink.deliver(event)
+        except Exception as error:
+            classified = _judge(classify(error))
+            log.warning(
+                "outbox: %s %s not delivered (%s): %s",
+                event.event_type,
+                event.event_id,
+                classified.error_class,
+                classified.message,
             )
-        return _Settle(event.event_id, "failed", classified, delay)
-    return _Settle(event.event_id, "published")
+            if classified.kind is ErrorKind.SYSTEMIC:
+                result.systemic = classified
+                return _Settle(event.event_id, "release", classified)
+            if classified.retryable:
+                self.failed_in_a_row += 1
+                if self.failed_in_a_row >= self.limits.systemic_after:
+                    result.systemic = Classified(
+                        "receiver_unavailable",
+                        ErrorKind.SYSTEMIC,
+                        f"{self.failed_in_a_row} deliveries in a row failed; "
+                        f"last: {classified.message}",
+                        classified.retry_after_s,
+                    )
+                    log.warning("outbox: %s; stopping", result.systemic.message)
+                    return _Settle(event.event_id, "release", classified)
+            else:
+                self.failed_in_a_row = 0  # a terminal answer: the receiver is up
+            delay = classified.retry_after_s
+            if delay is None:
+                delay = full_jitter(
+                    max(event.attempts - 1, 0),
+                    base_s=self.limits.backoff_base_s,
+                    cap_s=self.limits.backoff_cap_s,
+                )
+            return _Settle(event.event_id, "failed", classified, delay)
+        self.failed_in_a_row = 0
+        return _Settle(event.event_id, "published")
+
+
+def _judge(error: Classified) -> Classified:
+    """The outbox's view of a delivery error: a missing or unreachable receiver is systemic."""
+    if error.error_class in _MISSING_ENDPOINT | _UNREACHABLE:
+        return Classified(error.error_class, ErrorKind.SYSTEMIC, error.message, error.retry_after_s)
+    return error
 
 
 def _tally(

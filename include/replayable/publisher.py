@@ -32,9 +32,11 @@ class PublishEventsOperator(BaseOperator):
     """Deliver due outbox events to the webhook; announce ready documents as an asset event.
 
     The task is skipped when it announced no ready document (no asset event is emitted
-    then). It fails only when the webhook refuses the credentials (401/403); events that
-    fail otherwise stay pending, with a backoff, or are dead-lettered in the outbox
-    (``status = 'dead'`` with their error), and the task succeeds.
+    then). It fails when the webhook fails systemically (ADR 0070): it refuses the
+    credentials (401/403), its endpoint is missing (404/410), it cannot be reached, or
+    delivery after delivery fails; the events then stay pending with no attempt spent.
+    Events that fail otherwise stay pending, with a backoff, or are dead-lettered in the
+    outbox (``status = 'dead'`` with their error), and the task succeeds.
 
     :param postgres_conn_id: Airflow connection of the replayable database.
     :param events_conn_id: Airflow connection of the webhook (see ``replayable.sinks``);
@@ -43,9 +45,17 @@ class PublishEventsOperator(BaseOperator):
     :param batch_size: events claimed per round trip.
     :param lease_s: how long a claim lasts; longer than one delivery with its retries.
     :param max_attempts: deliveries per event before it is dead-lettered.
+    :param max_s: the time budget of one run: no delivery starts that could end past it;
+        shorter than ``execution_timeout``, if one is set.
     """
 
-    template_fields: Sequence[str] = ("max_events", "batch_size", "lease_s", "max_attempts")
+    template_fields: Sequence[str] = (
+        "max_events",
+        "batch_size",
+        "lease_s",
+        "max_attempts",
+        "max_s",
+    )
     ui_color = "#eef1f8"
 
     def __init__(
@@ -57,6 +67,7 @@ class PublishEventsOperator(BaseOperator):
         batch_size: int | str = PublishLimits.batch_size,
         lease_s: float | str = PublishLimits.lease_s,
         max_attempts: int | str = PublishLimits.max_attempts,
+        max_s: float | str = PublishLimits.max_s,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("outlets", [DOCUMENTS_READY])
@@ -67,6 +78,7 @@ class PublishEventsOperator(BaseOperator):
         self.batch_size = batch_size
         self.lease_s = lease_s
         self.max_attempts = max_attempts
+        self.max_s = max_s
 
     def limits(self) -> PublishLimits:
         """The rendered arguments as limits; a bad value raises naming it."""
@@ -76,12 +88,20 @@ class PublishEventsOperator(BaseOperator):
             ("batch_size", int),
             ("lease_s", float),
             ("max_attempts", int),
+            ("max_s", float),
         ):
             raw = getattr(self, name)
             try:
                 values[name] = kind(raw)
             except (TypeError, ValueError):
                 raise ValueError(f"{name}: expected a number, got {raw!r}") from None
+        timeout = self.execution_timeout
+        if timeout is not None and values["max_s"] >= timeout.total_seconds():
+            # Killed at the timeout, the task would leave a delivery half done and unsettled.
+            raise ValueError(
+                f"max_s ({values['max_s']:g} s) must be shorter than the task's "
+                f"execution_timeout ({timeout.total_seconds():g} s)"
+            )
         return PublishLimits(**values)
 
     def _has_connection(self, conn_id: str) -> bool:
@@ -120,11 +140,21 @@ class PublishEventsOperator(BaseOperator):
         summary = result.summary()
         self.log.info("published %s; this task instance has published %s", summary, counts)
         if result.dead:
-            self.log.warning("%d event(s) dead-lettered in the outbox", result.dead)
+            self.log.warning(
+                "%d event(s) dead-lettered in the outbox: `replayable outbox list --status "
+                "dead` shows them, `replayable outbox requeue` sends them again",
+                result.dead,
+            )
+        if result.out_of_time:
+            self.log.warning(
+                "stopped at the time budget (max_s=%g s); the next run delivers the rest",
+                limits.max_s,
+            )
         if result.systemic is not None:
             raise AirflowFailException(
-                f"the webhook of connection {self.events_conn_id!r} refused the events "
-                f"({result.systemic.error_class}: {result.systemic.message}); they stay pending"
+                f"the webhook of connection {self.events_conn_id!r} did not take the events "
+                f"({result.systemic.error_class}: {result.systemic.message}); they stay "
+                "pending, no attempt spent"
             )
         if counts["ready"] == 0:
             raise AirflowSkipException(

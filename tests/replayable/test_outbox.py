@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import logging
+import socket
 import threading
 import time
 from typing import Any
@@ -423,3 +425,145 @@ def test_settling_after_a_takeover_changes_nothing(conn, database):
     )
     assert settled == {}
     assert rows(conn, "SELECT status, lease_owner FROM replayable.outbox") == [("pending", "new")]
+
+
+# --- a receiver that is down or gone (ADR 0070) ------------------------------------------
+
+
+def free_loopback_url(path: str) -> str:
+    """A loopback URL where nothing listens: connecting to it is refused."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    return f"http://127.0.0.1:{port}/{path}"
+
+
+def test_failures_in_a_row_stop_publishing_and_spend_no_attempt(conn, database, model, sink):
+    add_events(conn, 12)
+    model.set_faults(webhook_status_always=503)
+    result = publish(database, sink, owner="p1", publication="pub", limits=LIMITS)
+    assert rows(conn, "SELECT DISTINCT status, attempts FROM replayable.outbox") == [("pending", 0)]
+    # systemic_after deliveries, each with its own tries, then nothing more was sent.
+    assert model.stats()["webhooks"]["received"] == 5 * FAST.max_attempts
+    assert result.systemic is not None and result.systemic.error_class == "receiver_unavailable"
+    assert (result.released, result.retrying, result.dead) == (LIMITS.batch_size, 0, 0)
+    assert rows(
+        conn, "SELECT DISTINCT error_class FROM replayable.outbox WHERE error_class IS NOT NULL"
+    ) == [("http_503",)]
+
+
+def test_a_success_between_failures_starts_the_count_again(conn, database, model, sink):
+    add_events(conn, 6)
+    fail = [503] * FAST.max_attempts  # one delivery's tries
+    # fail, fail, ok, fail, fail, ok: never systemic_after (3) in a row.
+    model.set_faults(webhook_statuses=[*fail, *fail, 200, *fail, *fail, 200])
+    limits = PublishLimits(batch_size=6, lease_s=30.0, max_attempts=3, systemic_after=3)
+    result = publish(database, sink, owner="p1", publication="pub", limits=limits)
+    assert result.systemic is None
+    assert (result.published, result.retrying) == (2, 4)
+
+
+def test_twenty_rounds_of_outage_dead_letter_no_event_and_the_backlog_drains_after(
+    conn, database, model, sink
+):
+    add_events(conn, 12)
+    # Backoff 0: every failed event is due again at the next round, as after a long outage.
+    limits = PublishLimits(batch_size=5, lease_s=30.0, max_attempts=3, backoff_base_s=0.0)
+    model.set_faults(webhook_status_always=503)
+    for _ in range(20):
+        publish(database, sink, owner="p1", publication="down", limits=limits)
+    assert rows(conn, "SELECT status, count(*) FROM replayable.outbox GROUP BY 1") == [
+        ("pending", 12)
+    ]
+    model.clear_faults()
+    after = publish(database, sink, owner="p1", publication="up", limits=limits)
+    assert (after.published, after.dead) == (12, 0)
+    assert rows(conn, "SELECT status, count(*) FROM replayable.outbox GROUP BY 1") == [
+        ("published", 12)
+    ]
+
+
+@pytest.mark.parametrize("status", [404, 410])
+def test_a_missing_endpoint_stops_publishing_without_spending_attempts(
+    conn, database, model, sink, status
+):
+    add_events(conn, 4)
+    model.set_faults(webhook_status_always=status)
+    result = publish(database, sink, owner="p1", publication="pub", limits=LIMITS)
+    assert result.systemic is not None and result.systemic.error_class == f"http_{status}"
+    assert (result.dead, result.released) == (0, 4)
+    assert model.stats()["webhooks"]["received"] == 1
+    assert rows(conn, "SELECT DISTINCT status, attempts FROM replayable.outbox") == [("pending", 0)]
+
+
+def test_a_refused_connection_stops_publishing_without_spending_attempts(conn, database):
+    add_events(conn, 3)
+    once = CallRetry(max_attempts=1)
+    url = free_loopback_url(SECRET_PATH)
+    with WebhookSink(WebhookSettings(url, timeout_s=5.0, retry=once)) as down:
+        result = publish(database, down, owner="p1", publication="pub", limits=LIMITS)
+    assert result.systemic is not None and result.systemic.error_class == "connect_error"
+    assert (result.dead, result.released) == (0, 3)
+    assert rows(conn, "SELECT DISTINCT status, attempts FROM replayable.outbox") == [("pending", 0)]
+    assert SECRET_PATH not in result.systemic.message
+
+
+class ClockedSink:
+    """The real webhook sink on a clock that each delivery moves on by ``step_s``."""
+
+    def __init__(self, sink: WebhookSink, step_s: float) -> None:
+        self.sink, self.step_s, self.now, self.sent = sink, step_s, 0.0, 0
+
+    @property
+    def max_send_s(self) -> float:
+        return 5.0
+
+    def clock(self) -> float:
+        return self.now
+
+    def deliver(self, event: Event) -> None:
+        self.sink.deliver(event)
+        self.sent += 1
+        self.now += self.step_s
+
+
+def test_publish_starts_no_delivery_that_could_end_past_its_time_budget(
+    conn, database, model, sink
+):
+    add_events(conn, 10)
+    clocked = ClockedSink(sink, step_s=10.0)
+    limits = PublishLimits(batch_size=5, lease_s=300.0, max_s=35.0)
+    result = publish(
+        database, clocked, owner="p1", publication="pub", limits=limits, clock=clocked.clock
+    )
+    # Deliveries start at 0, 10 and 20 s; one at 30 s could end at 35 s, the budget's end:
+    # the rest of the group is handed back, and no other group is claimed.
+    assert clocked.sent == 3 == result.published
+    assert result.out_of_time
+    assert (result.claimed, result.released) == (5, 2)
+    assert rows(
+        conn, "SELECT status, attempts, count(*) FROM replayable.outbox GROUP BY 1, 2 ORDER BY 1"
+    ) == [("pending", 0, 7), ("published", 1, 3)]
+
+
+# --- the webhook's URL stays out of errors and logs (ADR 0070) -------------------------
+
+
+SECRET_PATH = "hook-secret-7f3a9c"  # noqa: S105 - a stand-in path for the test
+
+
+@pytest.mark.parametrize("status", [400, 503])
+def test_a_failed_delivery_names_the_webhook_by_scheme_and_host_only(
+    conn, database, model, caplog, status
+):
+    add_events(conn, 1)
+    model.set_faults(webhook_status_always=status)
+    url = model.webhook_url(SECRET_PATH)
+    with WebhookSink(WebhookSettings(url, timeout_s=5.0, retry=FAST)) as hook:
+        caplog.set_level(logging.DEBUG)
+        publish(database, hook, owner="p1", publication="pub", limits=LIMITS)
+    (last_error,) = rows(conn, "SELECT last_error FROM replayable.outbox")[0]
+    assert str(status) in last_error
+    assert "http://127.0.0.1:" in last_error
+    assert SECRET_PATH not in last_error
+    assert SECRET_PATH not in caplog.text

@@ -3,7 +3,7 @@
 import pytest
 
 from replayable.retry import CallRetry
-from replayable.sinks import WebhookSettings, WebhookSink, webhook_settings
+from replayable.sinks import WebhookSettings, WebhookSink, redact_url, webhook_settings
 
 SECRET = "not-a-real-token"  # noqa: S105 - a stand-in value for the test
 
@@ -42,3 +42,32 @@ def test_a_delivery_is_bounded_by_its_tries_and_waits():
     finally:
         once.close()
         retried.close()
+
+
+SECRET_PATH = "hooks/s3cr3t-path"  # noqa: S105 - a stand-in path for the test
+
+
+def test_the_settings_show_the_webhook_by_scheme_and_host_only():
+    settings = webhook_settings(
+        f"https://hooks.example.com:8443/{SECRET_PATH}", None, None, None, {}
+    )
+    assert SECRET_PATH not in repr(settings)
+    assert settings.where == "https://hooks.example.com:8443"
+
+
+def test_bad_bounds_are_refused_without_quoting_the_secret_path():
+    with pytest.raises(ValueError, match="timeout_s") as refused:
+        webhook_settings("hooks", None, "https", None, {"path": SECRET_PATH, "timeout_s": -1})
+    assert SECRET_PATH not in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("https://user:pw@hooks.example.com/a/b?token=x", "https://hooks.example.com"),
+        ("http://127.0.0.1:9000/webhooks/x", "http://127.0.0.1:9000"),
+        ("http://[::1]:9000/x", "http://[::1]:9000"),
+    ],
+)
+def test_a_url_is_redacted_to_scheme_and_host(url, shown):
+    assert redact_url(url) == shown
