@@ -72,6 +72,7 @@ def plan(
             run_id=ti.run_id,
             spec_hashes=hashes,
             max_map_length=max_map_length,
+            revived_by=triggered_by(context),
         )
         return documents, batches
 
@@ -84,9 +85,7 @@ def plan(
 def _record_documents(conn: db.Connection, settings: PipelineSettings, context: Any) -> int:
     ti = context["ti"]
     if settings.rerun or settings.redrive:
-        documents = pipeline.select_documents(
-            conn, settings, dag_id=ti.dag_id, run_id=ti.run_id, by=triggered_by(context)
-        )
+        documents = pipeline.select_documents(conn, settings, dag_id=ti.dag_id, run_id=ti.run_id)
         what = "rerun" if settings.rerun else "redrive"
         log.info(
             "%s selected %d documents: %s", what, documents, settings.rerun or settings.redrive

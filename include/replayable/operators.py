@@ -124,6 +124,19 @@ def triggered_by(context: Context) -> str:
     return getattr(dag_run, "triggering_user_name", None) or str(dag_run.run_type)
 
 
+def revival_reason(settings: PipelineSettings, run_id: str) -> str:
+    """What a reviving run writes on the letters it closes; the actor is always who triggered it.
+
+    A redrive's ``by`` is a free-text note kept in the reason, never the recorded actor, so
+    that whoever can trigger a run cannot write another person's name into the history.
+    """
+    if settings.redrive:
+        note = settings.redrive.get("by")
+        reason = f"{settings.redrive['reason']} (run {run_id}"
+        return reason + (f"; note: {note})" if note else ")")
+    return f"run {run_id}: {dict(settings.rerun or {})}"
+
+
 def connection_dsn(conn_id: str) -> str:
     """Turn the Airflow Postgres connection ``conn_id`` into a libpq DSN."""
     import psycopg2.extensions
@@ -240,8 +253,7 @@ class IdempotentStageOperator(BaseOperator):
         limits = Limits(lease_s=settings.lease_s, max_attempts=settings.max_attempts)
         revive = None
         if self.stage == settings.first_stage and (settings.revives_dead or settings.redrive):
-            selection = dict(settings.rerun or settings.redrive or {})
-            revive = Revival(by=triggered_by(context), reason=f"run {ti.run_id}: {selection}")
+            revive = Revival(by=triggered_by(context), reason=revival_reason(settings, ti.run_id))
 
         def connect() -> db.Database:
             return db.Database(dsn)

@@ -127,9 +127,14 @@ def discover(
 
 
 def select_documents(
-    conn: Connection, settings: PipelineSettings, *, dag_id: str, run_id: str, by: str
+    conn: Connection, settings: PipelineSettings, *, dag_id: str, run_id: str
 ) -> int:
-    """Record the documents of a partial re-run or a redrive, chosen by a bound query."""
+    """Record the documents of a partial re-run or a redrive, chosen by a bound query.
+
+    Nothing is closed here, so selecting again (a retried ``plan``, a replayed transaction)
+    chooses the same documents: a redrive's letters are closed by the claim that takes their
+    items back to work, or by :func:`plan_batches` for items already done (ADR 0083).
+    """
     common = {
         "dag_id": dag_id,
         "run_id": run_id,
@@ -149,8 +154,6 @@ def select_documents(
                 "ids": redrive.get("ids"),
                 "since": redrive.get("since"),
                 "until": redrive.get("until"),
-                "by": redrive.get("by") or by,
-                "reason": redrive["reason"],
             },
         )
     else:
@@ -217,6 +220,7 @@ def plan_batches(
     run_id: str,
     spec_hashes: Mapping[str, str],
     max_map_length: int = 1024,
+    revived_by: str | None = None,
 ) -> list[dict[str, Any]]:
     """Number the batches of the run's documents that have work left; return their refs.
 
@@ -224,9 +228,14 @@ def plan_batches(
     its current spec is one this run executes and is not dead there (unless the run revives
     dead items of that stage). One query decides it for all stages at once; an identical
     re-run of a finished corpus therefore maps no batch at all.
+
+    A run that revives dead items closes, as redriven by ``revived_by``, the open letters
+    of its first stage whose documents are done there under the current spec already: no
+    claim will take those items, and their work is done (ADR 0083).
     """
     first = settings.first_stage
     revive = settings.revives_dead or bool(settings.redrive)
+    closes = revive and first is not None and first in settings.effective_stages
     params = {
         "dag_id": dag_id,
         "run_id": run_id,
@@ -236,6 +245,9 @@ def plan_batches(
         "revive": [revive and stage == first for stage in STAGES],
         "batch_size": settings.batch_size,
         "max_map_length": max_map_length,
+        "close_stage": first if closes else None,
+        "close_spec_hash": spec_hashes[first] if closes and first else None,
+        "closed_by": revived_by or "redrive",
     }
     rows = fetch_all(conn, "plan_batches", params)
     conn.commit()

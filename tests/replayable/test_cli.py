@@ -212,7 +212,7 @@ def test_rerun_prints_a_valid_conf_the_sql_and_the_matching_count(
     for line in db.sql("count_rerun_docs").splitlines():
         assert line.strip() in out
     settings = PipelineSettings(rerun=conf["rerun"])
-    matching = select_documents(conn, settings, dag_id="d", run_id="rerun", by="test")
+    matching = select_documents(conn, settings, dag_id="d", run_id="rerun")
     # Current state: A's extract failed once under 1.0 but is done under 1.1 now.
     assert matching == 2
     assert "Documents matching now: 2" in out
@@ -399,7 +399,7 @@ def test_redrive_prints_a_valid_conf_and_what_it_matches(letters, conn, dsn, cap
     assert json.loads(shlex.split(trigger)[-1]) == data["conf"]
     # And the run that conf starts takes exactly those letters' documents.
     settings = PipelineSettings(redrive=redrive)
-    assert select_documents(conn, settings, dag_id="d", run_id="redrive", by="t") == 2
+    assert select_documents(conn, settings, dag_id="d", run_id="redrive") == 2
 
 
 def test_redrive_filters_by_id_class_and_time(letters, dsn, capsys):

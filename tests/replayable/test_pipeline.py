@@ -262,11 +262,16 @@ def test_redriving_a_letter_of_an_older_version_leaves_no_stale_row(conn, dsn, t
         finish_all(database, stage, [doc_id])
     database.close()
     redrive = PipelineSettings(redrive={"stage": "extract", "reason": "parser fixed"})
-    assert pipeline.select_documents(conn, redrive, dag_id="d", run_id="rd", by="ana") == 1
+    assert pipeline.select_documents(conn, redrive, dag_id="d", run_id="rd") == 1
     assert rows(conn, "SELECT count(*) FROM replayable.stage_runs WHERE status = 'pending'") == [
         (0,)
     ]
-    assert plan_batches(conn, redrive, dag_id="d", run_id="rd", spec_hashes=HASHES) == []
+    assert (
+        plan_batches(
+            conn, redrive, dag_id="d", run_id="rd", spec_hashes=HASHES, revived_by="ana"
+        )
+        == []
+    )
     report = pipeline.build_report(conn, dag_id="d", run_id="rd")
     assert report["stages"]["extract"]["done"] == 1
     assert rows(conn, "SELECT status, resolved_by FROM replayable.dead_letters") == [

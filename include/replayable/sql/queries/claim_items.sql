@@ -7,7 +7,12 @@
 --    given up on the old one), or, in a revive, when they are dead (fresh attempt budget);
 --    an item's row takes the current spec_hash: the same key under a new lineage (say, a new
 --    extractor that gave the same text) is the same output, so done stays done;
--- 4. a revive closes the revived items' open dead letters as redriven;
+--    a running item whose holder is gone (as above) and that is already at the attempt cap
+--    is not taken again: it ends dead as `killed`, with a dead letter that names the last
+--    holder and its try, and its document.failed event (ADR 0084), so an item that kills
+--    its worker every time is not taken over forever;
+-- 4. a revive closes the open dead letters of the documents whose items this worker now
+--    holds in this stage, as redriven by this run (ADR 0083);
 -- 5. the state of every key is returned; `mine` marks the ones this worker now holds.
 WITH input AS (
     SELECT * FROM unnest(%(keys)s::text[], %(doc_ids)s::text[]) AS t (item_key, doc_id)
@@ -27,49 +32,91 @@ FROM unnest(%(keys)s::text[], %(doc_ids)s::text[]) AS t (item_key, doc_id)
 ON CONFLICT DO NOTHING;
 
 WITH takeable AS (
-    SELECT s.item_key,
-           (s.status IN ('pending', 'failed')
-            OR (s.status = 'running'
-                AND (s.lease_expires IS NULL OR s.lease_expires <= now()
-                     OR (s.dag_id = %(dag_id)s AND s.run_id = %(run_id)s
-                         AND s.map_index IS NOT DISTINCT FROM %(map_index)s
-                         AND s.try_number < %(try_number)s)))
-            OR (%(revive)s AND s.status = 'dead')) AS claim
+    SELECT s.item_key, s.doc_id, s.attempts, s.code_version, s.lease_owner, s.dag_id,
+           s.run_id, s.map_index, s.try_number,
+           (s.status = 'running'
+            AND (s.lease_expires IS NULL OR s.lease_expires <= now()
+                 OR (s.dag_id = %(dag_id)s AND s.run_id = %(run_id)s
+                     AND s.map_index IS NOT DISTINCT FROM %(map_index)s
+                     AND s.try_number < %(try_number)s))) AS orphaned,
+           (s.status IN ('pending', 'failed') OR (%(revive)s AND s.status = 'dead')) AS open
     FROM replayable.stage_runs s
     WHERE s.stage = %(stage)s AND s.item_key = ANY(%(keys)s::text[])
       AND NOT (s.status = 'running' AND s.lease_owner = %(owner)s)
     FOR UPDATE
+), decided AS (
+    SELECT t.*,
+           t.open OR (t.orphaned AND t.attempts < %(max_attempts)s) AS claim,
+           t.orphaned AND t.attempts >= %(max_attempts)s AS killed,
+           'the task holding this item stopped without finishing it, '
+               || t.attempts || ' of ' || %(max_attempts)s || ' attempts (the cap): last held by '
+               || coalesce(t.lease_owner, '?') || ', run ' || coalesce(t.run_id, '?')
+               || ', map index ' || coalesce(t.map_index::text, '?')
+               || ', try ' || coalesce(t.try_number::text, '?')
+               || '; an item that kills or stalls its task every time ends here' AS message
+    FROM takeable t
+), taken AS (
+    UPDATE replayable.stage_runs s
+    SET is_current = true,
+        status = CASE WHEN d.claim THEN 'running' WHEN d.killed THEN 'dead' ELSE s.status END,
+        attempts = CASE WHEN NOT d.claim THEN s.attempts
+                        WHEN s.status = 'dead' THEN 1
+                        ELSE s.attempts + 1 END,
+        error_class = CASE WHEN d.claim AND s.status = 'dead' THEN NULL
+                           WHEN d.killed THEN 'killed' ELSE s.error_class END,
+        error_kind = CASE WHEN d.killed THEN 'terminal' ELSE s.error_kind END,
+        last_error = CASE WHEN d.killed THEN d.message ELSE s.last_error END,
+        lease_owner = CASE WHEN d.claim THEN %(owner)s WHEN d.killed THEN NULL
+                           ELSE s.lease_owner END,
+        lease_expires = CASE WHEN d.claim THEN now() + make_interval(secs => %(lease_s)s)
+                             WHEN d.killed THEN NULL ELSE s.lease_expires END,
+        spec_hash = %(spec_hash)s,
+        dag_id = CASE WHEN d.claim THEN %(dag_id)s ELSE s.dag_id END,
+        run_id = CASE WHEN d.claim THEN %(run_id)s ELSE s.run_id END,
+        map_index = CASE WHEN d.claim THEN %(map_index)s ELSE s.map_index END,
+        try_number = CASE WHEN d.claim THEN %(try_number)s ELSE s.try_number END,
+        started_at = CASE WHEN d.claim THEN now() ELSE s.started_at END,
+        finished_at = CASE WHEN d.claim THEN NULL WHEN d.killed THEN now()
+                           ELSE s.finished_at END,
+        updated_at = CASE WHEN d.claim OR d.killed THEN now() ELSE s.updated_at END
+    FROM decided d
+    WHERE s.stage = %(stage)s AND s.item_key = d.item_key
+      AND (d.claim OR d.killed OR NOT s.is_current OR s.spec_hash IS DISTINCT FROM %(spec_hash)s)
+    RETURNING s.item_key
+), letters AS (
+    INSERT INTO replayable.dead_letters
+        (stage, item_key, doc_id, error_class, error_kind, error, traceback, attempts,
+         code_version, dag_id, run_id, map_index, try_number)
+    SELECT %(stage)s, d.item_key, d.doc_id, 'killed', 'terminal', d.message, NULL, d.attempts,
+           d.code_version, d.dag_id, d.run_id, d.map_index, d.try_number
+    FROM decided d
+    WHERE d.killed
+    ON CONFLICT (stage, item_key) WHERE status = 'open' DO NOTHING
+    RETURNING id, item_key, doc_id, error_class, error_kind, error, attempts, code_version,
+              dag_id, run_id
 )
-UPDATE replayable.stage_runs s
-SET is_current = true,
-    status = CASE WHEN t.claim THEN 'running' ELSE s.status END,
-    attempts = CASE WHEN NOT t.claim THEN s.attempts
-                    WHEN s.status = 'dead' THEN 1
-                    ELSE s.attempts + 1 END,
-    error_class = CASE WHEN t.claim AND s.status = 'dead' THEN NULL ELSE s.error_class END,
-    lease_owner = CASE WHEN t.claim THEN %(owner)s ELSE s.lease_owner END,
-    lease_expires = CASE WHEN t.claim THEN now() + make_interval(secs => %(lease_s)s)
-                         ELSE s.lease_expires END,
-    spec_hash = %(spec_hash)s,
-    dag_id = CASE WHEN t.claim THEN %(dag_id)s ELSE s.dag_id END,
-    run_id = CASE WHEN t.claim THEN %(run_id)s ELSE s.run_id END,
-    map_index = CASE WHEN t.claim THEN %(map_index)s ELSE s.map_index END,
-    try_number = CASE WHEN t.claim THEN %(try_number)s ELSE s.try_number END,
-    started_at = CASE WHEN t.claim THEN now() ELSE s.started_at END,
-    finished_at = CASE WHEN t.claim THEN NULL ELSE s.finished_at END,
-    updated_at = CASE WHEN t.claim THEN now() ELSE s.updated_at END
-FROM takeable t
-WHERE s.stage = %(stage)s AND s.item_key = t.item_key
-  AND (t.claim OR NOT s.is_current OR s.spec_hash IS DISTINCT FROM %(spec_hash)s);
+INSERT INTO replayable.outbox (event_id, event_key, event_type, aggregate_id, payload)
+SELECT replayable.outbox_event_id('document.failed:' || l.id), 'document.failed:' || l.id,
+       'document.failed', l.doc_id,
+       jsonb_build_object('doc_id', l.doc_id, 'uri', doc.uri, 'stage', %(stage)s::text,
+                          'item_key', l.item_key, 'dead_letter_id', l.id,
+                          'error_class', l.error_class, 'error_kind', l.error_kind,
+                          'error', left(l.error, 2000), 'attempts', l.attempts,
+                          'code_version', l.code_version, 'dag_id', l.dag_id,
+                          'run_id', l.run_id)
+FROM letters l
+LEFT JOIN replayable.documents doc ON doc.doc_id = l.doc_id
+ORDER BY l.id
+ON CONFLICT (event_id) DO NOTHING;
 
 UPDATE replayable.dead_letters d
 SET status = 'redriven', resolved_at = now(), resolved_by = %(revive_by)s,
-    resolution = %(revive_reason)s
+    resolution = %(revive_reason)s, resolved_dag_id = %(dag_id)s, resolved_run_id = %(run_id)s
 FROM replayable.stage_runs s
 WHERE %(revive)s AND d.stage = %(stage)s AND d.status = 'open'
-  AND d.item_key = ANY(%(keys)s::text[])
-  AND s.stage = d.stage AND s.item_key = d.item_key
-  AND s.status = 'running' AND s.lease_owner = %(owner)s;
+  AND s.stage = %(stage)s AND s.item_key = ANY(%(keys)s::text[])
+  AND s.status = 'running' AND s.lease_owner = %(owner)s
+  AND d.doc_id = s.doc_id;
 
 SELECT item_key, doc_id, status, attempts,
        (status = 'running' AND lease_owner IS NOT DISTINCT FROM %(owner)s) AS mine,

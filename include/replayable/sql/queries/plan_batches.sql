@@ -38,6 +38,21 @@ FROM numbered;
 
 ANALYZE plan_work;
 
+-- A reviving run closes the open letters of its first stage whose documents are done there
+-- under the current spec already: no claim will take those items (ADR 0083). Under this
+-- run's name, so that a redrive's selection that runs again still finds them.
+UPDATE replayable.dead_letters d
+SET status = 'redriven', resolved_at = now(), resolved_by = %(closed_by)s,
+    resolution = 'already done under the current spec when run ' || %(run_id)s || ' planned',
+    resolved_dag_id = %(dag_id)s, resolved_run_id = %(run_id)s
+FROM replayable.run_docs r
+JOIN replayable.stage_runs c
+  ON c.stage = %(close_stage)s AND c.doc_id = r.doc_id AND c.is_current
+ AND c.status = 'done' AND c.spec_hash = %(close_spec_hash)s
+WHERE %(close_stage)s::text IS NOT NULL
+  AND r.dag_id = %(dag_id)s AND r.run_id = %(run_id)s
+  AND d.doc_id = r.doc_id AND d.stage = %(close_stage)s AND d.status = 'open';
+
 UPDATE replayable.run_docs r SET batch = w.batch
 FROM plan_work w
 WHERE r.dag_id = %(dag_id)s AND r.run_id = %(run_id)s AND r.doc_id = w.doc_id;

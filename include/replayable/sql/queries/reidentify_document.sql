@@ -1,6 +1,7 @@
 -- A stat-named document's file fits max_bytes now and was hashed: the run processes the
 -- document its bytes name instead; the stat-named one stops being current and its open
--- letters are closed, saying why.
+-- letters are closed, saying why, under this run's name: a redrive's `plan` that runs again
+-- selects them again and lands on the same document (ADR 0083).
 INSERT INTO replayable.documents (doc_id, uri, size_bytes)
 VALUES (%(new_id)s, %(path)s, %(size_bytes)s)
 ON CONFLICT (doc_id) DO NOTHING;
@@ -16,7 +17,8 @@ WHERE doc_id = %(old_id)s AND is_current;
 
 UPDATE replayable.dead_letters
 SET status = 'redriven', resolved_at = now(), resolved_by = 'rerun',
-    resolution = 'the file fits max_bytes now: it is document ' || %(new_id)s
+    resolution = 'the file fits max_bytes now: it is document ' || %(new_id)s,
+    resolved_dag_id = %(dag_id)s, resolved_run_id = %(run_id)s
 WHERE doc_id = %(old_id)s AND status = 'open';
 
 DELETE FROM replayable.run_docs
