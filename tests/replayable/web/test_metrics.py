@@ -357,3 +357,52 @@ def test_a_scrape_of_the_synthetic_ledger_matches_its_tables(
     samples = scrape(anonymous, Authorization=f"Bearer {token}")
     assert samples == ledger_metrics(conn)
     assert value(samples, "replayable_model_call_retries_total", stage="embed") == 1000
+
+
+# ---- authentication comes before any lookup (ADR 0071) ---------------------------------------
+
+
+@pytest.fixture
+def lookups(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Every read of the scrape token's Variable, counted."""
+    from replayable.web import metrics
+
+    seen: list[int] = []
+    read = metrics.scrape_token
+
+    def counted() -> str | None:
+        seen.append(1)
+        return read()
+
+    monkeypatch.setattr(metrics, "scrape_token", counted)
+    return seen
+
+
+def test_an_airflow_user_is_let_in_without_reading_the_variable(
+    anonymous: TestClient, monkeypatch: pytest.MonkeyPatch, token: str, lookups: list[int]
+) -> None:
+    async def from_token(presented: str) -> SimpleAuthManagerUser:
+        return SimpleAuthManagerUser(username="carol", role="VIEWER")
+
+    monkeypatch.setattr(create_auth_manager(), "get_user_from_token", from_token)
+    jwt = "eyJhbGciOiJIUzUxMiJ9.eyJzdWIiOiJjYXJvbCJ9.c2lnbmF0dXJl"  # shaped as Airflow's are
+    response = anonymous.get("/replayable/metrics", headers={"Authorization": f"Bearer {jwt}"})
+    assert response.status_code == 200
+    assert lookups == []
+    anonymous.cookies.set("_token", jwt)  # the UI's cookie, no bearer
+    assert anonymous.get("/replayable/metrics").status_code == 200
+    assert lookups == []
+
+
+def test_many_unauthenticated_bearers_read_the_variable_at_most_once(
+    anonymous: TestClient, token: str, lookups: list[int]
+) -> None:
+    for n in range(20):
+        response = anonymous.get(
+            "/replayable/metrics", headers={"Authorization": f"Bearer guess-{n}"}
+        )
+        assert response.status_code in (401, 403)
+    assert len(lookups) <= 1
+    # The real token still works, from the value read once.
+    scrape(anonymous, Authorization=f"Bearer {token}")
+    assert len(lookups) <= 1
