@@ -6,9 +6,12 @@ work. Keys:
 
 - extract: document bytes (doc_id) + extractor version;
 - chunk: the document, extractor version and text hash + chunker version, size, overlap;
-- embed: the document's chunk ids + embedder version, model and dimensions.
+- embed: the document and its chunk ids + embedder version, model and dimensions.
 
-So re-extracted text that is identical keys to the chunks and embeddings that exist.
+So re-extracted text that is identical keys to the chunks and embeddings that exist. Every
+key names its document: two files with the same text share their chunks and vectors (paid
+once, by content address and chunk lock), but each is its own item in every stage, with its
+own outcome and its own ``document.ready`` (ADR 0085).
 """
 
 from __future__ import annotations
@@ -303,7 +306,7 @@ class EmbedSpec:
             by_doc[row["doc_id"]].append(row["chunk_id"])
         cfg = self.key_config()
         return [
-            WorkItem(doc_id, item_key(self.name, self.code_version, cfg, ids), ids)
+            WorkItem(doc_id, item_key(self.name, self.code_version, cfg, [doc_id, *ids]), ids)
             for doc_id, ids in by_doc.items()
         ]
 
