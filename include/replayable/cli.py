@@ -268,7 +268,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--reason", required=True, type=_reason, help="why: kept with every letter redriven"
     )
     redrive.add_argument(
-        "--by", type=_non_empty, help="who to record (default: the Airflow user who triggers)"
+        "--by",
+        type=_non_empty,
+        help="a free-text note kept with the redrive, e.g. a ticket (the Airflow user who "
+        "triggers is always recorded as the actor)",
     )
     redrive.add_argument(
         "--trigger", action="store_true", help="start the run through Airflow's REST API"

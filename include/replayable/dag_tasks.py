@@ -16,7 +16,7 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from replayable import db, pipeline, sources
 from replayable.operators import connection_dsn, model_choice, triggered_by
-from replayable.settings import PipelineSettings
+from replayable.settings import PipelineSettings, check_conf_keys
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +53,12 @@ def plan(
 
     context = get_current_context()
     ti = context["ti"]
+    # Airflow takes any key into a run's conf; one no param has is refused here, before the
+    # run does anything on defaults the caller did not mean (ADR 0077).
+    try:
+        check_conf_keys(getattr(context.get("dag_run"), "conf", None) or {})
+    except ValueError as error:
+        raise AirflowFailException(str(error)) from None
     settings = PipelineSettings.from_params(context["params"])
     if "embed" in settings.effective_stages:
         choice = model_choice(settings, model_conn_id)

@@ -27,7 +27,7 @@ import subprocess
 import sys
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -37,7 +37,8 @@ from urllib.parse import parse_qs, unquote, urlparse
 
 import httpx
 
-from replayable.sources import ROOTS_ENV
+from replayable.settings import check_conf_keys
+from replayable.sources import ROOTS_ENV, allowed_roots, check_source
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_STATE = ROOT / ".local"
@@ -465,12 +466,32 @@ def running(state: Path) -> Iterator[Services]:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-def run(state: Path, conf: str, *, quiet: bool = True) -> int:
-    """Run document_pipeline once through ``airflow dags test``; print and save its report."""
+def check_conf(conf: str, roots: Sequence[str] | None = None) -> dict[str, Any]:
+    """``conf`` parsed, or SystemExit with a sentence on what Airflow would let through.
+
+    Airflow takes any key into a run's conf, and refuses a source outside the roots by
+    quoting its pattern; both are said here, before a service starts (ADR 0077). ``source``
+    is checked against ``roots`` if given; the values are left to the DAG's params.
+    """
     try:
-        json.loads(conf)
+        parsed = json.loads(conf)
     except json.JSONDecodeError as exc:  # reported here, before Airflow starts
         raise SystemExit(f"CONF is not valid JSON: {exc}") from None
+    if not isinstance(parsed, dict):
+        raise SystemExit(f"CONF must be a JSON object, not {type(parsed).__name__}")
+    try:
+        check_conf_keys(parsed)
+        if roots is not None and isinstance(parsed.get("source"), str):
+            check_source(parsed["source"], roots)
+    except ValueError as error:
+        raise SystemExit(f"CONF refused: {error}") from None
+    return parsed
+
+
+def run(state: Path, conf: str, *, quiet: bool = True) -> int:
+    """Run document_pipeline once through ``airflow dags test``; print and save its report."""
+    # `airflow dags test` runs here, with this environment's roots.
+    check_conf(conf, allowed_roots())
     with running(state) as services:
         return _run(state, services, conf, quiet=quiet)
 
@@ -924,6 +945,8 @@ def cluster_run(state: Path, conf: str) -> int:
     """Trigger document_pipeline on the running cluster, wait, print its report and workers."""
     from replayable.pipeline import format_report
 
+    # The cluster's roots are those it was started with; its params judge the source.
+    parsed = check_conf(conf)
     path = state / "cluster.json"
     if not path.exists():
         raise SystemExit("no cluster is running: `make cluster` first")
@@ -932,7 +955,7 @@ def cluster_run(state: Path, conf: str) -> int:
     try:
         api.wait_for_dag()
         started = datetime.now(UTC)
-        run_id = api.trigger(json.loads(conf))
+        run_id = api.trigger(parsed)
         print(f"triggered {run_id}; waiting for it to end")
         state_ = api.wait(run_id)
         workers = tasks_by_worker(api.task_instances(run_id))

@@ -12,9 +12,12 @@ from replayable.settings import (
     BOUNDS,
     DEFAULT_MAX_IN_FLIGHT,
     DEFAULT_MODEL,
+    REDRIVE_KEYS,
+    RERUN_KEYS,
     STAGES,
     PipelineSettings,
 )
+from replayable.sources import ROOTS_ENV
 
 _DEFAULTS = PipelineSettings()
 STATUSES = ("pending", "running", "done", "failed", "dead")
@@ -45,6 +48,13 @@ def _bounded(name: str, **schema: Any) -> dict[str, Any]:
     return {"minimum": number(low), "maximum": number(high), **schema}
 
 
+def _keyed(keys: Sequence[str], **properties: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """``properties``, which must be exactly ``keys``: the plan-time check knows the same."""
+    if set(properties) != set(keys):
+        raise ValueError(f"properties {sorted(properties)} are not the keys {sorted(keys)}")
+    return properties
+
+
 def source_pattern(roots: Sequence[str]) -> str:
     """A JSON-schema pattern for paths and globs inside ``roots``: no ``..``, no control chars.
 
@@ -55,9 +65,34 @@ def source_pattern(roots: Sequence[str]) -> str:
     return rf"{_TEXT}(?!.*(^|/)\.\.(/|$))(?:{alternatives})(?:/.*)?{_END}"
 
 
+def roots_sentence(roots: Sequence[str]) -> str:
+    """What a ``source`` must be, naming ``roots`` and how to add one, for people to read."""
+    return (
+        f"an absolute path or glob inside an allowed source root ({', '.join(roots)}), without "
+        f"'..' or control characters; to allow another folder, add it to {ROOTS_ENV} "
+        "(separated by ':') where Airflow parses and runs the DAG"
+    )
+
+
+def source_schema(roots: Sequence[str]) -> dict[str, Any]:
+    """The JSON schema of ``source`` inside ``roots``: the pattern, refused with a sentence.
+
+    Airflow's refusal quotes what jsonschema says, and for a pattern that is the regex. So
+    the pattern is the condition of an ``if``, and its ``else`` allows only the sentence:
+    a source outside the roots is refused as "'/etc' is not one of ['an absolute path …']".
+    The ``not`` keeps the sentence itself from passing as a source.
+    """
+    sentence = roots_sentence(roots)
+    return {
+        "if": {"pattern": source_pattern(roots)},
+        "else": {"enum": [sentence], "not": {"const": sentence}},
+    }
+
+
 def pipeline_params(default_source: str, roots: Sequence[str] | None = None) -> dict[str, Param]:
     """Params of ``document_pipeline``; a bad value is rejected at trigger time, naming it."""
-    source_schema: dict[str, Any] = {"pattern": source_pattern(roots)} if roots else {}
+    inside_roots = source_schema(roots) if roots else {}
+    where = f"; it must be {roots_sentence(roots)}" if roots else ""
     stage_list: dict[str, Any] = {
         "type": "array",
         "items": {"type": "string", "enum": list(STAGES)},
@@ -70,9 +105,8 @@ def pipeline_params(default_source: str, roots: Sequence[str] | None = None) -> 
             type="string",
             minLength=1,
             maxLength=4096,
-            **source_schema,
-            description="Folder (searched recursively) or glob of PDFs, inside the allowed "
-            "source roots (the project's data/ and $REPLAYABLE_SOURCE_ROOTS).",
+            **inside_roots,
+            description=f"Folder (searched recursively), file or glob of PDFs{where}.",
         ),
         "batch_size": Param(
             _DEFAULTS.batch_size,
@@ -122,6 +156,17 @@ def pipeline_params(default_source: str, roots: Sequence[str] | None = None) -> 
             **_bounded("max_bytes", type="integer"),
             description="Larger documents are dead-lettered unread (at most 1 GiB).",
         ),
+        "max_text_chars": Param(
+            _DEFAULTS.max_text_chars,
+            **_bounded("max_text_chars", type="integer"),
+            description="A document whose text is longer is dead-lettered as oversize_text "
+            "(the default fits a 1,000-page book).",
+        ),
+        "max_chunks_per_doc": Param(
+            _DEFAULTS.max_chunks_per_doc,
+            **_bounded("max_chunks_per_doc", type="integer"),
+            description="A document cut into more chunks is dead-lettered as oversize_text.",
+        ),
         "item_timeout_s": Param(
             _DEFAULTS.item_timeout_s, **_bounded("item_timeout_s", type="number")
         ),
@@ -140,18 +185,19 @@ def pipeline_params(default_source: str, roots: Sequence[str] | None = None) -> 
             'matches, e.g. {"stage": "extract", "status": ["failed", "dead"]}.',
             additionalProperties=False,
             required=["stage"],
-            properties={
-                "stage": {"type": "string", "enum": list(STAGES)},
-                "status": {
+            properties=_keyed(
+                RERUN_KEYS,
+                stage={"type": "string", "enum": list(STAGES)},
+                status={
                     "type": "array",
                     "items": {"type": "string", "enum": list(STATUSES)},
                     "minItems": 1,
                 },
-                "error_class": _names,
-                "code_version_lt": {"type": "string", "pattern": _VERSION},
-                "since": {"type": "string", "format": "date-time", "pattern": _DATE_TIME},
-                "doc_ids": {"type": "array", "items": {"type": "string", "pattern": _SHA256}},
-            },
+                error_class=_names,
+                code_version_lt={"type": "string", "pattern": _VERSION},
+                since={"type": "string", "format": "date-time", "pattern": _DATE_TIME},
+                doc_ids={"type": "array", "items": {"type": "string", "pattern": _SHA256}},
+            ),
         ),
         "redrive": Param(
             None,
@@ -160,19 +206,27 @@ def pipeline_params(default_source: str, roots: Sequence[str] | None = None) -> 
             'e.g. {"stage": "embed", "ids": [3, 4], "reason": "provider fixed"}.',
             additionalProperties=False,
             required=["stage", "reason"],
-            properties={
-                "stage": {"type": "string", "enum": list(STAGES)},
-                "error_class": _names,
-                "ids": {
+            properties=_keyed(
+                REDRIVE_KEYS,
+                stage={"type": "string", "enum": list(STAGES)},
+                error_class=_names,
+                ids={
                     "type": "array",
                     "items": {"type": "integer", "minimum": 1, "maximum": 2**63 - 1},
                     "minItems": 1,
                 },
                 # Letters created in [since, until), as the dead-letter page filters them.
-                "since": {"type": "string", "format": "date-time", "pattern": _DATE_TIME},
-                "until": {"type": "string", "format": "date-time", "pattern": _DATE_TIME},
-                "reason": {"type": "string", "minLength": 3, "maxLength": 2000, "pattern": _TEXT},
-                "by": {"type": "string", "minLength": 1, "maxLength": 200, "pattern": _TEXT},
-            },
+                since={"type": "string", "format": "date-time", "pattern": _DATE_TIME},
+                until={"type": "string", "format": "date-time", "pattern": _DATE_TIME},
+                reason={"type": "string", "minLength": 3, "maxLength": 2000, "pattern": _TEXT},
+                by={
+                    "type": "string",
+                    "minLength": 1,
+                    "maxLength": 200,
+                    "pattern": _TEXT,
+                    "description": "A free-text note kept with the redrive (a ticket, a team); "
+                    "the actor recorded is always the run's triggering user.",
+                },
+            ),
         ),
     }

@@ -6,6 +6,7 @@ where the values are used, so that a task run outside a DAG fails with the same 
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
@@ -28,6 +29,12 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "max_in_flight": (1, 256),
     "max_rps": (0.01, 100_000),
     "max_bytes": (1, 2**30),
+    # Text past this is a poison document, dead-lettered as oversize_text (ADR 0077). At most
+    # 250 M characters: even at 4 UTF-8 bytes each that fits a Postgres field (1 GiB).
+    "max_text_chars": (1, 250_000_000),
+    # A document cut into more chunks is dead-lettered too. The top fits the longest text
+    # above in default chunks (about 357,000) and keeps one document within a million rows.
+    "max_chunks_per_doc": (1, 1_000_000),
     "item_timeout_s": (0.1, 3600),
     "memory_mb": (64, 16_384),
     "max_attempts": (1, 20),
@@ -65,6 +72,11 @@ class PipelineSettings:
     max_in_flight: int | None = None  # None: the connection's extra, else DEFAULT_MAX_IN_FLIGHT
     max_rps: float | None = None  # None: the connection's extra, else no rate limit
     max_bytes: int = 20 * 2**20
+    # A 1,000-page book at 20,000 characters a page: four times a dense page of print, and
+    # at most 80 MB as a Python str, well inside the default memory_mb (ADR 0077).
+    max_text_chars: int = 20_000_000
+    # The longest text above in default chunks (800, overlap 100) is about 28,600 of them.
+    max_chunks_per_doc: int = 50_000
     item_timeout_s: float = 60.0
     memory_mb: int = 1024
     max_attempts: int = 3
@@ -153,6 +165,48 @@ class PipelineSettings:
         if "stages" in values:
             values["stages"] = tuple(values["stages"])
         return cls(**values)
+
+
+# The keys a run's conf may hold beside the settings' own: those of its nested selections
+# (params.py's schema allows exactly these, test_params checks it).
+RERUN_KEYS = ("stage", "status", "error_class", "code_version_lt", "since", "doc_ids")
+REDRIVE_KEYS = ("stage", "error_class", "ids", "since", "until", "reason", "by")
+
+
+def conf_keys() -> tuple[str, ...]:
+    """The top-level keys a DAG-run conf of ``document_pipeline`` may hold: its params."""
+    return tuple(f.name for f in fields(PipelineSettings))
+
+
+def check_conf_keys(conf: Mapping[str, Any]) -> None:
+    """Refuse every key of ``conf`` that no param has, naming it and the nearest known one.
+
+    Airflow validates each param's value, but takes any other key into a run's conf without
+    a word, so a typo would run on the defaults (ADR 0077). The nested ``rerun`` and
+    ``redrive`` selections are checked by their own keys, named ``rerun.since`` and so on.
+    """
+    problems = _unknown(conf, conf_keys(), "")
+    for name, keys in (("rerun", RERUN_KEYS), ("redrive", REDRIVE_KEYS)):
+        if isinstance(selection := conf.get(name), Mapping):
+            problems += _unknown(selection, keys, f"{name}.")
+    if problems:
+        raise ValueError(f"conf: {'; '.join(problems)}")
+
+
+def _unknown(given: Mapping[str, Any], known: tuple[str, ...], prefix: str) -> list[str]:
+    problems = []
+    for key in given:
+        if key in known:
+            continue
+        nearest = difflib.get_close_matches(str(key), known, n=1)
+        if nearest:
+            problems.append(
+                f"unknown key {prefix + str(key)!r} (did you mean {prefix + nearest[0]!r}?)"
+            )
+        else:
+            listed = ", ".join(prefix + k for k in known)
+            problems.append(f"unknown key {prefix + str(key)!r}; the known keys are {listed}")
+    return problems
 
 
 def _within(name: str, value: Any, low: float, high: float) -> None:

@@ -1,8 +1,9 @@
 """Property tests of document_pipeline's conf: any JSON is refused naming a field, or runs.
 
 The conf goes the way a triggered run's does: merged into the *serialized* DAG's params and
-validated (``SerializedDAG.create_dagrun``), then turned into ``PipelineSettings`` as every
-task does, and the selection a re-run or redrive makes is run against the real database
+validated (``SerializedDAG.create_dagrun``), its keys checked as ``plan`` checks them
+(Airflow lets unknown keys through), then turned into ``PipelineSettings`` as every task
+does, and the selection a re-run or redrive makes is run against the real database
 (in a transaction that is rolled back). Whatever Hypothesis generates, each step either
 accepts it or refuses it with a message naming a field of the conf; nothing else may happen.
 """
@@ -26,13 +27,19 @@ from conftest import ROOT
 from replayable import db, sources
 from replayable.params import STATUSES, pipeline_params
 from replayable.pipeline import rerun_params
-from replayable.settings import BOUNDS, STAGES, PipelineSettings
+from replayable.settings import BOUNDS, STAGES, PipelineSettings, check_conf_keys
 
 pytestmark = pytest.mark.db
 
 EXAMPLES = int(os.environ.get("REPLAYABLE_FUZZ_EXAMPLES", "500"))
 PARAMS = sorted(pipeline_params("/data"))
-_seen = {"examples": 0, "refused_by_schema": 0, "refused_by_settings": 0, "ran": 0}
+_seen = {
+    "examples": 0,
+    "refused_by_schema": 0,
+    "refused_by_plan": 0,
+    "refused_by_settings": 0,
+    "ran": 0,
+}
 
 
 @pytest.fixture(scope="module")
@@ -140,7 +147,11 @@ confs = (
 
 
 def _names_a_field(message: str, conf: dict[str, Any]) -> bool:
-    return any(re.search(rf"(?<![A-Za-z_]){re.escape(key)}(?![A-Za-z_])", message) for key in conf)
+    """Whether ``message`` names a key of ``conf``, as it is or quoted as by ``repr``."""
+    return any(
+        re.search(rf"(?<![A-Za-z_]){re.escape(key)}(?![A-Za-z_])", message) or repr(key) in message
+        for key in conf
+    )
 
 
 @settings(
@@ -158,6 +169,12 @@ def test_any_conf_is_refused_naming_a_field_or_runs(params: Any, database: Any, 
         _seen["refused_by_schema"] += 1
         named = re.match(r"Invalid input for param (?P<name>\w+):", str(error))
         assert named and named["name"] in conf, str(error)[:300]
+        return
+    try:
+        check_conf_keys(conf)
+    except ValueError as error:
+        _seen["refused_by_plan"] += 1
+        assert _names_a_field(str(error), conf), str(error)[:300]
         return
     try:
         run = PipelineSettings.from_params(resolved)
@@ -204,6 +221,7 @@ def test_the_fuzzer_explored_every_outcome(capsys: pytest.CaptureFixture[str]) -
         print(
             f"\nconf fuzzing: {_seen['examples']} generated confs, "
             f"{_seen['refused_by_schema']} refused at trigger time, "
+            f"{_seen['refused_by_plan']} refused by plan's key check, "
             f"{_seen['refused_by_settings']} refused by PipelineSettings, {_seen['ran']} ran"
         )
     assert _seen["examples"] >= EXAMPLES

@@ -1,8 +1,10 @@
 """The pipeline's non-stage tasks: discover, plan and report, outside a running Airflow."""
 
+import re
 from types import SimpleNamespace
 
 import pytest
+from airflow.sdk.exceptions import AirflowFailException
 from test_operators import flaky_connect
 
 from replayable import dag_tasks, db, pipeline
@@ -29,3 +31,26 @@ def test_the_report_that_starts_during_a_database_restart_waits_for_it(monkeypat
     monkeypatch.setattr(db, "connect", flaky_connect(2))
     monkeypatch.setattr(pipeline, "build_report", lambda conn, **run: REPORT)
     assert dag_tasks.report() == REPORT
+
+
+@pytest.mark.parametrize(
+    ("conf", "named"),
+    [
+        ({"batch_szie": 5}, "'batch_szie' (did you mean 'batch_size'?)"),
+        (
+            {"redrive": {"stage": "embed", "reason": "fixed", "bye": "x"}},
+            "'redrive.bye' (did you mean 'redrive.by'?)",
+        ),
+    ],
+)
+def test_plan_refuses_an_unknown_conf_key_before_it_reads_any_source(monkeypatch, conf, named):
+    """Airflow lets any extra key into a run's conf; plan stops the run instead of ignoring it."""
+    ti = SimpleNamespace(dag_id="document_pipeline", run_id="run-1")
+    context = {"ti": ti, "params": {**conf}, "dag_run": SimpleNamespace(conf=conf)}
+    monkeypatch.setattr(dag_tasks, "get_current_context", lambda: context)
+    reached: list[str] = []
+    monkeypatch.setattr(dag_tasks, "model_choice", lambda *a: reached.append("model") or None)
+    monkeypatch.setattr(dag_tasks, "_on_database", lambda *a: reached.append("database") or None)
+    with pytest.raises(AirflowFailException, match=re.escape(named)):
+        dag_tasks.plan()
+    assert reached == []
