@@ -1,11 +1,12 @@
 """Write `.env` for docker-compose.yaml with fresh random secrets: ``make secrets``.
 
-Writes AIRFLOW_JWT_SECRET, AIRFLOW_API_SECRET_KEY, AIRFLOW_FERNET_KEY and
-REPLAYABLE_POSTGRES_PASSWORD (readable by the owner only), plus a commented line for the model
-connection. An existing file is never replaced silently: without ``--force`` it is kept (at
-a terminal you are asked first); with ``--force`` its secrets are replaced and every other
-line (the model connection, REPLAYABLE_DATA, ...) is kept. Only the standard library: it runs
-before any virtualenv exists.
+Writes AIRFLOW_JWT_SECRET, AIRFLOW_API_SECRET_KEY, AIRFLOW_FERNET_KEY and a password for
+each database role: REPLAYABLE_POSTGRES_PASSWORD (the superuser), REPLAYABLE_AIRFLOW_DB_PASSWORD,
+REPLAYABLE_PIPELINE_DB_PASSWORD and REPLAYABLE_UI_DB_PASSWORD (readable by the owner only), plus
+a commented line for the model connection. An existing file is never replaced silently:
+without ``--force`` it is kept (at a terminal you are asked first); with ``--force`` its
+secrets are replaced and every other line (the model connection, REPLAYABLE_DATA, ...) is
+kept. Only the standard library: it runs before any virtualenv exists.
 """
 
 from __future__ import annotations
@@ -26,11 +27,15 @@ GENERATORS: dict[str, Callable[[], str]] = {
     # Fernet: 32 random bytes, URL-safe base64 (what Fernet.generate_key() returns).
     "AIRFLOW_FERNET_KEY": lambda: base64.urlsafe_b64encode(secrets.token_bytes(32)).decode(),
     "REPLAYABLE_POSTGRES_PASSWORD": lambda: secrets.token_hex(24),
+    # One per role (docker/init-databases.sql): holding one never logs you in as another.
+    "REPLAYABLE_AIRFLOW_DB_PASSWORD": lambda: secrets.token_hex(24),
+    "REPLAYABLE_PIPELINE_DB_PASSWORD": lambda: secrets.token_hex(24),
+    "REPLAYABLE_UI_DB_PASSWORD": lambda: secrets.token_hex(24),
 }
 HEADER = """\
 # Secrets for docker-compose.yaml, written by `make secrets`. Never commit this file.
-# A new AIRFLOW_FERNET_KEY cannot decrypt what the old one encrypted, and
-# REPLAYABLE_POSTGRES_PASSWORD is only read when the database volume is first created.
+# A new AIRFLOW_FERNET_KEY cannot decrypt what the old one encrypted, and the database
+# passwords (REPLAYABLE_*_PASSWORD) are only read when the database volume is first created.
 """
 MODEL_HINT = """\
 # The model provider (required), as an Airflow connection in JSON, e.g.:

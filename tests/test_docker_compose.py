@@ -35,6 +35,7 @@ COMPOSE_FILE = ROOT / "docker-compose.yaml"
 DOCKERFILE = ROOT / "docker" / "Dockerfile"
 INIT_SQL = ROOT / "docker" / "init-databases.sql"
 SECRETS_SCRIPT = ROOT / "docker" / "make_secrets.py"
+README = ROOT / "README.md"
 
 # Which component of the local cluster each Compose service is.
 COMPONENTS = {
@@ -52,13 +53,23 @@ SECRETS = {
     "AIRFLOW__API__SECRET_KEY": "AIRFLOW_API_SECRET_KEY",
     "AIRFLOW__CORE__FERNET_KEY": "AIRFLOW_FERNET_KEY",
 }
-SECRET_VARIABLES = [*SECRETS.values(), "REPLAYABLE_POSTGRES_PASSWORD"]
+# Each database role's password, and the role it is for (docker/init-databases.sql).
+ROLE_PASSWORDS = {
+    "REPLAYABLE_POSTGRES_PASSWORD": "postgres",  # the superuser: the postgres container only
+    "REPLAYABLE_AIRFLOW_DB_PASSWORD": "airflow",  # Airflow's metadata database
+    "REPLAYABLE_PIPELINE_DB_PASSWORD": "replayable_pipeline",  # connection replayable_db
+    "REPLAYABLE_UI_DB_PASSWORD": "replayable_ui",  # connection replayable_ui_db
+}
+SECRET_VARIABLES = [*SECRETS.values(), *ROLE_PASSWORDS]
 USER_ENV = {
     **MODEL_ENV,
     "AIRFLOW_JWT_SECRET": "jwt-from-env",
     "AIRFLOW_API_SECRET_KEY": "api-from-env",
     "AIRFLOW_FERNET_KEY": "fernet-from-env",
     "REPLAYABLE_POSTGRES_PASSWORD": "pg-from-env",
+    "REPLAYABLE_AIRFLOW_DB_PASSWORD": "airflow-db-from-env",
+    "REPLAYABLE_PIPELINE_DB_PASSWORD": "pipeline-db-from-env",
+    "REPLAYABLE_UI_DB_PASSWORD": "ui-db-from-env",
 }
 
 # Settings only one of the two deployments has, and why. Everything else that either sets,
@@ -189,7 +200,7 @@ def mounts(name: str) -> dict[str, str]:
 
 
 def sql_databases() -> list[str]:
-    return re.findall(r"^\s*CREATE DATABASE (\w+)\s*;", INIT_SQL.read_text(), re.M | re.I)
+    return re.findall(r"^\s*CREATE DATABASE (\w+)\b[^;]*;", INIT_SQL.read_text(), re.M | re.I)
 
 
 def dockerfile_instructions() -> list[str]:
@@ -336,35 +347,73 @@ def test_metadata_database_broker_and_result_backend_are_compose_services() -> N
         "postgres",
         "/airflow",
     )
-    postgres = service("postgres")["environment"]
-    assert (metadata.username, metadata.password) == (
-        postgres["POSTGRES_USER"],
-        postgres["POSTGRES_PASSWORD"],
-    )
+    assert (metadata.username, metadata.password) == ("airflow", "airflow-db-from-env")
 
 
 def test_replayable_db_connection_is_the_replayable_database_of_the_postgres_service() -> None:
     conn = json.loads(env_of("airflow-worker")["AIRFLOW_CONN_REPLAYABLE_DB"])
-    postgres = service("postgres")["environment"]
     assert conn == {
         "conn_type": "postgres",
         "host": "postgres",
         "port": 5432,
-        "login": postgres["POSTGRES_USER"],
-        "password": postgres["POSTGRES_PASSWORD"],
+        "login": "replayable_pipeline",
+        "password": "pipeline-db-from-env",
         "schema": "replayable",
     }
 
 
-def test_database_password_is_one_variable_everywhere() -> None:
+def test_the_ui_connects_as_its_own_role_from_the_api_server_only() -> None:
+    """The UI plugin runs in the API server; it uses replayable_ui_db when that exists."""
+    from replayable.web.app import UI_DSN_CONN_ID
+
+    variable = f"AIRFLOW_CONN_{UI_DSN_CONN_ID.upper()}"
+    conn = json.loads(env_of("airflow-apiserver")[variable])
+    assert conn == {
+        "conn_type": "postgres",
+        "host": "postgres",
+        "port": 5432,
+        "login": "replayable_ui",
+        "password": "ui-db-from-env",
+        "schema": "replayable",
+    }
+    for name in AIRFLOW_SERVICES:
+        if name != "airflow-apiserver":
+            assert variable not in env_of(name), name
+
+
+def test_no_airflow_service_logs_in_as_the_superuser() -> None:
+    """The superuser's password is given to the postgres container and nothing else."""
+    superuser = service("postgres")["environment"]["POSTGRES_USER"]
+    password = USER_ENV["REPLAYABLE_POSTGRES_PASSWORD"]
+    for name in AIRFLOW_SERVICES:
+        env = env_of(name)
+        assert not any(password in value for value in env.values()), name
+        logins = [urlparse(env[key]).username for key in _DATABASE_URLS]
+        logins += [json.loads(env[key])["login"] for key in env if key in _DATABASE_CONNS]
+        assert superuser not in logins, name
+
+
+_DATABASE_URLS = ("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "AIRFLOW__CELERY__RESULT_BACKEND")
+_DATABASE_CONNS = ("AIRFLOW_CONN_REPLAYABLE_DB", "AIRFLOW_CONN_REPLAYABLE_UI_DB")
+
+
+@pytest.mark.parametrize(("variable", "role"), ROLE_PASSWORDS.items())
+def test_each_roles_password_is_its_own_variable_wherever_the_role_logs_in(
+    variable: str, role: str
+) -> None:
     chosen = "chosen-by-the-user"
-    env = {**USER_ENV, "REPLAYABLE_POSTGRES_PASSWORD": chosen}
-    worker = resolve(env_of("airflow-worker", resolved=False), env)
+    env = {**USER_ENV, variable: chosen}
     postgres = resolve(service("postgres", resolved=False)["environment"], env)
-    assert postgres["POSTGRES_PASSWORD"] == chosen
-    assert json.loads(worker["AIRFLOW_CONN_REPLAYABLE_DB"])["password"] == chosen
-    for key in ("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "AIRFLOW__CELERY__RESULT_BACKEND"):
-        assert urlparse(worker[key]).password == chosen
+    # The init script sets every role's password from the postgres container's environment.
+    assert postgres["POSTGRES_PASSWORD" if role == "postgres" else variable] == chosen
+    for name in AIRFLOW_SERVICES:
+        found = resolve(env_of(name, resolved=False), env)
+        for key in _DATABASE_URLS:
+            url = urlparse(found[key])
+            assert (url.password == chosen) == (url.username == role), (name, key)
+        for key in set(_DATABASE_CONNS) & set(found):
+            conn = json.loads(found[key])
+            assert (conn["password"] == chosen) == (conn["login"] == role), (name, key)
 
 
 def test_model_connection_is_required_from_the_environment() -> None:
@@ -461,8 +510,9 @@ def test_make_secrets_writes_fresh_secrets_the_file_resolves_with(tmp_path: Path
     resolved = resolve(raw(), {**MODEL_ENV, **values})
     env = resolved["services"]["airflow-apiserver"]["environment"]
     assert env["AIRFLOW__API_AUTH__JWT_SECRET"] == values["AIRFLOW_JWT_SECRET"]
-    password = values["REPLAYABLE_POSTGRES_PASSWORD"]
+    password = values["REPLAYABLE_AIRFLOW_DB_PASSWORD"]
     assert urlparse(env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]).password == password
+    assert len(set(values.values())) == len(values)  # no role shares another's password
 
     other = tmp_path / "other.env"
     assert _write_secrets(other).returncode == 0
@@ -623,3 +673,176 @@ def test_the_shared_file_refuses_what_compose_would_rewrite(tmp_path: Path) -> N
         path.write_text(line + "\n")
         with pytest.raises(ValueError, match=r"x\.env:1"):
             devenv.read_env_file(path)
+
+
+# The init script against a real Postgres: what the image does with it, then each role at work.
+
+
+@pytest.fixture(scope="module")
+def initialised(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A fresh server (its superuser is `postgres`, as in compose) after the init script ran.
+
+    Run by psql with ON_ERROR_STOP and the passwords in its environment, as the image's
+    entrypoint runs the files of /docker-entrypoint-initdb.d.
+    """
+    from chaos.env import EmbeddedPostgres
+
+    server = EmbeddedPostgres(tmp_path_factory.mktemp("init-sql") / "pg").start()
+    try:
+        # Imported once the server is up: pgserver's first import warns about XDG dirs.
+        from pgserver._commands import POSTGRES_BIN_PATH
+
+        done = subprocess.run(
+            [
+                str(POSTGRES_BIN_PATH / "psql"),
+                "-v",
+                "ON_ERROR_STOP=1",
+                "--no-psqlrc",
+                "-h",
+                server.host,
+                "-U",
+                "postgres",
+                "-d",
+                "postgres",
+                "-f",
+                str(INIT_SQL),
+            ],
+            env={**os.environ, **{k: v for k, v in USER_ENV.items() if k in ROLE_PASSWORDS}},
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        yield server
+    finally:
+        server.stop()
+
+
+def _as_role(server: Any, role: str, database: str = "replayable") -> Any:
+    import psycopg2
+
+    return psycopg2.connect(f"postgresql://{role}@/{database}?host={server.host}")
+
+
+def _refused(conn: Any, statement: str) -> bool:
+    import psycopg2
+
+    try:
+        with conn.cursor() as cur:
+            cur.execute(statement)
+    except psycopg2.errors.InsufficientPrivilege:
+        conn.rollback()
+        return True
+    conn.rollback()
+    return False
+
+
+@pytest.fixture(scope="module")
+def migrated(initialised: Any) -> Any:
+    """The pipeline's role has applied every migration, as `plan` does on a first run."""
+    from replayable import db
+
+    conn = _as_role(initialised, "replayable_pipeline")
+    try:
+        assert db.migrate(conn)
+    finally:
+        conn.close()
+    return initialised
+
+
+def test_the_pipeline_role_migrates_and_runs_a_stage_and_is_no_superuser(migrated: Any) -> None:
+    from replayable import db
+    from replayable.ledger import Ledger, Outcome, RunContext
+    from replayable.retry import Classified, ErrorKind
+
+    dsn = f"postgresql://replayable_pipeline@/replayable?host={migrated.host}"
+    database = db.Database(dsn)
+    try:
+        doc = "ab" * 32
+        database.transaction(
+            lambda conn: db.execute_values(conn, "upsert_documents", [(doc, "/a.pdf", 10)])
+        )
+        ledger = Ledger(database, "extract", "1.0", "cfg", "spec", RunContext("w1", "r1"))
+        assert ledger.claim([("k", doc)])["k"].status == "running"
+        failed = Classified("malformed", ErrorKind.TERMINAL, "broken")
+        states = database.transaction(
+            lambda conn: ledger.finish(conn, [Outcome("k", "failed", failed, "traceback")])
+        )
+        assert states["k"].status == "dead"
+    finally:
+        database.close()
+    conn = _as_role(migrated, "replayable_pipeline")
+    try:
+        with conn.cursor() as cur:
+            cur.execute(
+                "SELECT rolsuper, rolcreaterole, rolcreatedb FROM pg_roles"
+                " WHERE rolname = current_user"
+            )
+            assert cur.fetchone() == (False, False, False)
+        assert _refused(conn, "CREATE TABLE public.mine (x int)")
+    finally:
+        conn.close()
+    with pytest.raises(Exception, match="permission denied"):
+        _as_role(migrated, "replayable_pipeline", "airflow").close()
+
+
+def _table_grants(conn: Any, role: str) -> set[tuple[str, str, str]]:
+    """(relation, privilege, column or '') the role holds in schema replayable."""
+    with conn.cursor() as cur:
+        cur.execute(
+            "SELECT table_name, privilege_type, '' FROM information_schema.role_table_grants"
+            " WHERE grantee = %(role)s AND table_schema = 'replayable'"
+            " UNION SELECT table_name, privilege_type, column_name"
+            " FROM information_schema.column_privileges"
+            " WHERE grantee = %(role)s AND table_schema = 'replayable'"
+            " AND privilege_type = 'UPDATE'",
+            {"role": role},
+        )
+        found = {tuple(row) for row in cur.fetchall()}
+    conn.rollback()
+    return found
+
+
+def test_the_ui_role_holds_what_the_readme_grants_once_the_pipeline_has_migrated(
+    migrated: Any,
+) -> None:
+    """The README's role is the one the UI is tested with (web/test_ui_role.py runs it too)."""
+    found = re.search(r"<!-- ui-role -->\s*```sql\n(?P<sql>.*?)```", README.read_text(), re.S)
+    assert found, "README.md has no ui-role block"
+    readme_block = found["sql"]
+    superuser = _as_role(migrated, "postgres")
+    try:
+        with superuser.cursor() as cur:
+            cur.execute(readme_block.replace("replayable_ui", "readme_ui"))
+        superuser.commit()
+        assert _table_grants(superuser, "replayable_ui") == _table_grants(superuser, "readme_ui")
+        assert ("stage_runs", "SELECT", "") in _table_grants(superuser, "replayable_ui")
+    finally:
+        superuser.close()
+    ui = _as_role(migrated, "replayable_ui")
+    try:
+        with ui.cursor() as cur:
+            cur.execute("SHOW statement_timeout")
+            assert cur.fetchone() == ("5s",)
+            cur.execute("SELECT count(*) FROM replayable.stage_runs")
+            cur.execute("UPDATE replayable.dead_letters SET owner = 'olga'")
+        ui.rollback()
+        assert _refused(ui, "SELECT text FROM replayable.extractions")
+        assert _refused(ui, "UPDATE replayable.dead_letters SET error = 'rewritten'")
+    finally:
+        ui.close()
+
+
+def test_airflow_owns_its_metadata_database_and_nothing_else(initialised: Any) -> None:
+    conn = _as_role(initialised, "airflow", "airflow")
+    try:
+        with conn.cursor() as cur:
+            cur.execute("CREATE TABLE public.airflow_table (x int)")
+            cur.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user")
+            assert cur.fetchone() == (False,)
+        conn.rollback()
+    finally:
+        conn.close()
+    with pytest.raises(Exception, match="permission denied"):
+        _as_role(initialised, "airflow", "replayable").close()
