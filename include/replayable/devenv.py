@@ -142,9 +142,10 @@ def _same_process(pid: int, started: float | None) -> bool:
     if started is None:
         return False
     try:
-        return abs(psutil.Process(pid).create_time() - started) < 1
+        created: float = psutil.Process(pid).create_time()
     except psutil.Error:
         return False
+    return abs(created - started) < 1
 
 
 def model_server_running(services: Services) -> bool:
