@@ -15,6 +15,11 @@ run. Both limits live in Postgres, which every worker already reaches:
 
 A request takes its in-flight slot first and its send time second, so that the time it
 reserved is the time it is sent (ADR 0022).
+
+The slots and the shared rate are always the model connection's: a run's conf may ask for
+less (invariant 15), which it spends on its own — fewer sender threads, and a rate row of
+its own (``own_rps``, ``own_name``) reserved on top of the shared one — but it can never
+change the budget that every run counts against (ADR 0086).
 """
 
 from __future__ import annotations
@@ -49,6 +54,9 @@ class RequestBudget:
     :param connect: opens the connection send times are reserved on; required with
         ``max_rps``. It is the budget's own (the request's connection is inside a
         transaction that lasts as long as the request, and would hold the row that long).
+    :param own_rps: a lower rate one run asked for, spent on a row of its own
+        (``own_name``) in addition to the shared rate; None: the shared rate only.
+    :param own_name: the name of that row (the budget's name and the run).
     """
 
     name: str
@@ -56,6 +64,8 @@ class RequestBudget:
     max_rps: float | None = None
     burst: int = 1
     connect: Callable[[], Database] | None = field(default=None, repr=False)
+    own_rps: float | None = None
+    own_name: str | None = None
     _counter: int = field(default=0, init=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
     _rate_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
@@ -68,7 +78,9 @@ class RequestBudget:
             raise ValueError(f"max_rps must be above 0, got {self.max_rps}")
         if self.burst < 1:
             raise ValueError(f"burst must be at least 1, got {self.burst}")
-        if self.max_rps is not None and self.connect is None:
+        if self.own_rps is not None and not self.own_rps > 0:
+            raise ValueError(f"max_rps must be above 0, got {self.own_rps}")
+        if (self.max_rps is not None or self.own_rps is not None) and self.connect is None:
             raise ValueError("max_rps needs connect: send times are reserved in Postgres")
         self.namespace = _namespace(self.name)
 
@@ -80,18 +92,28 @@ class RequestBudget:
                 self._rates = None
 
     def reserve(self) -> float:
-        """Reserve the next send time of the rate budget; return the seconds to wait for it."""
-        if self.max_rps is None:
-            return 0.0
-        params = {"name": self.name, "interval_s": 1.0 / self.max_rps, "burst": self.burst}
-        with self._rate_lock:  # one connection per budget, shared by its threads
-            if self._rates is None:
-                assert self.connect is not None  # checked in __post_init__
-                self._rates = self.connect()
-            rows = self._rates.transaction(
-                lambda conn: fetch_all(conn, "take_rate_token", params), describe="request rate"
-            )
-        return max(0.0, float(rows[0]["wait_s"]))
+        """Reserve the next send time of the rate budget; return the seconds to wait for it.
+
+        With ``own_rps`` the run's own row is reserved as well, and the later time wins.
+        """
+        rates = [(self.name, self.max_rps)]
+        if self.own_rps is not None:
+            rates.append((self.own_name or f"{self.name} (own)", self.own_rps))
+        wait = 0.0
+        for name, rps in rates:
+            if rps is None:
+                continue
+            params = {"name": name, "interval_s": 1.0 / rps, "burst": self.burst}
+            with self._rate_lock:  # one connection per budget, shared by its threads
+                if self._rates is None:
+                    assert self.connect is not None  # checked in __post_init__
+                    self._rates = self.connect()
+                rows = self._rates.transaction(
+                    lambda conn, params=params: fetch_all(conn, "take_rate_token", params),
+                    describe="request rate",
+                )
+            wait = max(wait, float(rows[0]["wait_s"]))
+        return wait
 
     @contextlib.contextmanager
     def slot(self, conn: Connection) -> Iterator[int]:

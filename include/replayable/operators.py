@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import time
@@ -27,6 +28,8 @@ from replayable.settings import (
     STAGES,
     PipelineSettings,
 )
+
+log = logging.getLogger(__name__)
 
 # Added to the longest healthy call before a request's transaction counts as abandoned, for a
 # worker that is only slow (short of CPU, pausing for garbage collection).
@@ -100,21 +103,51 @@ class ModelChoice:
     dimensions: int | None
     max_in_flight: int
     max_rps: float | None = None
+    # The connection's own limits: the budget every run shares counts against these.
+    shared_in_flight: int = DEFAULT_MAX_IN_FLIGHT
+    shared_rps: float | None = None
+
+
+def _tighter(asked: float | None, allowed: float | None) -> float | None:
+    """The lower of a run's ask and the connection's limit; None where neither limits."""
+    if asked is None:
+        return allowed
+    return asked if allowed is None else min(asked, allowed)
 
 
 def model_choice(settings: PipelineSettings, conn: str | EmbeddingsHook) -> ModelChoice:
     """Resolve the run's model once; it feeds the embed keys, so plan and stage must agree.
 
-    ``conn`` is the model connection's id or a hook already made for it.
+    ``conn`` is the model connection's id or a hook already made for it. A run's
+    ``max_in_flight`` and ``max_rps`` may only lower the connection's (invariant 15): a
+    higher ask is held to the connection's value, with a warning in the task's log.
     """
     hook = conn if isinstance(conn, EmbeddingsHook) else EmbeddingsHook(conn)
     provider = hook.get_settings()
+    shared_in_flight = provider.max_in_flight or DEFAULT_MAX_IN_FLIGHT
+    in_flight = int(_tighter(settings.max_in_flight, shared_in_flight) or shared_in_flight)
+    rps = _tighter(settings.max_rps, provider.max_rps)
+    for name, asked, allowed in (
+        ("max_in_flight", settings.max_in_flight, shared_in_flight),
+        ("max_rps", settings.max_rps, provider.max_rps),
+    ):
+        if asked is not None and allowed is not None and asked > allowed:
+            log.warning(
+                "%s %s asks for more than the model connection allows (%s): using %s; "
+                "raise it on the connection, not in a run's conf",
+                name,
+                asked,
+                allowed,
+                allowed,
+            )
     return ModelChoice(
         provider=provider,
         model=settings.model or provider.model or DEFAULT_MODEL,
         dimensions=settings.dimensions or provider.dimensions,
-        max_in_flight=settings.max_in_flight or provider.max_in_flight or DEFAULT_MAX_IN_FLIGHT,
-        max_rps=settings.max_rps or provider.max_rps,
+        max_in_flight=in_flight,
+        max_rps=rps,
+        shared_in_flight=shared_in_flight,
+        shared_rps=provider.max_rps,
     )
 
 
@@ -304,11 +337,16 @@ class IdempotentStageOperator(BaseOperator):
             retry=retry,
         )
         stack.callback(client.close)
+        # The slots and the rate every run shares are the connection's (ADR 0086); a run
+        # that asked for less sends with fewer threads and reserves its own rate as well.
+        own_rps = choice.max_rps if choice.max_rps != choice.shared_rps else None
         budget = RequestBudget(
             choice.provider.base_url,
-            choice.max_in_flight,
-            max_rps=choice.max_rps,
+            choice.shared_in_flight,
+            max_rps=choice.shared_rps,
             connect=connect,
+            own_rps=own_rps,
+            own_name=f"{choice.provider.base_url} run {run_id}",
         )
         stack.callback(budget.close)
         return EmbedSpec(

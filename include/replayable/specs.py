@@ -278,12 +278,16 @@ class EmbedSpec:
     # healthy call, so that only a worker frozen or gone mid-request (SIGSTOP, a host that
     # died without closing its socket) loses its chunk locks and budget slot to its peers.
     max_call_s: float | None = None
+    # Sender threads, and so database sessions, this task opens at most: each request holds
+    # its chunk locks in a transaction of its own session, so the two come together, but a
+    # run that may keep many requests in flight does not open as many sessions (ADR 0086).
+    max_sessions: int = 16
 
     def __post_init__(self) -> None:
         if not self.model:
             raise ValueError("model: an embedding model is required (a param or the connection)")
-        if self.inputs_per_call < 1 or self.max_in_flight < 1:
-            raise ValueError("inputs_per_call and max_in_flight must be at least 1")
+        if self.inputs_per_call < 1 or self.max_in_flight < 1 or self.max_sessions < 1:
+            raise ValueError("inputs_per_call, max_in_flight and max_sessions must be at least 1")
 
     def key_config(self) -> dict[str, Any]:
         return {"model": self.model, "dimensions": self.dimensions}
@@ -337,7 +341,8 @@ class _EmbedBatch:
     def run(self) -> None:
         # One pool for every round: each thread keeps its one connection while the batch
         # waits round after round for chunks a peer holds.
-        self._threads = ThreadPoolExecutor(self.spec.max_in_flight, thread_name_prefix="embed")
+        senders = min(self.spec.max_in_flight, self.spec.max_sessions)
+        self._threads = ThreadPoolExecutor(senders, thread_name_prefix="embed")
         try:
             self._run()
         finally:

@@ -140,3 +140,46 @@ def test_a_batch_that_starts_during_a_database_restart_waits_for_it(monkeypatch)
     monkeypatch.setattr(pipeline, "batch_doc_ids", lambda conn, **where: ["a", "b"])
     op = IdempotentStageOperator(task_id="x", stage="chunk", batch={"index": 0})
     assert op.doc_ids("dsn", "d", "r") == ["a", "b"]
+
+
+def model_connection(monkeypatch, **extra):
+    connection = {"conn_type": "http", "host": "http://127.0.0.1:9/v1", "extra": extra}
+    monkeypatch.setenv("AIRFLOW_CONN_REPLAYABLE_MODEL", json.dumps(connection))
+
+
+def embed_spec_for(settings):
+    op = IdempotentStageOperator(task_id="x", stage="embed", batch={"doc_ids": ["a"]})
+    with ExitStack() as stack:
+        return op._spec(settings, stack, lambda: None, 1, "run")
+
+
+def test_a_conf_may_lower_the_connections_limits_but_never_raise_them(monkeypatch):
+    """Invariant 15: max_in_flight and max_rps from a run's conf only tighten."""
+    model_connection(monkeypatch, max_in_flight=4, max_rps=10)
+    loose = operators.model_choice(
+        PipelineSettings(max_in_flight=64, max_rps=500), "replayable_model"
+    )
+    assert (loose.max_in_flight, loose.max_rps) == (4, 10)
+    tight = operators.model_choice(PipelineSettings(max_in_flight=2, max_rps=3), "replayable_model")
+    assert (tight.max_in_flight, tight.max_rps) == (2, 3)
+
+
+def test_a_conf_cannot_raise_the_default_in_flight_limit_of_a_connection_without_one(monkeypatch):
+    model_connection(monkeypatch)
+    choice = operators.model_choice(PipelineSettings(max_in_flight=256), "replayable_model")
+    assert choice.max_in_flight == operators.DEFAULT_MAX_IN_FLIGHT
+
+
+def test_the_shared_budget_is_always_counted_against_the_connections_values(monkeypatch):
+    """A run that asks for less sends less itself, but the slots and the rate everyone
+    shares are the connection's, so runs with different confs count against one budget."""
+    model_connection(monkeypatch, max_in_flight=8, max_rps=20)
+    mine = embed_spec_for(PipelineSettings(max_in_flight=2, max_rps=5))
+    theirs = embed_spec_for(PipelineSettings())
+    assert mine.max_in_flight == 2
+    assert (mine.budget.name, mine.budget.slots, mine.budget.max_rps) == (
+        theirs.budget.name,
+        8,
+        20,
+    )
+    assert mine.budget.own_rps == 5 and theirs.budget.own_rps is None
