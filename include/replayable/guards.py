@@ -162,12 +162,15 @@ class RemoteError(Exception):
 def check_size(path: str | os.PathLike[str], max_bytes: int) -> int:
     """Return the size from os.stat, never reading the file; GuardError('oversize') above max_bytes.
 
-    Anything but a regular file is refused as well: the size of a FIFO or a device says
-    nothing about how much a read of it returns.
+    Anything but a regular file is refused as well, as a terminal ``ItemError('unreadable')``:
+    the size of a FIFO or a device says nothing about how much a read of it returns, and
+    such a file is no document that can be read (ADR 0074).
     """
     info = os.stat(path)
     if not stat.S_ISREG(info.st_mode):
-        raise GuardError("oversize", f"{os.fspath(path)} is not a regular file")
+        from replayable.retry import ItemError
+
+        raise ItemError("unreadable", f"{os.fspath(path)} is not a regular file")
     if info.st_size > max_bytes:
         raise GuardError(
             "oversize", f"{os.fspath(path)} is {info.st_size} bytes, over the limit of {max_bytes}"

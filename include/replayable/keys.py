@@ -7,8 +7,11 @@ version, or a config value that shapes the output. Everything keyed is written w
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
+import os
+import stat
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -42,9 +45,20 @@ def sha256_bytes(data: bytes) -> str:
 
 
 def sha256_file(path: str | Path) -> str:
-    """Return the hex sha256 of a file, read in blocks so that large files stay out of memory."""
+    """Return the hex sha256 of a regular file, read in blocks to keep large files out of memory.
+
+    ``path`` is resolved first, and what it resolved to is opened once, without following a
+    final symlink and without blocking, and checked through that descriptor (ADR 0074): a
+    FIFO or a device swapped in after the caller's checks is refused (``OSError`` with
+    ``EINVAL``) instead of blocking the reader, and a symlink swapped in after the resolution
+    is refused by the open (``ELOOP``). Any other ``OSError`` of the open is raised as it is.
+    """
     digest = hashlib.sha256()
-    with open(path, "rb") as handle:
+    real = os.path.realpath(path)
+    fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", os.fspath(path))
         while block := handle.read(_READ_BLOCK):
             digest.update(block)
     return digest.hexdigest()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import math
 import os
 import stat
@@ -21,6 +22,8 @@ from replayable import sources
 from replayable.db import Connection, execute, fetch_all
 from replayable.keys import sha256_bytes, sha256_file
 from replayable.settings import STAGES, PipelineSettings
+
+log = logging.getLogger(__name__)
 
 # (path, size, mtime_ns, inode, device)
 Stat = tuple[str, int, int, int, int]
@@ -69,6 +72,31 @@ def _oversize_id(row: Stat) -> str:
     return sha256_bytes(f"oversize\x00{path}\x00{size}\x00{mtime_ns}\x00{inode}".encode())
 
 
+def _unreadable_id(row: Stat) -> str:
+    """The id of a file that could not be read: like an oversize file's, from its stat."""
+    path, size, mtime_ns, inode, _device = row
+    return sha256_bytes(f"unreadable\x00{path}\x00{size}\x00{mtime_ns}\x00{inode}".encode())
+
+
+def _digest(row: Stat, roots: Sequence[str]) -> tuple[str, bool] | None:
+    """The id of a listed file and whether it is named from its stat; None if it is gone.
+
+    A file that is there but cannot be read (its mode, a FIFO or a link swapped in since it
+    was listed) is still a document of the run (ADR 0074), named from its stat: the extract
+    stage then dead-letters it as ``unreadable``, and the next discover tries it again.
+    """
+    path = row[0]
+    if not sources.is_inside(path, roots):
+        return None  # a link re-pointed out of the roots since the listing: skipped as it is
+    try:
+        return sha256_file(path), False
+    except FileNotFoundError:
+        return None  # removed since the listing: no longer part of the source
+    except OSError as error:
+        log.warning("%s cannot be read (%s); the extract stage dead-letters it", path, error)
+        return _unreadable_id(row), True
+
+
 def discover(
     conn: Connection,
     source: str,
@@ -83,7 +111,8 @@ def discover(
 
     Files are stat'ed, not read, when ``(size, mtime, inode, device)`` matches the cache;
     new or changed files are hashed in parallel. A file larger than ``max_bytes`` is never
-    read: it gets an id from its stat, and the extract stage dead-letters it as ``oversize``.
+    read: it gets an id from its stat, and the extract stage dead-letters it as ``oversize``;
+    so does a file that cannot be read, which extract dead-letters as ``unreadable``.
     The same bytes under two names are one document; its ``uri`` follows the file when the
     old path is gone (a move), and a ``missing_file`` letter it left is reopened.
     """
@@ -98,15 +127,13 @@ def discover(
     to_hash = [row for row in scanned if row[0] in stale]
     readable = [row for row in to_hash if row[1] <= max_bytes]
 
-    def digest(row: Stat) -> tuple[Stat, str | None]:
-        try:
-            return row, sha256_file(row[0])
-        except OSError:
-            return row, None
-
     with ThreadPoolExecutor(workers or min(8, (os.cpu_count() or 1) * 2)) as pool:
-        hashed = list(pool.map(digest, readable))
-    fresh = [(*row, doc_id, "f") for row, doc_id in hashed if doc_id is not None]
+        hashed = list(pool.map(lambda row: _digest(row, roots), readable))
+    fresh = [
+        (*row, found[0], "t" if found[1] else "f")
+        for row, found in zip(readable, hashed, strict=True)
+        if found is not None
+    ]
     fresh += [(*row, _oversize_id(row), "t") for row in to_hash if row[1] > max_bytes]
     with conn.cursor() as cur:
         cur.execute(
@@ -177,6 +204,10 @@ def _reidentify(conn: Connection, *, dag_id: str, run_id: str, max_bytes: int) -
             continue  # gone: the extract stage says so as missing_file
         if not stat.S_ISREG(info.st_mode) or info.st_size > max_bytes:
             continue
+        try:
+            new_id = sha256_file(row["uri"])
+        except OSError:
+            continue  # still unreadable: the extract stage says so as unreadable (ADR 0074)
         execute(
             conn,
             "reidentify_document",
@@ -184,7 +215,7 @@ def _reidentify(conn: Connection, *, dag_id: str, run_id: str, max_bytes: int) -
                 "dag_id": dag_id,
                 "run_id": run_id,
                 "old_id": row["doc_id"],
-                "new_id": sha256_file(row["uri"]),
+                "new_id": new_id,
                 "path": row["uri"],
                 "size_bytes": info.st_size,
                 "mtime_ns": info.st_mtime_ns,

@@ -104,7 +104,9 @@ def _glob(pattern: str, roots: Sequence[str]) -> Iterator[os.DirEntry[str]]:
     """
     base = _static_prefix(pattern)
     parts = Path(pattern).parts[len(Path(base).parts) :]
-    stack: list[tuple[str, frozenset[int]]] = [(base, _closure(parts, frozenset({0})))]
+    # Matches are named under the resolved prefix, as glob's results were once resolved.
+    start = os.path.realpath(base)
+    stack: list[tuple[str, frozenset[int]]] = [(start, _closure(parts, frozenset({0})))]
     while stack:
         current, states = stack.pop()
         try:

@@ -301,13 +301,16 @@ def test_check_size_returns_size_within_limit(tmp_path: Path) -> None:
     assert check_size(str(small), 100) == 9
 
 
-def test_check_size_rejects_a_fifo(tmp_path: Path) -> None:
+def test_check_size_rejects_a_fifo_as_unreadable(tmp_path: Path) -> None:
     """check_size refuses a FIFO, whose stat size does not bound a read, without blocking."""
+    from replayable.retry import ErrorKind, ItemError
+
     fifo = tmp_path / "pipe.pdf"
     os.mkfifo(fifo)
-    with pytest.raises(GuardError) as caught:
+    with pytest.raises(ItemError) as caught:
         check_size(fifo, 10**6)
-    assert caught.value.error_class == "oversize"
+    assert caught.value.error_class == "unreadable"
+    assert caught.value.kind is ErrorKind.TERMINAL
 
 
 def test_cpu_limit_is_passed_on_in_whole_seconds() -> None:

@@ -267,9 +267,7 @@ def test_redriving_a_letter_of_an_older_version_leaves_no_stale_row(conn, dsn, t
         (0,)
     ]
     assert (
-        plan_batches(
-            conn, redrive, dag_id="d", run_id="rd", spec_hashes=HASHES, revived_by="ana"
-        )
+        plan_batches(conn, redrive, dag_id="d", run_id="rd", spec_hashes=HASHES, revived_by="ana")
         == []
     )
     report = pipeline.build_report(conn, dag_id="d", run_id="rd")
@@ -277,3 +275,100 @@ def test_redriving_a_letter_of_an_older_version_leaves_no_stale_row(conn, dsn, t
     assert rows(conn, "SELECT status, resolved_by FROM replayable.dead_letters") == [
         ("redriven", "ana")
     ]
+
+
+def test_a_file_that_cannot_be_read_is_a_document_of_the_run_named_from_its_stat(conn, tmp_path):
+    """An unreadable file is not skipped: it is recorded, so extract can dead-letter it."""
+    from file_access import permission_bits_bind
+
+    sample = sorted(SAMPLES.glob("*.pdf"))[0]
+    shutil.copy(sample, tmp_path / "open.pdf")
+    shutil.copy(sample, tmp_path / "locked.pdf")
+    shutil.copy(sorted(SAMPLES.glob("*.pdf"))[1], tmp_path / "other.pdf")
+    (tmp_path / "locked.pdf").chmod(0)
+    with permission_bits_bind():
+        assert run_discover(conn, tmp_path) == 3
+    assert len(run_docs(conn)) == 3
+    ((uri, stat_named),) = rows(
+        conn,
+        "SELECT uri, stat_id FROM replayable.documents WHERE doc_id <> ALL(%s)",
+        [keys.sha256_file(sample), keys.sha256_file(tmp_path / "other.pdf")],
+    )
+    assert (uri, stat_named) == (str(tmp_path / "locked.pdf"), True)
+    # Not cached: the next discover tries the file again, and reads it once it can.
+    assert rows(conn, "SELECT count(*) FROM replayable.file_cache WHERE path = %s", uri) == [(0,)]
+
+
+def swap_for_fifo_after_listing(monkeypatch, path):
+    """Replace ``path`` by a FIFO once discover has listed and stat'ed the source."""
+    real = pipeline._stat_rows
+
+    def listed_then_swapped(found):
+        scanned = real(found)
+        path.unlink()
+        os.mkfifo(path)
+        return scanned
+
+    monkeypatch.setattr(pipeline, "_stat_rows", listed_then_swapped)
+
+
+def test_a_file_swapped_for_a_fifo_before_it_is_hashed_does_not_block_discover(
+    conn, tmp_path, monkeypatch
+):
+    """The FIFO is opened without blocking and refused by fstat: an unreadable document."""
+    from file_access import finishes
+
+    sample = sorted(SAMPLES.glob("*.pdf"))[0]
+    shutil.copy(sample, tmp_path / "kept.pdf")
+    shutil.copy(sorted(SAMPLES.glob("*.pdf"))[1], tmp_path / "x.pdf")
+    swap_for_fifo_after_listing(monkeypatch, tmp_path / "x.pdf")
+    assert finishes(lambda: run_discover(conn, tmp_path), fifo=tmp_path / "x.pdf") == 2
+    assert rows(conn, "SELECT uri FROM replayable.documents WHERE stat_id") == [
+        (str(tmp_path / "x.pdf"),)
+    ]
+
+
+def test_an_unreadable_document_is_dead_lettered_by_extract_and_counted_in_the_report(
+    conn, dsn, tmp_path, monkeypatch
+):
+    """A FIFO in place of a listed PDF ends dead in extract as unreadable, and the run says so."""
+    from file_access import finishes
+    from replayable import guards
+    from replayable.runner import Limits, run_batch
+    from replayable.specs import ExtractSpec
+
+    shutil.copy(sorted(SAMPLES.glob("*.pdf"))[0], tmp_path / "x.pdf")
+    swap_for_fifo_after_listing(monkeypatch, tmp_path / "x.pdf")
+    finishes(lambda: run_discover(conn, tmp_path), fifo=tmp_path / "x.pdf")
+    (doc_id,) = run_docs(conn)
+    with guards.GuardedPool(timeout_s=30, memory_mb=512, workers=1) as pool:
+        spec = ExtractSpec(pool=pool, max_bytes=2**20, roots=[str(tmp_path)])
+        result = finishes(
+            lambda: run_batch(
+                spec,
+                [doc_id],
+                connect=lambda: db.Database(dsn),
+                ctx=RunContext(owner="w", dag_id="d", run_id="r1"),
+                limits=Limits(),
+            ),
+            fifo=tmp_path / "x.pdf",
+        )
+    assert result.dead == [doc_id]
+    assert rows(conn, "SELECT error_class FROM replayable.dead_letters") == [("unreadable",)]
+    report = pipeline.build_report(conn, dag_id="d", run_id="r1")
+    assert report["documents"] == 1
+    assert report["stages"]["extract"]["dead"] == 1
+    assert report["stages"]["extract"]["errors"] == {"unreadable": 1}
+
+
+def test_a_rerun_leaves_a_still_unreadable_document_for_extract_to_report(conn, tmp_path):
+    """Re-identifying stat-named documents skips a file it cannot read instead of failing plan."""
+    from file_access import permission_bits_bind
+
+    shutil.copy(sorted(SAMPLES.glob("*.pdf"))[0], tmp_path / "locked.pdf")
+    (tmp_path / "locked.pdf").chmod(0)
+    with permission_bits_bind():
+        run_discover(conn, tmp_path)
+        before = run_docs(conn)
+        pipeline._reidentify(conn, dag_id="d", run_id="r1", max_bytes=2**30)
+    assert run_docs(conn) == before

@@ -9,9 +9,10 @@ from __future__ import annotations
 import gc
 import hashlib
 import io
+import os
 import re
+import stat
 from dataclasses import dataclass
-from pathlib import Path
 
 import pypdf
 from pypdf.errors import (
@@ -131,17 +132,38 @@ def _page_texts(data: bytes) -> list[str]:
     return pages
 
 
+def _read_regular(path: str) -> bytes:
+    """Return the bytes of the regular file ``path`` resolves to, read through one descriptor.
+
+    The caller's checks (roots, size) looked at the path; what is read is the file opened
+    once, without following a final symlink swapped in since and without blocking on a FIFO
+    swapped in since, and checked by ``fstat`` (ADR 0074).
+    """
+    real = os.path.realpath(path)
+    try:
+        fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError as exc:
+        raise ItemError("missing_file", f"{path} no longer exists", ErrorKind.TERMINAL) from exc
+    except OSError as exc:
+        raise ItemError("unreadable", f"{path} cannot be opened: {exc.strerror}") from exc
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ItemError("unreadable", f"{path} is not a regular file")
+        try:
+            return handle.read()
+        except OSError as exc:
+            raise ItemError("unreadable", f"{path} cannot be read: {exc.strerror}") from exc
+
+
 def extract_file(path: str, expected_sha256: str | None = None) -> Extraction:
     """Read the file at ``path`` and extract it; a missing file is a terminal error.
 
     With ``expected_sha256`` (the document id discover recorded), a file rewritten since
     then is refused as ``changed_on_disk`` rather than stored under its old content hash;
-    the next discover sees the new bytes as a new document.
+    the next discover sees the new bytes as a new document. A file that cannot be opened,
+    or is no regular file by the time it is opened, is ``unreadable`` (terminal).
     """
-    try:
-        data = Path(path).read_bytes()
-    except FileNotFoundError as exc:
-        raise ItemError("missing_file", f"{path} no longer exists", ErrorKind.TERMINAL) from exc
+    data = _read_regular(path)
     if expected_sha256 is not None:
         actual = hashlib.sha256(data).hexdigest()
         if actual != expected_sha256:

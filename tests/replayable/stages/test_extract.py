@@ -267,3 +267,29 @@ def test_a_filter_the_reader_does_not_implement_is_unsupported_not_unexpected():
     with pytest.raises(ItemError, match="NoSuchDecode") as info:
         extract_pdf(data)
     assert (info.value.error_class, info.value.kind) == ("unsupported", ErrorKind.TERMINAL)
+
+
+def test_a_file_swapped_for_a_fifo_is_unreadable_and_does_not_block(tmp_path):
+    """The path is opened without blocking and checked by fstat, not read as a stream."""
+    import os
+
+    from file_access import finishes
+
+    fifo = tmp_path / "x.pdf"
+    os.mkfifo(fifo)
+    with pytest.raises(ItemError) as caught:
+        finishes(lambda: extract_file(str(fifo)), fifo=fifo)
+    assert caught.value.error_class == "unreadable"
+    assert caught.value.kind is ErrorKind.TERMINAL
+
+
+def test_a_file_that_cannot_be_opened_is_unreadable(tmp_path):
+    from file_access import permission_bits_bind
+
+    locked = tmp_path / "locked.pdf"
+    corpus.write_pdf(locked, ["Text nobody may read."])
+    locked.chmod(0)
+    with permission_bits_bind(), pytest.raises(ItemError) as caught:
+        extract_file(str(locked))
+    assert caught.value.error_class == "unreadable"
+    assert "Permission denied" in str(caught.value)
