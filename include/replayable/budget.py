@@ -25,6 +25,7 @@ change the budget that every run counts against (ADR 0086).
 from __future__ import annotations
 
 import contextlib
+import functools
 import random
 import threading
 import time
@@ -103,13 +104,17 @@ class RequestBudget:
         for name, rps in rates:
             if rps is None:
                 continue
-            params = {"name": name, "interval_s": 1.0 / rps, "burst": self.burst}
+            params: dict[str, object] = {
+                "name": name,
+                "interval_s": 1.0 / rps,
+                "burst": self.burst,
+            }
             with self._rate_lock:  # one connection per budget, shared by its threads
                 if self._rates is None:
                     assert self.connect is not None  # checked in __post_init__
                     self._rates = self.connect()
                 rows = self._rates.transaction(
-                    lambda conn, params=params: fetch_all(conn, "take_rate_token", params),
+                    functools.partial(fetch_all, query="take_rate_token", params=params),
                     describe="request rate",
                 )
             wait = max(wait, float(rows[0]["wait_s"]))
