@@ -134,6 +134,23 @@ def ledger_metrics(conn: Any) -> dict[tuple[str, tuple[tuple[str, str], ...]], f
                 stage,
                 bound,
             )
+    # The outbox (ADR 0072). The backlog's age is exact only with nothing pending (0): a
+    # scrape and this count read the clock at different moments.
+    outbox = {
+        status: (n, entered)
+        for status, n, entered in rows(
+            conn, "SELECT status, count(*), count(*) FROM replayable.outbox GROUP BY status"
+        )
+    }
+    for status in ("pending", "published", "dead"):
+        expected[key("replayable_outbox_events", status=status)] = outbox.get(status, (0, 0))[0]
+    expected[key("replayable_outbox_published_total")] = outbox.get("published", (0, 0))[1]
+    expected[key("replayable_outbox_dead_lettered_total")] = outbox.get("dead", (0, 0))[1]
+    expected[key("replayable_outbox_oldest_pending_age_seconds")] = scalar(
+        conn,
+        "SELECT coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8"
+        " FROM replayable.outbox WHERE status = 'pending'",
+    )
     return expected
 
 

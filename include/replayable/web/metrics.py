@@ -24,6 +24,14 @@ Exported families (every label value comes from the ledger):
     tokens the provider billed.
 ``replayable_model_call_latency_seconds{stage}`` (histogram)
     request latency of every call, failed ones included; buckets from 5 ms to 30 s.
+``replayable_outbox_events{status}`` (gauge)
+    outbox events by status (pending: the backlog; published; dead), zeros included.
+``replayable_outbox_oldest_pending_age_seconds`` (gauge)
+    age of the oldest pending event; 0 when nothing waits.
+``replayable_outbox_published_total`` (counter)
+    events ever published: a backlog that does not drain shows as no increase.
+``replayable_outbox_dead_lettered_total`` (counter)
+    events ever dead-lettered, also those requeued since (ADR 0072).
 
 **Who may scrape.** Like every route of the app, a request with an Airflow JWT (bearer or
 the UI cookie) of a user allowed to see plugins. A Prometheus server has no Airflow login,
@@ -43,6 +51,7 @@ effect within that time.
 
 from __future__ import annotations
 
+import dataclasses
 import hmac
 import logging
 import re
@@ -92,6 +101,7 @@ TOKEN_TTL_S = 30.0  # how long a read of the Variable is trusted
 # header.payload.signature, each base64url: what Airflow's JWTs look like.
 _JWT_SHAPE = re.compile(r"^[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*$")
 ITEM_STATUSES = ("pending", "running", "done", "failed", "dead")
+OUTBOX_STATUSES = ("pending", "published", "dead")
 # replayable.latency_bucket()'s upper bounds (migration 0002); -1 in the counters is +Inf.
 LATENCY_BOUNDS_MS = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000)
 _INF = -1
@@ -106,14 +116,19 @@ class LedgerSnapshot:
     items: list[Row]
     dead_letters: list[Row]
     model_calls: list[Row]
+    outbox: list[Row] = dataclasses.field(default_factory=list)
+    oldest_pending_age_s: float = 0.0
 
 
 def read_snapshot(conn: db.Connection) -> LedgerSnapshot:
-    """Read the counters: three small queries that never touch the ledger's history."""
+    """Read the counters, and the oldest pending event through its partial index."""
+    oldest = db.fetch_all(conn, "outbox_oldest_pending")
     return LedgerSnapshot(
         items=db.fetch_all(conn, "metrics_items"),
         dead_letters=db.fetch_all(conn, "metrics_dead_letters"),
         model_calls=db.fetch_all(conn, "metrics_model_calls"),
+        outbox=db.fetch_all(conn, "metrics_outbox"),
+        oldest_pending_age_s=max(float(oldest[0]["age_s"]), 0.0) if oldest else 0.0,
     )
 
 
@@ -128,6 +143,10 @@ class _Families:
     retries: CounterMetricFamily
     tokens: CounterMetricFamily
     latency: HistogramMetricFamily
+    outbox: GaugeMetricFamily
+    outbox_age: GaugeMetricFamily
+    outbox_published: CounterMetricFamily
+    outbox_dead: CounterMetricFamily
 
     @classmethod
     def empty(cls) -> _Families:
@@ -167,6 +186,23 @@ class _Families:
                 "Model request latency, failed requests included.",
                 labels=["stage"],
             ),
+            outbox=GaugeMetricFamily(
+                "replayable_outbox_events",
+                "Outbox events by status (pending is the backlog).",
+                labels=["status"],
+            ),
+            outbox_age=GaugeMetricFamily(
+                "replayable_outbox_oldest_pending_age_seconds",
+                "Age of the oldest pending outbox event; 0 when none waits.",
+            ),
+            outbox_published=CounterMetricFamily(
+                "replayable_outbox_published",
+                "Outbox events ever published.",
+            ),
+            outbox_dead=CounterMetricFamily(
+                "replayable_outbox_dead_lettered",
+                "Outbox events ever dead-lettered, requeued ones included.",
+            ),
         )
 
     def all(self) -> list[Metric]:
@@ -178,6 +214,10 @@ class _Families:
             self.retries,
             self.tokens,
             self.latency,
+            self.outbox,
+            self.outbox_age,
+            self.outbox_published,
+            self.outbox_dead,
         ]
 
 
@@ -254,6 +294,13 @@ class LedgerCollector:
                 buckets=_cumulative(by_bucket[stage], totals["count"]),
                 sum_value=totals["latency_ms"] / 1000,
             )
+
+        outbox = {row["status"]: row for row in snapshot.outbox}
+        for status in OUTBOX_STATUSES:
+            families.outbox.add_metric([status], int(outbox.get(status, {}).get("n", 0)))
+        families.outbox_age.add_metric([], snapshot.oldest_pending_age_s)
+        families.outbox_published.add_metric([], int(outbox.get("published", {}).get("entered", 0)))
+        families.outbox_dead.add_metric([], int(outbox.get("dead", {}).get("entered", 0)))
         return iter(families.all())
 
 

@@ -290,6 +290,10 @@ def test_an_empty_ledger_still_declares_every_family(anonymous: TestClient, toke
         "replayable_model_call_retries",
         "replayable_model_tokens",
         "replayable_model_call_latency_seconds",
+        "replayable_outbox_events",
+        "replayable_outbox_oldest_pending_age_seconds",
+        "replayable_outbox_published",
+        "replayable_outbox_dead_lettered",
     }
     assert {
         s.name for f in text_string_to_metric_families(response.text) for s in f.samples
@@ -315,7 +319,12 @@ def test_a_scrape_reads_only_the_counter_tables(dsn: str, conn: Any) -> None:
     history = {"stage_runs", "dead_letters", "model_calls", "model_call_items", "documents"}
     reader = db.connect(dsn)
     try:
-        for query in ("metrics_items", "metrics_dead_letters", "metrics_model_calls"):
+        for query in (
+            "metrics_items",
+            "metrics_dead_letters",
+            "metrics_model_calls",
+            "metrics_outbox",
+        ):
             with reader.cursor() as cur:
                 cur.execute("EXPLAIN (FORMAT JSON) " + db.sql(query))
                 plan = json.dumps(cur.fetchone()[0])
@@ -406,3 +415,62 @@ def test_many_unauthenticated_bearers_read_the_variable_at_most_once(
     # The real token still works, from the value read once.
     scrape(anonymous, Authorization=f"Bearer {token}")
     assert len(lookups) <= 1
+
+
+# ---- the outbox (ADR 0072) ------------------------------------------------------------------
+
+
+def outbox_event(cur: Any, n: int, status: str, age_s: float = 0.0) -> None:
+    cur.execute(
+        "INSERT INTO replayable.outbox (event_id, event_key, event_type, aggregate_id, payload,"
+        " status, created_at) VALUES (%s, %s, 'document.ready', 'doc', '{}', %s,"
+        " now() - make_interval(secs => %s))",
+        (f"evt_{n}", f"k{n}", status, age_s),
+    )
+
+
+def test_the_outbox_backlog_its_age_and_its_dead_events(
+    anonymous: TestClient, token: str, conn: Any
+) -> None:
+    with conn.cursor() as cur:
+        outbox_event(cur, 1, "pending", age_s=600)
+        outbox_event(cur, 2, "pending", age_s=60)
+        outbox_event(cur, 3, "published")
+        outbox_event(cur, 4, "dead")
+        outbox_event(cur, 5, "dead")
+    conn.commit()
+    samples = scrape(anonymous, Authorization=f"Bearer {token}")
+    events = "replayable_outbox_events"
+    assert value(samples, events, status="pending") == 2
+    assert value(samples, events, status="published") == 1
+    assert value(samples, events, status="dead") == 2
+    assert 600 <= value(samples, "replayable_outbox_oldest_pending_age_seconds") < 660
+    assert value(samples, "replayable_outbox_published_total") == 1
+    assert value(samples, "replayable_outbox_dead_lettered_total") == 2
+    # A requeued dead event is backlog again; the dead-lettered counter never goes down.
+    with conn.cursor() as cur:
+        cur.execute("UPDATE replayable.outbox SET status = 'pending' WHERE event_id = 'evt_4'")
+        cur.execute("UPDATE replayable.outbox SET attempts = 3")  # moves no count
+    conn.commit()
+    samples = scrape(anonymous, Authorization=f"Bearer {token}")
+    assert value(samples, events, status="pending") == 3
+    assert value(samples, events, status="dead") == 1
+    assert value(samples, "replayable_outbox_dead_lettered_total") == 2
+
+
+def test_an_empty_outbox_has_no_backlog_age(anonymous: TestClient, token: str, conn: Any) -> None:
+    samples = scrape(anonymous, Authorization=f"Bearer {token}")
+    assert value(samples, "replayable_outbox_oldest_pending_age_seconds") == 0
+    assert value(samples, "replayable_outbox_events", status="pending") == 0
+
+
+def test_the_backlog_age_is_read_through_the_index_of_pending_events(dsn: str, conn: Any) -> None:
+    reader = db.connect(dsn)
+    try:
+        with reader.cursor() as cur:
+            cur.execute("SET enable_seqscan = off")  # a tiny table would be scanned anyway
+            cur.execute("EXPLAIN (FORMAT JSON) " + db.sql("outbox_oldest_pending"))
+            plan = json.dumps(cur.fetchone()[0])
+        assert '"Index Name": "outbox_pending_seq_idx"' in plan
+    finally:
+        reader.close()
