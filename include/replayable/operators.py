@@ -323,10 +323,18 @@ class IdempotentStageOperator(BaseOperator):
                 )
             )
             return ExtractSpec(
-                pool=pool, max_bytes=settings.max_bytes, roots=sources.allowed_roots()
+                pool=pool,
+                max_bytes=settings.max_bytes,
+                roots=sources.allowed_roots(),
+                max_text_chars=settings.max_text_chars,
             )
         if self.stage == "chunk":
-            return ChunkSpec(config=settings.chunk_config, connect=connect)
+            return ChunkSpec(
+                config=settings.chunk_config,
+                connect=connect,
+                max_text_chars=settings.max_text_chars,
+                max_chunks_per_doc=settings.max_chunks_per_doc,
+            )
         hook = EmbeddingsHook(self.model_conn_id)
         choice = model_choice(settings, hook)
         retry = CallRetry()

@@ -75,6 +75,8 @@ class ExtractSpec:
     roots: Sequence[str] | None = None
     code_version: str = extract.VERSION
     name: str = "extract"
+    # Checked page by page in the worker: a larger text layer ends ``oversize_text``.
+    max_text_chars: int | None = None
 
     def key_config(self) -> dict[str, Any]:
         return {}
@@ -111,7 +113,7 @@ class ExtractSpec:
                 sources.check_inside(path, self.roots)
             # Size comes from stat, before a single byte is read.
             guards.check_size(path, self.max_bytes)
-            result = self.pool.run(extract.extract_file, path, item.doc_id)
+            result = self.pool.run(extract.extract_file, path, item.doc_id, self.max_text_chars)
         except Exception as error:
             io.failed(item, error)
             return
@@ -136,6 +138,10 @@ class ChunkSpec:
     code_version: str = chunk.VERSION
     name: str = "chunk"
     group_bytes: int = 16 * 2**20
+    # Terminal limits (ADR 0087): a stored text over max_text_chars is never read into the
+    # task process; a text that makes more chunks than max_chunks_per_doc is not stored.
+    max_text_chars: int | None = None
+    max_chunks_per_doc: int | None = None
 
     def key_config(self) -> dict[str, Any]:
         return {"size": self.config.size, "overlap": self.config.overlap}
@@ -147,7 +153,11 @@ class ChunkSpec:
         rows = fetch_all(
             conn,
             "extractions_for",
-            {"doc_ids": list(doc_ids), "extractor_version": self.extractor_version},
+            {
+                "doc_ids": list(doc_ids),
+                "extractor_version": self.extractor_version,
+                "max_text_chars": self.max_text_chars,
+            },
         )
         cfg = self.key_config()
         # The extractor version is part of the key because doc_chunks rows are filed under
@@ -161,15 +171,27 @@ class ChunkSpec:
                     cfg,
                     [row["doc_id"], self.extractor_version, row["text_sha256"]],
                 ),
-                int(row["text_bytes"]),
+                (int(row["text_bytes"]), row["text_chars"]),
             )
             for row in rows
         ]
 
     def process(self, items: Sequence[WorkItem], io: BatchIO) -> None:
+        limit = self.max_text_chars
+        fitting = []
+        for item in items:
+            chars = item.payload[1]
+            if limit is not None and chars is not None and chars > limit:
+                error = ItemError(
+                    "oversize_text",
+                    f"the stored text has {chars} characters, over max_text_chars ({limit})",
+                )
+                io.failed(item, error)
+            else:
+                fitting.append(item)
         database = self.connect()
         try:
-            for group in _groups_by_size(items, self.group_bytes):
+            for group in _groups_by_size(fitting, self.group_bytes):
                 texts = database.transaction(
                     functools.partial(self._texts, group=group), describe="chunk: read texts"
                 )
@@ -187,7 +209,7 @@ class ChunkSpec:
 
     def _one(self, item: WorkItem, text: str, io: BatchIO) -> None:
         try:
-            chunks = chunk.chunk_text(text, self.config)
+            chunks = chunk.chunk_text(text, self.config, self.max_chunks_per_doc)
             if not chunks:
                 raise ItemError("empty_text", "the extracted text has no words")
         except Exception as error:
@@ -222,11 +244,12 @@ def _groups_by_size(items: Sequence[WorkItem], limit: int) -> Iterator[list[Work
     group: list[WorkItem] = []
     size = 0
     for item in items:
-        if group and size + int(item.payload or 0) > limit:
+        text_bytes = int(item.payload[0] or 0)
+        if group and size + text_bytes > limit:
             yield group
             group, size = [], 0
         group.append(item)
-        size += int(item.payload or 0)
+        size += text_bytes
     if group:
         yield group
 

@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass
 
 from replayable.keys import sha256_bytes
+from replayable.retry import ItemError
 
 VERSION = "1.0"
 
@@ -51,8 +52,11 @@ def chunk_id(text: str) -> str:
     return sha256_bytes(f"{VERSION}\x00{text}".encode())
 
 
-def chunk_text(text: str, config: ChunkConfig) -> list[Chunk]:
-    """Split ``text`` into chunks of about ``config.size`` characters on word boundaries."""
+def chunk_text(text: str, config: ChunkConfig, max_chunks: int | None = None) -> list[Chunk]:
+    """Split ``text`` into chunks of about ``config.size`` characters on word boundaries.
+
+    Past ``max_chunks`` it stops with ItemError ``oversize_text`` (terminal, ADR 0087).
+    """
     words = _SPACE.sub(" ", text).strip().split(" ")
     if words == [""]:
         return []
@@ -64,6 +68,10 @@ def chunk_text(text: str, config: ChunkConfig) -> list[Chunk]:
             length += len(words[end]) + (1 if length else 0)
             end += 1
         piece = " ".join(words[start:end])
+        if max_chunks is not None and len(chunks) >= max_chunks:
+            raise ItemError(
+                "oversize_text", f"the text makes more than max_chunks_per_doc ({max_chunks})"
+            )
         chunks.append(Chunk(chunk_id(piece), len(chunks), piece))
         if end >= len(words):
             break

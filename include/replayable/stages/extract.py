@@ -79,7 +79,7 @@ def sanitize_text(text: str) -> tuple[str, int]:
     return text, removed
 
 
-def extract_pdf(data: bytes) -> Extraction:
+def extract_pdf(data: bytes, max_text_chars: int | None = None) -> Extraction:
     """Extract the text of every page of the PDF in ``data``.
 
     The text is sanitised for Postgres (see ``sanitize_text``). Raises ItemError
@@ -90,7 +90,7 @@ def extract_pdf(data: bytes) -> Extraction:
     if b"%PDF-" not in data[:_HEADER_WINDOW]:
         raise ItemError("not_pdf", f"no PDF header in the first {_HEADER_WINDOW} bytes")
     try:
-        pages = _page_texts(data)
+        pages = _page_texts(data, max_text_chars)
     except FileNotDecryptedError as exc:
         raise ItemError("encrypted", str(exc)) from exc
     except LimitReachedError as exc:
@@ -116,7 +116,7 @@ def extract_pdf(data: bytes) -> Extraction:
     return Extraction(page_count=len(pages), text=text, removed_chars=removed)
 
 
-def _page_texts(data: bytes) -> list[str]:
+def _page_texts(data: bytes, max_text_chars: int | None = None) -> list[str]:
     # pypdf's object graph is full of reference cycles, so a reader outlives its last use
     # until the cyclic collector runs, which counts allocations, not bytes: a worker going
     # through large files would hold several of them at once. Closing the stream frees the
@@ -125,7 +125,19 @@ def _page_texts(data: bytes) -> list[str]:
         reader = pypdf.PdfReader(stream)
         if reader.is_encrypted:
             raise ItemError("encrypted", "the document is encrypted")
-        pages = [page.extract_text() or "" for page in reader.pages]
+        pages = []
+        total = 0
+        for page in reader.pages:
+            pages.append(page.extract_text() or "")
+            total += len(pages[-1])
+            # Checked page by page in the worker: a text layer too large for the task
+            # process never crosses into it, nor is read to its end (ADR 0087).
+            if max_text_chars is not None and total > max_text_chars:
+                raise ItemError(
+                    "oversize_text",
+                    f"the text layer passed max_text_chars ({max_text_chars}) by page "
+                    f"{len(pages)} of {len(reader.pages)}",
+                )
     del reader
     if len(data) >= _COLLECT_AFTER_BYTES:
         gc.collect()
@@ -155,7 +167,9 @@ def _read_regular(path: str) -> bytes:
             raise ItemError("unreadable", f"{path} cannot be read: {exc.strerror}") from exc
 
 
-def extract_file(path: str, expected_sha256: str | None = None) -> Extraction:
+def extract_file(
+    path: str, expected_sha256: str | None = None, max_text_chars: int | None = None
+) -> Extraction:
     """Read the file at ``path`` and extract it; a missing file is a terminal error.
 
     With ``expected_sha256`` (the document id discover recorded), a file rewritten since
@@ -172,4 +186,4 @@ def extract_file(path: str, expected_sha256: str | None = None) -> Extraction:
                 f"{path} changed since it was discovered (sha256 {actual[:12]}, expected "
                 f"{expected_sha256[:12]}); the next run picks up the new content",
             )
-    return extract_pdf(data)
+    return extract_pdf(data, max_text_chars)
