@@ -1,4 +1,4 @@
-"""The ``replayable`` command: ``replayable status|failed|dead-letters|rerun|redrive``.
+"""The ``replayable`` command: ``replayable status|failed|dead-letters|rerun|redrive|outbox``.
 
 Installed as a console script by ``make install`` (``pip install -e .``; ADR 0063), and
 also ``python -m replayable`` where ``include/`` is on PYTHONPATH. Every command reads the
@@ -6,10 +6,12 @@ replayable database through a read-only session and the ``cli_*`` queries in
 ``sql/queries``; ``rerun`` and ``redrive`` print the DAG-run conf, what it matches now and
 the commands that trigger it. Only ``redrive --trigger`` changes anything, and only through
 Airflow: it triggers ``document_pipeline`` with Airflow's REST API, as the Airflow user
-whose token or login it is given (ADR 0064). ``--json`` prints JSON for scripts instead of
-tables. Exit codes: 0 ok; 1 ``status --watch`` timed out with the run unfinished, or
-``redrive --trigger`` found no open letter to redrive; 2 usage or connection problems, or
-Airflow refused.
+whose token or login it is given (ADR 0064). ``outbox requeue`` is the one command that
+writes to the database itself: it sends dead outbox events again (ADR 0072). ``--json``
+prints JSON for scripts instead of tables. Exit codes: 0 ok; 1 ``status --watch`` timed out
+with the run unfinished, ``redrive --trigger`` found no open letter to redrive, or ``outbox
+requeue`` found no dead event to requeue; 2 usage or connection problems, or Airflow
+refused.
 
 Text from the ledger (file names, errors, owners, notes, run ids) comes from documents and
 the people and runs that handled them: tables show it through :func:`replayable.terminal.
@@ -64,6 +66,8 @@ RERUN_COUNT = "count_rerun_docs"
 ITEM_STATUSES = ("pending", "running", "done", "failed", "dead")
 VERSION_PATTERN = r"^[0-9]{1,9}(\.[0-9]{1,9})*$"
 DEAD_LETTER_STATUSES = ("open", "redriven", "ignored")
+OUTBOX_STATUSES = ("pending", "published", "dead")
+OUTBOX_LISTED = ("dead", "pending")  # published history is not listed: it only grows
 
 _DOC_ID = re.compile(r"[0-9a-f]{64}")
 _DOC_PREFIX = re.compile(r"[0-9a-f]{6,64}")
@@ -288,7 +292,46 @@ def build_parser() -> argparse.ArgumentParser:
         f"one, ${ENV_AIRFLOW_TOKEN} is the Airflow JWT to use",
     )
     redrive.set_defaults(handler=_cmd_redrive)
+    _add_outbox_parser(sub, common)
     return parser
+
+
+def _add_outbox_parser(sub: Any, common: argparse.ArgumentParser) -> None:
+    """``outbox list`` and ``outbox requeue``."""
+    outbox = sub.add_parser(
+        "outbox",
+        parents=[common],
+        help="the event outbox: its backlog and dead events; requeue dead ones",
+        description="Events for the webhook: how many wait (the backlog), how many are dead,\n"
+        "and each with its last error. `requeue` sends dead events again.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    actions = outbox.add_subparsers(dest="outbox_command", required=True, metavar="ACTION")
+    listing = actions.add_parser(
+        "list",
+        parents=[common],
+        help="events of one status, oldest first, with the counts",
+        description="Outbox events of one status, oldest first, with the counts per status and "
+        "the age of the oldest pending event.",
+    )
+    listing.add_argument(
+        "--status", choices=OUTBOX_LISTED, default="dead", help="(default: %(default)s)"
+    )
+    listing.add_argument("--limit", type=_positive(int), default=50, help="(default: %(default)s)")
+    listing.set_defaults(handler=_cmd_outbox_list)
+    requeue = actions.add_parser(
+        "requeue",
+        parents=[common],
+        help="send dead events again: pending, due now, attempts from zero",
+        description="Make dead outbox events pending again, due now, with their attempts from "
+        "zero; the next publish delivers them. Give --id, --error-class or --all.",
+    )
+    requeue.add_argument("--id", dest="ids", nargs="+", type=_non_empty, metavar="EVENT_ID")
+    requeue.add_argument(
+        "--error-class", nargs="+", type=_non_empty, metavar="CLASS", help="e.g. http_410"
+    )
+    requeue.add_argument("--all", action="store_true", help="every dead event")
+    requeue.set_defaults(handler=_cmd_outbox_requeue)
 
 
 def resolve_dsn(explicit: str | None) -> str:
@@ -869,6 +912,86 @@ def _positive(kind: Callable[[str], float]) -> Callable[[str], Any]:
 
     convert.__name__ = kind.__name__  # argparse names the type in its messages
     return convert
+
+
+# ---- outbox ------------------------------------------------------------------------------
+
+
+def outbox_data(conn: db.Connection, status: str, limit: int) -> dict[str, Any]:
+    """Counts per status (from the counters), the backlog's age, and events of ``status``."""
+    found = {row["status"]: int(row["n"]) for row in db.fetch_all(conn, "metrics_outbox")}
+    oldest = db.fetch_all(conn, "outbox_oldest_pending")
+    events = db.fetch_all(conn, "cli_outbox_events", {"status": status, "limit": limit})
+    return {
+        "counts": {s: found.get(s, 0) for s in OUTBOX_STATUSES},
+        "oldest_pending_age_s": float(oldest[0]["age_s"]) if oldest else None,
+        "status": status,
+        "events": events,
+    }
+
+
+def render_outbox(data: dict[str, Any]) -> RenderableType:
+    """A table of :func:`outbox_data`; the caption has the counts and the backlog's age."""
+    counts = data["counts"]
+    age = data["oldest_pending_age_s"]
+    waiting = f", the oldest for {_duration(age)}" if age is not None else ""
+    caption = (
+        f"{counts['pending']:,} pending{waiting}; {counts['dead']:,} dead; "
+        f"{counts['published']:,} published"
+    )
+    table = Table(title=f"Outbox: {data['status']} events, oldest first", caption=caption)
+    table.add_column("Seq", justify="right", no_wrap=True)
+    table.add_column("Event\ntype", overflow="fold")
+    table.add_column("Document", no_wrap=True)
+    table.add_column("Tries", justify="right", no_wrap=True)
+    table.add_column("Error class", no_wrap=True)
+    table.add_column("Last error", overflow="fold")
+    table.add_column("Created", overflow="fold")
+    for row in data["events"]:
+        table.add_row(
+            _number(row["seq"]),
+            _two_lines(row["event_id"], row["event_type"]),
+            _cell(row["doc_id"][:12]),
+            _number(row["attempts"]),
+            _cell(row["error_class"]),
+            _cell(_one_line(row["last_error"], _ERROR_WIDTH)),
+            Text(_when(row["created_at"])),
+        )
+    return table
+
+
+def _duration(seconds: float) -> str:
+    minutes = int(seconds // 60)
+    if minutes < 60:
+        return f"{minutes} min"
+    return f"{minutes // 60} h {minutes % 60} min"
+
+
+def _cmd_outbox_list(
+    conn: db.Connection, args: argparse.Namespace, console: Console, as_json: bool
+) -> int:
+    _emit(console, as_json, outbox_data(conn, args.status, args.limit), render_outbox)
+    return 0
+
+
+def _cmd_outbox_requeue(
+    conn: db.Connection, args: argparse.Namespace, console: Console, as_json: bool
+) -> int:
+    if not (args.ids or args.error_class or args.all):
+        raise UsageError("say which dead events to requeue: --id, --error-class, or --all")
+    conn.set_session(readonly=False, autocommit=True)  # the one write: a single statement
+    params = {"event_ids": _unique(args.ids), "error_classes": _unique(args.error_class)}
+    rows = sorted(db.fetch_all(conn, "requeue_outbox", params), key=lambda row: row["seq"])
+    requeued = [row["event_id"] for row in rows]
+    if as_json:
+        _print_json({"requeued": requeued})
+    else:
+        console.print(
+            f"requeued {len(requeued)} dead event(s); the next publish delivers them"
+            if requeued
+            else "no dead event matched"
+        )
+    return 0 if requeued else 1
 
 
 # ---- output ------------------------------------------------------------------------------
