@@ -92,6 +92,50 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.db)
 
 
+# How long the leftover check waits for processes that are still ending; a sub-session that
+# tests the check itself shortens it.
+GRACE_ENV = "REPLAYABLE_TEST_LEFTOVER_GRACE_S"
+# The helpers multiprocessing starts once for the process that uses them: each reads a pipe
+# from that process and exits when it closes, so one started by this process ends with it.
+_MULTIPROCESSING_HELPERS = (
+    "from multiprocessing.resource_tracker import main",
+    "from multiprocessing.forkserver import main",
+)
+
+
+def multiprocessing_helper(proc: Any, parent_pid: int) -> bool:
+    """Whether ``proc`` is multiprocessing's resource tracker or forkserver of ``parent_pid``.
+
+    Only a helper whose parent is ``parent_pid`` itself ends when that process does; a
+    worker, a spawned child, or a helper of some other process is not one, whatever its
+    command line mentions.
+    """
+    if proc.ppid() != parent_pid:
+        return False
+    cmdline = proc.cmdline()
+    if "-c" not in cmdline[1:-1]:
+        return False
+    code = cmdline[cmdline.index("-c", 1) + 1]
+    return code.startswith(_MULTIPROCESSING_HELPERS)
+
+
+def left_running(me: Any, started: float) -> list[Any]:
+    """This session's processes still running: descendants of ``me`` and its orphans."""
+    import psutil
+
+    found = {p.pid: p for p in me.children(recursive=True)}
+    for proc in session_orphans(started):
+        found.setdefault(proc.pid, proc)
+    alive = []
+    for proc in found.values():
+        try:
+            if proc.status() != psutil.STATUS_ZOMBIE and not multiprocessing_helper(proc, me.pid):
+                alive.append(proc)
+        except psutil.NoSuchProcess:
+            pass
+    return alive
+
+
 @pytest.fixture(scope="session", autouse=True)
 def nothing_left_running() -> Iterator[None]:
     """After the whole session, no process started by a test may still be running.
@@ -103,33 +147,17 @@ def nothing_left_running() -> Iterator[None]:
 
     me = psutil.Process()
     started = time.time()
-
-    def ours_left() -> list[psutil.Process]:
-        found = {p.pid: p for p in me.children(recursive=True)}
-        for proc in session_orphans(started):
-            found.setdefault(proc.pid, proc)
-        alive = []
-        for proc in found.values():
-            try:
-                # multiprocessing's forkserver and resource tracker end with this process.
-                helper = any("multiprocessing" in part for part in proc.cmdline())
-                if proc.status() != psutil.STATUS_ZOMBIE and not helper:
-                    alive.append(proc)
-            except psutil.NoSuchProcess:
-                pass
-        return alive
-
     yield
-    deadline = time.monotonic() + 15
-    left = ours_left()
+    deadline = time.monotonic() + float(os.environ.get(GRACE_ENV, "15"))
+    left = left_running(me, started)
     while left and time.monotonic() < deadline:
         time.sleep(0.2)
-        left = ours_left()
+        left = left_running(me, started)
     if left:
         names = []
         for proc in left:
             with contextlib.suppress(psutil.Error):
-                names.append(" ".join(proc.cmdline()[:3]))
+                names.append(f"{proc.pid}: {' '.join(proc.cmdline()[:3])}")
         for proc in left:
             devenv.stop_tree(proc.pid, timeout_s=2)
         pytest.fail(f"processes left running after the tests: {names}")

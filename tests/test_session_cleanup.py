@@ -11,7 +11,7 @@ from pathlib import Path
 
 import psutil
 
-from conftest import SESSION_ENV, adopt_orphans, session_orphans
+from conftest import GRACE_ENV, SESSION_ENV, adopt_orphans, session_orphans
 
 
 def _orphan(env: dict[str, str], pidfile: Path) -> int:
@@ -50,3 +50,97 @@ def test_a_server_that_detaches_stays_a_child_of_the_session(tmp_path):
     finally:
         os.kill(pid, signal.SIGKILL)
         psutil.Process(pid).wait(timeout=10)
+
+
+def _sub_session(tmp_path: Path, test_body: str) -> subprocess.CompletedProcess[str]:
+    """Run one test in a pytest session of its own, with this suite's conftest as a plugin."""
+    (tmp_path / "test_sub.py").write_text(test_body)
+    here = str(Path(__file__).parent)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])),
+        GRACE_ENV: "1",
+    }
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "conftest", "-p", "no:cacheprovider"]
+    command += ["--rootdir", str(tmp_path), "--basetemp", str(tmp_path / "tmp")]
+    return subprocess.run(
+        [*command, str(tmp_path / "test_sub.py")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def _gone(pid: int) -> bool:
+    """Whether ``pid`` has ended; a survivor is stopped here, so that this test leaks nothing."""
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return True
+    except psutil.NoSuchProcess:
+        return True
+    proc.kill()
+    return False
+
+
+def test_a_multiprocessing_child_left_running_fails_the_session_and_is_stopped(tmp_path):
+    """A spawned child the test never joined fails the session, though its command line names
+    multiprocessing, and the check stops it."""
+    pidfile = tmp_path / "leaked.pid"
+    done = _sub_session(
+        tmp_path,
+        f"""
+import multiprocessing, time
+
+def test_leaks():
+    child = multiprocessing.get_context("spawn").Process(target=time.sleep, args=(30,))
+    child.start()
+    open({str(pidfile)!r}, "w").write(str(child.pid))
+""",
+    )
+    pid = int(pidfile.read_text())
+    assert _gone(pid)
+    assert done.returncode != 0, done.stdout
+    assert "processes left running after the tests" in done.stdout
+    assert f"{pid}: " in done.stdout
+
+
+def test_multiprocessing_helpers_of_the_session_itself_do_not_fail_it(tmp_path):
+    """The forkserver and resource tracker a session starts for itself end with it: tolerated."""
+    done = _sub_session(
+        tmp_path,
+        """
+import multiprocessing
+
+def test_uses_the_forkserver():
+    ctx = multiprocessing.get_context("forkserver")
+    child = ctx.Process(target=print, args=("hello",))
+    child.start()
+    child.join()
+    assert child.exitcode == 0
+""",
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_a_helper_of_another_process_is_not_tolerated(tmp_path):
+    """A forkserver's command line whose parent is not the session is no helper of the session."""
+    pidfile = tmp_path / "impostor.pid"
+    done = _sub_session(
+        tmp_path,
+        f"""
+import subprocess, sys
+
+def test_leaks_a_grandchild():
+    code = "from multiprocessing.forkserver import main; import time; time.sleep(30)"
+    sleeper = f"{{sys.executable}} -c '{{code}}' & echo $! > {str(pidfile)!r}; wait"
+    subprocess.Popen(["sh", "-c", sleeper])
+""",
+    )
+    pid = int(pidfile.read_text())
+    assert _gone(pid)
+    assert done.returncode != 0, done.stdout
+    assert f"{pid}: " in done.stdout
