@@ -283,7 +283,10 @@ class IdempotentStageOperator(BaseOperator):
         )
         dsn = connection_dsn(self.postgres_conn_id)
         doc_ids = self.doc_ids(dsn, ti.dag_id, ti.run_id)
-        limits = Limits(lease_s=settings.lease_s, max_attempts=settings.max_attempts)
+        seconds = settings.batch_deadline_s(len(doc_ids))
+        limits = Limits(
+            lease_s=settings.lease_s, max_attempts=settings.max_attempts, deadline_s=seconds
+        )
         revive = None
         if self.stage == settings.first_stage and (settings.revives_dead or settings.redrive):
             revive = Revival(by=triggered_by(context), reason=revival_reason(settings, ti.run_id))
@@ -291,7 +294,6 @@ class IdempotentStageOperator(BaseOperator):
         def connect() -> db.Database:
             return db.Database(dsn)
 
-        seconds = settings.batch_deadline_s(len(doc_ids))
         with ExitStack() as stack:
             spec = deadline.DeadlineSpec(
                 self._spec(settings, stack, connect, len(doc_ids), ti.run_id), seconds

@@ -139,6 +139,9 @@ class Limits:
     flush_bytes: int = 32 * 2**20
     flush_after_s: float = 2.0
     db_outage_s: float = 300.0
+    # The run's deadline for this batch, from its start (None: none). Waiting for items that
+    # another worker holds ends there too, not when their leases would have expired.
+    deadline_s: float | None = None
 
 
 @dataclass
@@ -323,6 +326,7 @@ class _Batch:
             database.close()
 
     def run(self, doc_ids: Sequence[str]) -> BatchResult:
+        ends = None if self.limits.deadline_s is None else time.monotonic() + self.limits.deadline_s
         items = self.work.transaction(
             lambda conn: self.spec.plan(conn, doc_ids), describe=f"{self.spec.name}: plan"
         )
@@ -342,7 +346,21 @@ class _Batch:
             len(self.result.not_entered),
         )
         while waiting and self.result.systemic is None:
-            time.sleep(self.limits.wait_poll_s)
+            if ends is not None and time.monotonic() >= ends:
+                # Their holders finish them, or a later try takes them over: nothing of
+                # ours to release, and the task is retried like any deadline stop.
+                self.result.systemic = Classified(
+                    "deadline",
+                    ErrorKind.SYSTEMIC,
+                    f"the batch ran past this run's deadline of {self.limits.deadline_s:.0f} s "
+                    f"waiting for {len(waiting)} item(s) another worker holds",
+                )
+                break
+            time.sleep(
+                min(self.limits.wait_poll_s, max(0.0, (ends or 0) - time.monotonic()))
+                if ends is not None
+                else self.limits.wait_poll_s
+            )
             states = self.ledger.states([item.item_key for item in waiting])
             expired = [
                 item

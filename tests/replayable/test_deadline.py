@@ -1,12 +1,16 @@
 """DeadlineSpec: past the run's deadline a batch stops and gives its unfinished items back."""
 
+import threading
 import time
 
 import pytest
 from test_runner import count, run, seed_documents
 
+from replayable import db
 from replayable.deadline import ERROR_CLASS, DeadlineSpec
-from replayable.runner import WorkItem
+from replayable.keys import config_hash
+from replayable.ledger import Ledger, RunContext
+from replayable.runner import Limits, WorkItem, spec_hash
 
 pytestmark = pytest.mark.db
 
@@ -75,3 +79,38 @@ def test_the_deadline_keeps_the_wrapped_stage_announcing_ready_documents():
             return {}
 
     assert ready_versions(DeadlineSpec(Last(), 60)) == {"stage": "embed", "code_version": "1"}
+
+
+def test_waiting_for_another_runs_leases_ends_at_this_runs_deadline(conn, dsn):
+    """Items another worker holds are waited for only until the deadline, not their lease."""
+    doc_ids = seed_documents(conn, 3)
+    stage = _OneSecondEach()
+    # Another run holds every item, with a lease that outlasts this run's deadline by far.
+    other = Ledger(
+        db.Database(dsn),
+        stage.name,
+        stage.code_version,
+        config_hash({}),
+        spec_hash(stage),
+        RunContext(owner="other-run", run_id="other"),
+        lease_s=120,
+    )
+    other.claim([(f"slow-{d}", d) for d in doc_ids])
+    results = []
+    waiter = threading.Thread(
+        target=lambda: results.append(
+            run(DeadlineSpec(stage, 1.0), dsn, doc_ids, deadline_s=1.0)
+        ),
+        daemon=True,
+    )
+    waiter.start()
+    waiter.join(timeout=30)
+    other.db.close()
+    assert results, "the batch waited past its deadline for another run's leases"
+    (result,) = results
+    assert result.systemic is not None and result.systemic.error_class == ERROR_CLASS
+    assert stage.started == [] and result.done == []
+    # The other run's leases are untouched: its items are still its own.
+    held = "SELECT count(*) FROM replayable.stage_runs WHERE lease_owner = 'other-run'"
+    assert count(conn, held) == 3
+    assert Limits().deadline_s is None
