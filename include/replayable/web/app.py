@@ -127,11 +127,34 @@ class StageSummary(BaseModel):
     open_dead_letters: int = 0
 
 
+class OutboxSummary(BaseModel):
+    """The event outbox (ADR 0072): events waiting (the backlog), published and dead.
+
+    ``oldest_pending_age_s`` is how long the oldest waiting event has waited (None: none).
+    """
+
+    pending: int = 0
+    published: int = 0
+    dead: int = 0
+    oldest_pending_age_s: float | None = None
+
+    @computed_field  # type: ignore[prop-decorator]  # pydantic's documented pattern
+    @property
+    def oldest_wait(self) -> str | None:
+        """The oldest wait for people: "2 h 5 min", "12 min"."""
+        if self.oldest_pending_age_s is None:
+            return None
+        minutes = int(self.oldest_pending_age_s // 60)
+        return f"{minutes // 60} h {minutes % 60} min" if minutes >= 60 else f"{minutes} min"
+
+
 class Summary(BaseModel):
-    """Every stage (in pipeline order, empty ones too) and the open dead letters in all."""
+    """Every stage (in pipeline order, empty ones too), the open dead letters in all, and
+    the outbox."""
 
     stages: list[StageSummary]
     open_dead_letters: int
+    outbox: OutboxSummary = OutboxSummary()
 
 
 class AirflowLinks(BaseModel):
@@ -297,7 +320,23 @@ def summary(conn: db.Connection) -> Summary:
         )
         for stage in [*STAGES, *sorted({*counts, *dead} - set(STAGES))]
     ]
-    return Summary(stages=stages, open_dead_letters=sum(s.open_dead_letters for s in stages))
+    return Summary(
+        stages=stages,
+        open_dead_letters=sum(s.open_dead_letters for s in stages),
+        outbox=outbox_summary(conn),
+    )
+
+
+def outbox_summary(conn: db.Connection) -> OutboxSummary:
+    """The outbox's counts (the metrics' counters) and its oldest pending event's age."""
+    counts = {row["status"]: int(row["n"]) for row in db.fetch_all(conn, "metrics_outbox")}
+    oldest = db.fetch_all(conn, "outbox_oldest_pending")
+    return OutboxSummary(
+        pending=counts.get("pending", 0),
+        published=counts.get("published", 0),
+        dead=counts.get("dead", 0),
+        oldest_pending_age_s=float(oldest[0]["age_s"]) if oldest else None,
+    )
 
 
 def failed_items(
