@@ -350,12 +350,6 @@ def test_runs_of_two_code_versions_racing_for_the_same_documents_keep_the_counte
     assert version_counts(conn) == version_recount(conn)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="claim_items.sql: two claims of one document under different keys can both mark"
-    " their row current (the first statement ran before the other committed), and the second"
-    " fails on stage_runs_current_uq, an IntegrityError that is not retried",
-)
 def test_claims_of_two_code_versions_racing_for_the_same_documents_all_go_through(conn, dsn, docs):
     """A run at a new code version racing one at the old version over the same documents
     claims without errors: neither run's task fails because the other moved the current row."""
