@@ -12,12 +12,19 @@ that writes their outputs. Finishing also writes the outbox events the transitio
 from __future__ import annotations
 
 import json
+import random
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import psycopg2.errors
+
 from replayable.db import Connection, Database, fetch_all, fetch_script
 from replayable.retry import Classified
+
+# How often a claim that lost a race for a document's current row is tried again.
+_CLAIM_RACE_RETRIES = 5
 
 
 @dataclass(frozen=True)
@@ -116,10 +123,21 @@ class Ledger:
         }
         if not pairs:
             return {}
-        rows = self.db.transaction(
-            lambda conn: fetch_all(conn, "claim_items", params), describe=f"{self.stage}: claim"
-        )
-        return _states(rows)
+        for attempt in range(_CLAIM_RACE_RETRIES):
+            try:
+                rows = self.db.transaction(
+                    lambda conn: fetch_all(conn, "claim_items", params),
+                    describe=f"{self.stage}: claim",
+                )
+                return _states(rows)
+            except psycopg2.errors.UniqueViolation:
+                # Another claim moved a document's current row to its key after this claim's
+                # first statement ran (two code versions claiming one document at once):
+                # claimed again, this claim sees that row and moves it (ADR 0084).
+                if attempt == _CLAIM_RACE_RETRIES - 1:
+                    raise
+                time.sleep(random.uniform(0, 0.05 * 2**attempt))  # noqa: S311 - jitter
+        raise AssertionError("unreachable")
 
     def states(self, keys: Sequence[str]) -> dict[str, ItemState]:
         """Return the state of every key in one query."""

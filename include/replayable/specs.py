@@ -209,6 +209,8 @@ class ChunkSpec:
 
     def _one(self, item: WorkItem, text: str, io: BatchIO) -> None:
         try:
+            if not io.holds(item):
+                raise ItemError("lease_lost", "another worker took the item over")
             chunks = chunk.chunk_text(text, self.config, self.max_chunks_per_doc)
             if not chunks:
                 raise ItemError("empty_text", "the extracted text has no words")
