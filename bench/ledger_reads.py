@@ -19,7 +19,8 @@ from typing import Any
 from harness import Row, Samples, Target, services
 
 from replayable import cli, db, pipeline
-from replayable.settings import STAGES
+from replayable.settings import STAGES, PipelineSettings
+from replayable.specs import spec_hashes
 
 DOCUMENTS = 1_000_000
 LETTERS = 50_000
@@ -116,6 +117,38 @@ def reads() -> dict[str, Read]:
     }
 
 
+def selections() -> dict[str, Read]:
+    """Selections a run's ``plan`` makes over the ledger: they write the run's documents,
+    so each is timed inside a transaction that is rolled back."""
+    redrive = PipelineSettings(
+        redrive={"stage": "embed", "error_class": ["http_400"], "reason": "bench"}
+    )
+    hashes = spec_hashes(redrive.chunk_config, "m", None)
+
+    def redrive_select(conn: db.Connection) -> Any:
+        return pipeline.select_documents(conn, redrive, dag_id="bench", run_id="redrive")
+
+    def redrive_plan(conn: db.Connection) -> Any:
+        pipeline.select_documents(conn, redrive, dag_id="bench", run_id="redrive")
+        return pipeline.plan_batches(
+            conn, redrive, dag_id="bench", run_id="redrive", spec_hashes=hashes, revived_by="b"
+        )
+
+    return {
+        "redrive selection (open letters of a class)": redrive_select,
+        "redrive plan (selection + batches)": redrive_plan,
+    }
+
+
+def _no_commit(conn: db.Connection) -> Any:
+    """``conn`` with commit made a no-op, so a selection's writes stay in one transaction."""
+    return type(
+        "NoCommit",
+        (),
+        {"__getattr__": lambda _, name: getattr(conn, name), "commit": lambda _: None},
+    )()
+
+
 def time_reads(dsn: str, repeats: int) -> dict[str, float]:
     """Median seconds of each read, warm (one untimed call first)."""
     conn = db.connect(dsn)
@@ -130,6 +163,18 @@ def time_reads(dsn: str, repeats: int) -> dict[str, float]:
                 read(conn)
                 samples.append(time.perf_counter() - started)
             medians[name] = statistics.median(samples)
+    finally:
+        conn.close()
+    conn = db.connect(dsn)
+    try:
+        for name, select in selections().items():
+            samples = []
+            for _ in range(repeats + 1):  # the first is the warm-up
+                started = time.perf_counter()
+                select(_no_commit(conn))
+                samples.append(time.perf_counter() - started)
+                conn.rollback()
+            medians[name] = statistics.median(samples[1:])
     finally:
         conn.close()
     return medians
