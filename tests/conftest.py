@@ -25,6 +25,7 @@ import pytest
 
 from replayable import db, devenv, sources
 from replayable.provider.server import LocalModelServer
+from strict_skips import pytest_runtest_makereport  # noqa: F401  # REPLAYABLE_STRICT=1
 
 # Airflow reads its home when first imported: keep the tests' own Airflow out of ~/airflow.
 os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="replayable-airflow-"))
