@@ -29,6 +29,9 @@ T = TypeVar("T")
 
 # Any fixed number works; it only has to be the same for every migrator.
 _MIGRATION_LOCK = 0x5245504C
+# How long one migration statement may wait for a lock, and how often a migrator tries.
+MIGRATION_LOCK_TIMEOUT_S = 5.0
+MIGRATION_ATTEMPTS = 3
 
 
 def connect(dsn: str, *, autocommit: bool = False) -> Connection:
@@ -198,16 +201,80 @@ def _migrations() -> list[tuple[str, str]]:
     return [(f.name.removesuffix(".sql"), f.read_text()) for f in files]
 
 
-def migrate(conn: Connection) -> list[str]:
+class MigrationLockTimeout(Exception):
+    """A migration waited for a lock longer than its budget, on every attempt."""
+
+
+def _pending(conn: Connection) -> list[str]:
+    """The migrations this database lacks, read without taking any lock a migrator holds."""
+    with conn.cursor() as cur:
+        cur.execute("SELECT to_regclass('replayable.schema_migrations') IS NOT NULL")
+        (exists,) = cur.fetchone()
+        done: set[str] = set()
+        if exists:
+            cur.execute("SELECT version FROM replayable.schema_migrations")
+            done = {row[0] for row in cur.fetchall()}
+    conn.commit()
+    return [version for version, _ in _migrations() if version not in done]
+
+
+def migrate(
+    conn: Connection,
+    *,
+    lock_timeout_s: float = MIGRATION_LOCK_TIMEOUT_S,
+    attempts: int = MIGRATION_ATTEMPTS,
+) -> list[str]:
     """Apply the migrations this database lacks, in order; return the names applied.
 
-    Safe to call from many tasks at once: an advisory lock serialises them, and each
-    migration is idempotent on its own as well.
+    Every ``plan`` calls this, so a schema that is up to date is only read: no lock is
+    taken, and a stuck migrator holds up no run (ADR 0075). Otherwise an advisory lock
+    lets one migrator at a time apply what is still missing (each migration is idempotent
+    on its own as well), and every statement, taking that lock included, waits at most
+    ``lock_timeout_s`` for a lock: DDL queued behind a long transaction would queue every
+    reader of its table behind itself. On a timeout the attempt is rolled back and retried
+    after a jittered pause; after ``attempts`` it raises :class:`MigrationLockTimeout`
+    naming the migration, and the task's own retry tries again later.
     """
-    applied: list[str] = []
-    with conn.cursor() as cur:
-        cur.execute("SELECT pg_advisory_lock(%s)", (_MIGRATION_LOCK,))
+    if not _pending(conn):
+        return []
+    for attempt in range(1, attempts + 1):
         try:
+            return _migrate_locked(conn, lock_timeout_s)
+        except _LockWaitTimeout as timeout:
+            if attempt == attempts:
+                raise MigrationLockTimeout(
+                    f"migration {timeout.version} waited more than {lock_timeout_s} s for a"
+                    f" lock on each of {attempts} attempts (a long transaction on its tables,"
+                    " or another migrator); nothing of it was applied"
+                ) from timeout.__cause__
+            time.sleep(random.uniform(0, lock_timeout_s * 2**attempt))  # noqa: S311 - jitter
+    raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
+
+
+class _LockWaitTimeout(Exception):
+    """One attempt of ``migrate`` gave up waiting for a lock while on ``version``."""
+
+    def __init__(self, version: str) -> None:
+        super().__init__(version)
+        self.version = version
+
+
+def _migrate_locked(conn: Connection, lock_timeout_s: float) -> list[str]:
+    """One attempt: take the migration lock, apply what is still missing, let go of the lock."""
+    applied: list[str] = []
+    step = "the migration lock"
+    with conn.cursor() as cur:
+        cur.execute("SELECT current_setting('lock_timeout')")
+        (previous,) = cur.fetchone()
+        cur.execute(
+            "SELECT set_config('lock_timeout', %s, false)", (f"{int(lock_timeout_s * 1000)}ms",)
+        )
+        conn.commit()
+        locked = False
+        try:
+            cur.execute("SELECT pg_advisory_lock(%s)", (_MIGRATION_LOCK,))
+            locked = True
+            step = "replayable.schema_migrations"
             cur.execute(
                 "CREATE SCHEMA IF NOT EXISTS replayable;"
                 "CREATE TABLE IF NOT EXISTS replayable.schema_migrations ("
@@ -219,6 +286,7 @@ def migrate(conn: Connection) -> list[str]:
             for version, text in _migrations():
                 if version in done:
                     continue
+                step = version
                 cur.execute(text)
                 cur.execute(
                     "INSERT INTO replayable.schema_migrations (version) VALUES (%s)"
@@ -228,8 +296,12 @@ def migrate(conn: Connection) -> list[str]:
                 conn.commit()
                 applied.append(version)
                 log.info("applied migration %s", version)
+        except psycopg2.errors.LockNotAvailable as error:
+            raise _LockWaitTimeout(step) from error
         finally:
             conn.rollback()
-            cur.execute("SELECT pg_advisory_unlock(%s)", (_MIGRATION_LOCK,))
+            if locked:
+                cur.execute("SELECT pg_advisory_unlock(%s)", (_MIGRATION_LOCK,))
+            cur.execute("SELECT set_config('lock_timeout', %s, false)", (previous,))
             conn.commit()
     return applied

@@ -1,3 +1,6 @@
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 
 from replayable import db
@@ -65,3 +68,116 @@ def test_the_metrics_migration_counts_what_was_there_before_it(conn):
             )
             assert cur.fetchone() == (2, 3)
         conn.commit()
+
+
+@pytest.fixture
+def fresh_dsn(dsn):
+    """The libpq string of a new, empty database, dropped again afterwards."""
+    import uuid
+
+    import psycopg2.extensions
+
+    name = f"fresh_{uuid.uuid4().hex[:12]}"
+    admin = db.connect(dsn, autocommit=True)
+    with admin.cursor() as cur:
+        cur.execute(f'CREATE DATABASE "{name}"')  # a generated identifier, not input
+    yield psycopg2.extensions.make_dsn(dsn, dbname=name)
+    with admin.cursor() as cur:
+        cur.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+    admin.close()
+
+
+def in_threads(n, fn):
+    """Run ``fn(i)`` in ``n`` threads started together; return results or raised errors."""
+    barrier = threading.Barrier(n)
+
+    def call(i):
+        barrier.wait()
+        try:
+            return fn(i)
+        except Exception as error:
+            return error
+
+    with ThreadPoolExecutor(n) as pool:
+        return list(pool.map(call, range(n)))
+
+
+def migrate_once(dsn, **options):
+    conn = db.connect(dsn)
+    try:
+        return db.migrate(conn, **options)
+    finally:
+        conn.close()
+
+
+def bounded(fn, bound_s=30):
+    """``fn()`` in a daemon thread; the test fails, not hangs, if it still waits after ``bound_s``.
+
+    The caller releases what ``fn`` waits for afterwards, so the thread ends with the test.
+    """
+    outcome = {}
+
+    def target():
+        try:
+            outcome["value"] = fn()
+        except Exception as error:
+            outcome["error"] = error
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(bound_s)
+    if thread.is_alive():
+        pytest.fail(f"still waiting after {bound_s} s")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
+def test_plans_migrating_a_fresh_database_at_once_all_succeed_and_apply_each_once(fresh_dsn):
+    results = in_threads(6, lambda _: migrate_once(fresh_dsn))
+    assert not [r for r in results if isinstance(r, Exception)], results
+    applied = [version for result in results for version in result]
+    assert sorted(applied) == [version for version, _ in db._migrations()]
+    conn = db.connect(fresh_dsn)
+    with conn.cursor() as cur:
+        cur.execute("SELECT count(*) FROM replayable.schema_migrations")
+        assert cur.fetchone()[0] == len(db._migrations())
+    conn.close()
+
+
+def test_an_up_to_date_schema_is_not_migrated_behind_a_stuck_migrator(fresh_dsn):
+    """Every plan migrates: with nothing to apply it must not queue for the migration lock."""
+    migrate_once(fresh_dsn)
+    stuck = db.connect(fresh_dsn)
+    with stuck.cursor() as cur:
+        cur.execute("SELECT pg_advisory_lock(%s)", (db._MIGRATION_LOCK,))
+    try:
+        assert bounded(lambda: migrate_once(fresh_dsn)) == []
+    finally:
+        stuck.close()
+
+
+def test_a_migration_behind_a_long_transaction_gives_up_and_applies_once_it_ends(fresh_dsn):
+    """DDL waiting on a busy table would queue every reader behind it: it waits lock_timeout."""
+    migrate_once(fresh_dsn)
+    version = "0007_redrive_run"  # alters dead_letters
+    setup = db.connect(fresh_dsn)
+    with setup.cursor() as cur:
+        cur.execute("DELETE FROM replayable.schema_migrations WHERE version = %s", (version,))
+    setup.commit()
+    reader = db.connect(fresh_dsn)
+    with reader.cursor() as cur:
+        cur.execute("SELECT count(*) FROM replayable.dead_letters")  # holds ACCESS SHARE
+    try:
+        with pytest.raises(db.MigrationLockTimeout, match=version):
+            bounded(lambda: migrate_once(fresh_dsn, lock_timeout_s=0.2, attempts=2))
+        with setup.cursor() as cur:
+            cur.execute(
+                "SELECT count(*) FROM replayable.schema_migrations WHERE version = %s", (version,)
+            )
+            assert cur.fetchone()[0] == 0
+        setup.commit()
+    finally:
+        reader.close()
+    assert migrate_once(fresh_dsn, lock_timeout_s=0.2) == [version]
+    setup.close()
