@@ -372,3 +372,34 @@ def test_a_rerun_leaves_a_still_unreadable_document_for_extract_to_report(conn, 
         before = run_docs(conn)
         pipeline._reidentify(conn, dag_id="d", run_id="r1", max_bytes=2**30)
     assert run_docs(conn) == before
+
+
+def test_discover_drops_runs_past_the_retention_with_their_documents_and_keeps_reports(
+    conn, tmp_path
+):
+    """Runs older than RUN_RETENTION_DAYS lose their run and run_docs rows, not their report."""
+    shutil.copy(sorted(SAMPLES.glob("*.pdf"))[0], tmp_path / "a.pdf")
+    for run_id in ("old", "recent"):
+        run_discover(conn, tmp_path, run_id=run_id)
+        db.execute(conn, "save_report", {"dag_id": "d", "run_id": run_id, "report": "{}"})
+    days = pipeline.RUN_RETENTION_DAYS
+    rows(
+        conn,
+        "UPDATE replayable.runs SET created_at = now() - make_interval(days => %s)"
+        " WHERE run_id = 'old' RETURNING 1",
+        days + 1,
+    )
+    rows(
+        conn,
+        "UPDATE replayable.runs SET created_at = now() - make_interval(days => %s)"
+        " WHERE run_id = 'recent' RETURNING 1",
+        days - 1,
+    )
+    run_discover(conn, tmp_path, run_id="new")
+    assert rows(conn, "SELECT run_id FROM replayable.runs ORDER BY 1") == [("new",), ("recent",)]
+    assert run_docs(conn, "old") == []
+    assert run_docs(conn, "recent") == run_docs(conn, "new") != []
+    assert rows(conn, "SELECT run_id FROM replayable.run_reports ORDER BY 1") == [
+        ("old",),
+        ("recent",),
+    ]
