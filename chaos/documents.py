@@ -9,7 +9,9 @@ class it must be dead-lettered with, so that a run can be checked against them e
 
 from __future__ import annotations
 
+import hashlib
 import io
+import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,7 +48,15 @@ EXPECTED = {
     "slow": ("extract", "timeout"),
     "memory_bomb": ("extract", "memory"),
     "provider_400": ("embed", "http_400"),
+    # Scenario (h) only: a text layer far over max_text_chars, and a document the harness
+    # kills the task process on whenever a task works on it (as the kernel's OOM killer does).
+    "huge_text": ("extract", "oversize_text"),
+    "kills_task": ("extract", "killed"),
 }
+# The huge text layer: one shared content stream of HUGE_PAGE_CHARS characters, on every one
+# of HUGE_PAGES pages: 300 MB of text in a file of about 160 KB.
+HUGE_PAGES = 1000
+HUGE_PAGE_CHARS = 300_000
 # Run settings the poison files are made for: oversize exceeds max_bytes, slow exceeds the
 # item timeout, the memory bomb exceeds memory_mb.
 MAX_BYTES = 1_000_000
@@ -113,6 +123,71 @@ def poison_bytes(kind: str, variant: int) -> bytes:
         )
         return corpus.pdf_bytes([text], title=f"Refused report {variant}")
     raise ValueError(f"unknown poison kind {kind!r}")
+
+
+def huge_text_pdf_bytes(
+    *, pages: int = HUGE_PAGES, page_chars: int = HUGE_PAGE_CHARS, line: int = 60_000
+) -> bytes:
+    """A small PDF whose text layer is ``pages * page_chars`` characters (300 MB by default).
+
+    Every page shows the same content stream: ``page_chars // line`` strings of ``line``
+    characters of plain prose, which deflate to almost nothing. pypdf extracts it as
+    ordinary text (about 70 ms a page on two cores here): no decompression or parsing budget
+    of pypdf is touched, so only a limit on the text itself stops it.
+    """
+    prose = b"Replayable keeps its promise on every path, whatever the size. "
+    words = (prose * (line // len(prose) + 1))[:line]
+    show = b"".join(b"(" + words + b") Tj T* " for _ in range(page_chars // line))
+    first_page = 4
+    resources = b"<< /Font << /F1 %d 0 R >> >>" % (first_page + pages)
+    objects = [
+        b"<< /Type /Catalog /Pages 2 0 R >>",
+        corpus._pages_objects(pages, first_page),
+        corpus._stream(b"", b"BT /F1 10 Tf 12 TL 72 720 Td " + show + b"ET\n"),
+    ]
+    objects += [corpus._page(3, resources) for _ in range(pages)]
+    objects.append(corpus._helvetica())
+    return corpus._assemble(objects)
+
+
+def killer_pdf_bytes(after: Iterable[str], *, draws: int = 80) -> bytes:
+    """A one-page PDF that takes about a second to extract, whose id sorts after ``after``.
+
+    Scenario (h) kills the task process whenever a task holds this document; taking a
+    second to extract keeps it held long enough to be seen. Plan numbers a run's batches
+    in doc_id order, so an id above every other one (and above any id of the form ``fff…``,
+    which covers the stat-named ids of oversize files but for a chance of 1 in 4,096) puts
+    the document last, in a batch of its own when the others fill whole batches.
+    """
+    highest = max(after, default="")
+    form_ops = b"BT /F1 1 Tf 0 0 Td " + b"0 Tc " * 2_000 + b"(killer) Tj ET\n"
+    resources = b"<< /XObject << /Fm 4 0 R >> >>"
+    objects = [
+        b"<< /Type /Catalog /Pages 2 0 R >>",
+        corpus._pages_objects(1, 5),
+        corpus._stream(b"", b"/Fm Do\n" * draws),
+        corpus._stream(
+            b"/Type /XObject /Subtype /Form /BBox [0 0 612 792]"
+            b" /Resources << /Font << /F1 6 0 R >> >>",
+            form_ops,
+        ),
+        corpus._page(3, resources),
+        corpus._helvetica(),
+    ]
+    for variant in itertools.count():
+        data = corpus._assemble(objects, filler=b"%% variant %d\n" % variant)
+        digest = hashlib.sha256(data).hexdigest()
+        if digest.startswith("fff") and digest > highest:
+            return data
+    raise AssertionError("unreachable")
+
+
+def write_special(folder: Path, kind: str, *, after: Iterable[str] = ()) -> Poison:
+    """Write scenario (h)'s document of ``kind`` (huge_text or kills_task) into ``folder``."""
+    data = huge_text_pdf_bytes() if kind == "huge_text" else killer_pdf_bytes(after)
+    path = folder / f"poison-{kind}.pdf"
+    path.write_bytes(data)
+    return Poison(path, kind)
 
 
 def _encrypted(index: int) -> bytes:

@@ -57,6 +57,13 @@ AIRFLOW_SETTINGS = {
 # given up on quickly in scenario (f).
 MODEL_TIMEOUT_S = 5
 MODEL_MAX_IN_FLIGHT = 4
+# The webhook every run's publish task delivers its events to (the model server's receiver).
+# One delivery try per event per round: an outage is judged across rounds (scenario j), and a
+# round over a down receiver must not spend minutes in per-event retries.
+WEBHOOK = "chaos-events"
+WEBHOOK_EXTRA = {"timeout_s": 5, "max_attempts": 1, "max_total_s": 0}
+# A standby name no server answers to: every commit then waits after it is durable (ADR 0081).
+_NO_STANDBY = "chaos_no_such_standby"
 
 
 def free_port() -> int:
@@ -107,6 +114,27 @@ class EmbeddedPostgres:
 
     def dsn(self, database: str) -> str:
         return f"postgresql://postgres@/{database}?host={self.host}"
+
+    def hold_commits(self, hold: bool) -> None:
+        """Make every writing commit wait, once durable, for a standby that never answers.
+
+        With ``synchronous_standby_names`` set, a commit is flushed to the WAL (it survives
+        anything from then on) and its session then waits for the standby before it tells
+        the client, still holding its locks; until then no other session sees it. Whoever
+        holds the commits can kill the client in that window: the transaction is committed
+        and the client never heard so, which is "killed after its commit" exactly, with no
+        race. Read-only transactions write no commit record and never wait.
+        """
+        conn = db.connect(self.dsn("postgres"), autocommit=True)
+        try:
+            with conn.cursor() as cur:
+                if hold:
+                    cur.execute("ALTER SYSTEM SET synchronous_standby_names = %s", (_NO_STANDBY,))
+                else:
+                    cur.execute("ALTER SYSTEM RESET synchronous_standby_names")
+                cur.execute("SELECT pg_reload_conf()")
+        finally:
+            conn.close()
 
     def create_database(self, name: str) -> None:
         conn = db.connect(self.dsn("postgres"), autocommit=True)
@@ -221,6 +249,17 @@ class AirflowApi:
             time.sleep(2)
         raise TimeoutError(f"run {run_id} did not end within {timeout_s:.0f} s")
 
+    def params(self) -> dict[str, Any]:
+        """The DAG's params as Airflow serialised them (name -> spec)."""
+        response = self.request("GET", f"/dags/{DAG}/details")
+        response.raise_for_status()
+        return dict(response.json().get("params") or {})
+
+    def fail_run(self, run_id: str) -> None:
+        """Mark a run failed (what an operator does with a run that cannot end)."""
+        response = self.request("PATCH", f"/dags/{DAG}/dagRuns/{run_id}", json={"state": "failed"})
+        response.raise_for_status()
+
     def task_instances(self, run_id: str) -> list[dict[str, Any]]:
         found: list[dict[str, Any]] = []
         while True:
@@ -322,6 +361,9 @@ class ChaosEnv:
         # Every component signs or checks the same task tokens, across restarts.
         env["AIRFLOW__API_AUTH__JWT_SECRET"] = secrets.token_urlsafe(32)
         env[sources.ROOTS_ENV] = str(self.source_root)
+        env["AIRFLOW_CONN_REPLAYABLE_EVENTS"] = json.dumps(
+            {"conn_type": "http", "host": self.webhook_url, "extra": WEBHOOK_EXTRA}
+        )
         env["AIRFLOW_CONN_REPLAYABLE_MODEL"] = json.dumps(
             {
                 "conn_type": "http",
@@ -341,6 +383,11 @@ class ChaosEnv:
         self.api.wait_for_dag()
 
     # -- between scenarios -------------------------------------------------------------
+
+    @property
+    def webhook_url(self) -> str:
+        """Where every run's publish task delivers its events."""
+        return str(self.model.webhook_url(WEBHOOK))
 
     def reset(self, faults: dict[str, Any]) -> None:
         """Empty the replayable database, zero the provider's counters, set its faults."""

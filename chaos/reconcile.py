@@ -5,8 +5,10 @@ dead or neither (``other``: running or pending, which must be 0), so that
 ``in = done + failed + dead``. Then, over the database: no output key stored twice, every
 done item has its outputs, every dead item has an open dead letter carrying its class, its
 message and a full traceback, and the dead items are exactly the poison with the class each
-one must end with. From the provider: no chunk charged more than once (unless the scenario
-turned its de-duplication off, when the double charges are reported instead).
+one must end with. From the provider: with its de-duplication on, no chunk charged more
+than once; with it off (a provider that charges every request, as real ones do), every
+chunk charged more than once is an answer the provider charged and no task stored, and
+those lost answers are no more than the scenario's fault can lose (ADR 0082).
 """
 
 from __future__ import annotations
@@ -71,19 +73,24 @@ MISSING_OUTPUTS = {
                           SELECT 1 FROM replayable.embeddings e
                           WHERE e.chunk_id = c.chunk_id AND e.model = %(model)s))""",
 }
-# Dead items without an open letter that carries their class, message and full traceback.
+# Dead items without an open letter that carries their class, message and full traceback. An
+# item whose task was killed under it (`killed`) has no traceback: nothing raised, the
+# process died; its letter names the last task that held it and that task's try instead.
 INCOMPLETE_LETTERS = """
 SELECT count(*) FROM replayable.stage_runs s
 WHERE s.is_current AND s.status = 'dead' AND NOT EXISTS (
     SELECT 1 FROM replayable.dead_letters d
     WHERE d.stage = s.stage AND d.item_key = s.item_key AND d.status = 'open'
       AND d.error_class = s.error_class AND d.error_class <> '' AND d.error <> ''
-      AND d.traceback LIKE '%%Traceback (most recent call last)%%')
+      AND CASE WHEN d.error_class = 'killed'
+               THEN d.error LIKE '%%last held by %%' AND d.try_number IS NOT NULL
+               ELSE d.traceback LIKE '%%Traceback (most recent call last)%%' END)
 """
 DEAD_LETTERS = "SELECT count(*) FROM replayable.dead_letters WHERE status = 'open'"
 PAID_INPUTS = """
 SELECT coalesce(sum(n_inputs), 0) FROM replayable.model_calls WHERE status = 'ok'
 """
+PAID_REQUESTS = "SELECT count(*) FROM replayable.model_calls WHERE status = 'ok'"
 EMBEDDINGS = "SELECT count(*) FROM replayable.embeddings WHERE model = %(model)s"
 
 
@@ -126,6 +133,11 @@ class Reconciliation:
     paid_inputs_recorded: int
     provider: dict[str, Any]
     dedupe: bool
+    # Answers the provider gave (charged or replayed) that no task stored: requests, inputs.
+    lost_answers: int = 0
+    lost_inputs: int = 0
+    # The most answers the scenario's fault can lose (None: not judged).
+    lost_allowed: int | None = None
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -166,8 +178,13 @@ def reconcile(
     stats: dict[str, Any],
     *,
     dedupe: bool = True,
+    lost_allowed: int | None = None,
 ) -> Reconciliation:
-    """Count and check ``runs`` (run id, final state, clears, corpus) after they ended."""
+    """Count and check ``runs`` (run id, final state, clears, corpus) after they ended.
+
+    :param lost_allowed: the most provider answers the scenario's fault can lose (requests
+        in flight at a kill, responses dropped, requests given up at the deadline).
+    """
     tables = []
     expected_dead: set[tuple[str, str, str]] = set()
     found_dead: set[tuple[str, str, str]] = set()
@@ -206,7 +223,11 @@ def reconcile(
         paid_inputs_recorded=env.scalar(PAID_INPUTS),
         provider=provider,
         dedupe=dedupe,
+        lost_allowed=lost_allowed,
     )
+    answered = provider["charged"] + provider["deduplicated"]
+    result.lost_answers = max(0, answered - env.scalar(PAID_REQUESTS))
+    result.lost_inputs = max(0, provider["inputs_charged"] - result.paid_inputs_recorded)
     result.problems = _problems(result, runs)
     return result
 
@@ -257,10 +278,23 @@ def _problems(r: Reconciliation, runs: list[tuple[str, str, int, Corpus]]) -> li
             problems.append(f"{p['chunks_charged_more_than_once']} chunk(s) charged more than once")
         if p["inputs_charged"] != r.embeddings:
             problems.append(f"{p['inputs_charged']} inputs charged for {r.embeddings} embeddings")
-    elif p["extra_key_charges"] != p["would_deduplicate"]:
+    else:
+        if p["extra_key_charges"] != p["would_deduplicate"]:
+            problems.append(
+                f"{p['extra_key_charges']} repeated charges under one key, but the provider "
+                f"counts {p['would_deduplicate']} it would have de-duplicated"
+            )
+        # The physical minimum: a chunk is bought again only when an answer the provider
+        # charged for it never reached the ledger.
+        if p["extra_chunk_charges"] > r.lost_inputs:
+            problems.append(
+                f"{p['extra_chunk_charges']} extra chunk charges, but only {r.lost_inputs} "
+                "charged inputs were lost: chunks were paid twice with both answers kept"
+            )
+    if r.lost_allowed is not None and r.lost_answers > r.lost_allowed:
         problems.append(
-            f"{p['extra_key_charges']} repeated charges under one key, but the provider counts "
-            f"{p['would_deduplicate']} it would have de-duplicated"
+            f"{r.lost_answers} charged answers never stored, more than the {r.lost_allowed} "
+            "the fault can lose"
         )
     return problems
 
@@ -293,5 +327,8 @@ def format_table(r: Reconciliation) -> str:
         f"{p['requests']} requests, {p['charged']} charged, {p['deduplicated']} de-duplicated, "
         f"{p['lost_responses']} responses lost; chunks charged more than once: "
         f"{p['chunks_charged_more_than_once']}; would de-duplicate: {p['would_deduplicate']}",
+        f"charged answers never stored: {r.lost_answers} requests, {r.lost_inputs} inputs "
+        f"(the fault can lose {'-' if r.lost_allowed is None else r.lost_allowed}); "
+        f"peak requests in flight: {p['peak_in_flight']}",
     ]
     return "\n".join(lines)

@@ -39,6 +39,48 @@ def build(
     }
 
 
+def charges(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per scenario part: chunks the provider charged more than once, and the answers lost.
+
+    Every part but (f)'s second runs with the provider's de-duplication off, so a chunk paid
+    twice shows here; the physical minimum is the charged answers that never reached the
+    ledger (ADR 0082).
+    """
+    rows = []
+    for s in report["scenarios"]:
+        for part in s["reconciliations"]:
+            p = part["provider"]
+            rows.append(
+                {
+                    "scenario": f"({s['key']}) {part['label']}",
+                    "dedupe": "on" if part["dedupe"] else "off",
+                    "chunks_charged": p["chunks_charged"],
+                    "charged_twice": p["chunks_charged_more_than_once"],
+                    "extra_charges": p["extra_chunk_charges"],
+                    "lost_answers": part.get("lost_answers", 0),
+                    "lost_inputs": part.get("lost_inputs", 0),
+                    "lost_allowed": part.get("lost_allowed"),
+                }
+            )
+    return rows
+
+
+def charges_table(report: dict[str, Any]) -> list[str]:
+    """The charged-twice table in Markdown."""
+    lines = [
+        "| scenario, part | de-dup | chunks charged | charged more than once | extra charges "
+        "| charged answers never stored (requests / inputs) | the fault can lose |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in charges(report):
+        allowed = "-" if r["lost_allowed"] is None else r["lost_allowed"]
+        lines.append(
+            f"| {r['scenario']} | {r['dedupe']} | {r['chunks_charged']} | {r['charged_twice']} "
+            f"| {r['extra_charges']} | {r['lost_answers']} / {r['lost_inputs']} | {allowed} |"
+        )
+    return lines
+
+
 def summary(report: dict[str, Any]) -> str:
     lines = [f"{'scenario':<72} {'result':>6} {'seconds':>8}"]
     for s in report["scenarios"]:
@@ -83,6 +125,19 @@ def markdown(report: dict[str, Any]) -> str:
         verdict = "pass" if s["passed"] else "**FAIL**"
         lines.append(f"| ({s['key']}) {s['title']} | {verdict} | {s['seconds']:.0f} |")
     lines.append(f"| total, with start-up | | {report['total_seconds']:.0f} |")
+    lines += [
+        "",
+        "## Chunks charged more than once",
+        "",
+        "The provider charges every request it answers (de-duplication off) except in the "
+        "second part of (f). A chunk may be charged again only when an answer the provider "
+        "charged never reached the ledger: a response lost on the way, a request given up "
+        "at the deadline, a task killed with requests in flight. The last column is the most "
+        "answers the scenario's fault can lose (requests in flight when it struck, responses "
+        "dropped, requests given up).",
+        "",
+        *charges_table(report),
+    ]
     for s in report["scenarios"]:
         lines += ["", f"## ({s['key']}) {s['title']}", ""]
         for key, value in s["facts"].items():

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import math
 import time
 from collections.abc import Callable
@@ -25,7 +26,15 @@ import psutil
 
 from chaos import documents
 from chaos.documents import PROVIDER_POISON_MARKER, Corpus
-from chaos.env import AIRFLOW_SETTINGS, DAG, MODEL_TIMEOUT_S, ChaosEnv
+from chaos.env import (
+    AIRFLOW_SETTINGS,
+    DAG,
+    MODEL_MAX_IN_FLIGHT,
+    MODEL_TIMEOUT_S,
+    WEBHOOK,
+    WEBHOOK_EXTRA,
+    ChaosEnv,
+)
 from chaos.reconcile import Reconciliation, format_table, reconcile
 
 T = TypeVar("T")
@@ -114,6 +123,7 @@ class Context:
         self.env = env
         self.size = size
         self.log = log
+        self.dedupe = False
 
     # -- set-up --------------------------------------------------------------------------
 
@@ -123,8 +133,14 @@ class Context:
         )
 
     def reset(self, **faults: Any) -> None:
+        """Empty the ledger and set the provider's faults; de-duplication is off unless asked.
+
+        A real provider charges every request it answers, so every scenario runs against one
+        that does, and a chunk paid twice shows (ADR 0082); scenario (f) also runs with it on.
+        """
         self.wait_idle()
-        self.env.reset({**BASE_FAULTS, **faults})
+        self.dedupe = bool(faults.get("dedupe", False))
+        self.env.reset({**BASE_FAULTS, "dedupe": False, **faults})
 
     def conf(self, corpus: Corpus) -> dict[str, Any]:
         return {
@@ -199,10 +215,21 @@ class Context:
         }
 
     def reconcile(
-        self, runs: list[tuple[str, str, int, Corpus]], *, dedupe: bool = True
+        self, runs: list[tuple[str, str, int, Corpus]], *, lost_allowed: int = 0
     ) -> Reconciliation:
+        """Reconcile ``runs``; ``lost_allowed``: the provider answers the fault can lose."""
         self.wait_idle()
-        return reconcile(self.env, runs, self.env.settle_provider(), dedupe=dedupe)
+        return reconcile(
+            self.env,
+            runs,
+            self.env.settle_provider(),
+            dedupe=self.dedupe,
+            lost_allowed=lost_allowed,
+        )
+
+    def in_flight(self) -> int:
+        """Requests the provider is serving now: the most a fault at this moment can lose."""
+        return int(self.env.model.stats()["in_flight"])
 
 
 def task_process(ti: dict[str, Any]) -> psutil.Process | None:
@@ -291,7 +318,10 @@ def kill_two_batches(ctx: Context, result: ScenarioResult) -> None:
         ]
         if not final or final[0]["try_number"] <= k["try"]:
             result.checks.append(f"{k['task']} was not tried again after the kill")
-    result.parts.append(Part("run", ctx.reconcile([(run_id, state, clears, corpus)])))
+    lost = sum(k["provider_requests_in_flight"] for k in killed)
+    result.parts.append(
+        Part("run", ctx.reconcile([(run_id, state, clears, corpus)], lost_allowed=lost))
+    )
 
 
 def stop_until_retried(ctx: Context, result: ScenarioResult) -> None:
@@ -314,6 +344,7 @@ def stop_until_retried(ctx: Context, result: ScenarioResult) -> None:
     assert supervisor is not None
     family = [proc, *proc.children(recursive=True)]
     frozen = [supervisor, *family]
+    in_flight = ctx.in_flight()
     for member in frozen:
         member.suspend()
     stopped = time.monotonic()
@@ -367,7 +398,10 @@ def stop_until_retried(ctx: Context, result: ScenarioResult) -> None:
     )
     if not old_ran_along or both_ran_s < 1:
         result.checks.append("the two tries did not run at the same time")
-    result.parts.append(Part("run", ctx.reconcile([(run_id, state, clears, corpus)])))
+    result.facts["requests in flight at the stop"] = in_flight
+    result.parts.append(
+        Part("run", ctx.reconcile([(run_id, state, clears, corpus)], lost_allowed=in_flight))
+    )
 
 
 def restart_postgres(ctx: Context, result: ScenarioResult) -> None:
@@ -380,6 +414,7 @@ def restart_postgres(ctx: Context, result: ScenarioResult) -> None:
         lambda: ctx.env.scalar("SELECT count(*) FROM replayable.embeddings") > 0,
     )
     running = [_label(ti) for ti in ctx.running(run_id)]
+    in_flight = ctx.in_flight()
     started = time.monotonic()
     ctx.env.data_pg.stop()
     time.sleep(POSTGRES_DOWN_S)
@@ -391,12 +426,15 @@ def restart_postgres(ctx: Context, result: ScenarioResult) -> None:
         {
             "running at the restart": running,
             "postgres down (s)": round(down_s, 1),
+            "requests in flight at the restart": in_flight,
             "batch tries past the first": ctx.batch_tries(run_id),
         }
     )
     if not running:
         result.checks.append("no task was running when Postgres went down")
-    result.parts.append(Part("run", ctx.reconcile([(run_id, state, clears, corpus)])))
+    result.parts.append(
+        Part("run", ctx.reconcile([(run_id, state, clears, corpus)], lost_allowed=in_flight))
+    )
 
 
 def storm_429(ctx: Context, result: ScenarioResult) -> None:
@@ -453,6 +491,7 @@ def restart_airflow(ctx: Context, result: ScenarioResult) -> None:
         return found if len(found) >= 2 and all(_age_s(ti) >= 1 for ti in found) else None
 
     hit = ctx.wait_for("two running batches", busy)
+    in_flight = ctx.in_flight()
     started = time.monotonic()
     # Both at once, as a deploy of the two does: each is stopped (SIGTERM, SIGKILL after
     # 30 s, with its children: the scheduler's LocalExecutor workers and their tasks) and
@@ -474,7 +513,10 @@ def restart_airflow(ctx: Context, result: ScenarioResult) -> None:
     )
     if not any(f"{ti['task_id']}[{ti['map_index']}]" in tries for ti in hit):
         result.checks.append("no task running at the restart had to be tried again")
-    result.parts.append(Part("run", ctx.reconcile([(run_id, state, clears, corpus)])))
+    result.facts["requests in flight at the restart"] = in_flight
+    result.parts.append(
+        Part("run", ctx.reconcile([(run_id, state, clears, corpus)], lost_allowed=in_flight))
+    )
 
 
 def hangs_and_lost_responses(ctx: Context, result: ScenarioResult) -> None:
@@ -487,7 +529,9 @@ def hangs_and_lost_responses(ctx: Context, result: ScenarioResult) -> None:
         timeouts = ctx.env.scalar(
             "SELECT count(*) FROM replayable.model_calls WHERE status = 'read_timeout'"
         )
-        part = ctx.reconcile([(run_id, state, clears, corpus)], dedupe=dedupe)
+        # A hang given up at the deadline is charged when it ends; a lost response was charged.
+        lost = timeouts + ctx.env.model.stats()["lost_responses"]
+        part = ctx.reconcile([(run_id, state, clears, corpus)], lost_allowed=lost)
         provider = part.provider
         label = "de-duplication on" if dedupe else "de-duplication off"
         result.facts[label] = {
@@ -538,6 +582,490 @@ def overlapping_runs(ctx: Context, result: ScenarioResult) -> None:
     )
 
 
+# -- (h)-(l): the holes of issue 15 ------------------------------------------------------
+
+# Scenario (h): leases short enough that a killed task's item is free again soon, long enough
+# (three renewals each) that a live task never loses one on a busy machine.
+KILLER_LEASE_S = 15
+# Its text limit: far below the huge document's 300 MB, far above any clean document's text.
+MAX_TEXT_CHARS = 2_000_000
+REDRIVE_REASON = "chaos (i): the provider accepts the text now"
+OUTAGE_ROUNDS = 20
+# Scenario (j): publish rounds back to back stand for the publisher's runs; the backoff of a
+# failed delivery shrinks with them, so each round finds the failed events due again.
+ROUND_BACKOFF_S = 0.05
+RAISED_IN_FLIGHT = 64
+PLAN_WITHIN_S = 30
+
+
+def _doc_id(path: Any) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def poison_that_kills(ctx: Context, result: ScenarioResult) -> None:
+    """(h) A 300 MB text layer, and a document on which the task process dies every time.
+
+    The second is killed by the harness, as the kernel's OOM killer would: SIGKILL to the
+    task process whenever a task holds that document's extract item. (The extraction itself
+    runs in a guarded worker with a memory limit; what kills a task process is memory it
+    uses itself, which the text and chunk limits now bound, or memory pressure from
+    elsewhere on the machine, which no limit of the task's own can prevent.) Batches are
+    claimed whole, so the document gets a batch of its own: its id sorts last and the
+    other documents fill whole batches.
+    """
+    folder = ctx.env.source_root / "h"
+    before_killer = 6 * ctx.size.batch_size
+    pool = documents.write_pool(folder, before_killer - 1, share=ctx.size.poison_share)
+    huge = documents.write_special(folder, "huge_text")
+    ids = [_doc_id(path) for path in folder.iterdir()]
+    killer = documents.write_special(folder, "kills_task", after=ids)
+    corpus = Corpus(folder, pool.clean, (*pool.poison, huge, killer))
+    killer_id = _doc_id(killer.path)
+    ctx.reset()
+    conf = {**ctx.conf(corpus), "batch_size": ctx.size.batch_size, "lease_s": KILLER_LEASE_S}
+    known = ctx.env.api.params()
+    if "max_text_chars" in known:
+        conf["max_text_chars"] = MAX_TEXT_CHARS
+    else:
+        result.checks.append("the DAG has no max_text_chars param: the text limit is missing")
+    run_id = ctx.env.api.trigger(conf)
+    ctx.log(f"   triggered {run_id} over {corpus.documents} documents")
+    max_attempts = int(conf["max_attempts"])
+    kills: list[str] = []
+    settled: tuple[Any, ...] | None = None
+    next_state_check = 0.0
+    while True:
+        rows = ctx.env.query(
+            "SELECT status, attempts, map_index, try_number, error_class"
+            " FROM replayable.stage_runs"
+            " WHERE stage = 'extract' AND doc_id = %s AND is_current AND run_id = %s",
+            (killer_id, run_id),
+        )
+        if rows and rows[0][0] in ("done", "dead"):
+            settled = rows[0]
+            break
+        if rows and rows[0][0] == "running" and len(kills) <= max_attempts + 1:
+            _, attempts, map_index, try_number, _ = rows[0]
+            for ti in ctx.running(run_id, "batch.extract"):
+                label = _label(ti)
+                if ti["map_index"] == map_index and ti["try_number"] == try_number:
+                    proc = task_process(ti)
+                    if proc is not None and label not in kills:
+                        proc.kill()
+                        kills.append(label)
+                        ctx.log(f"   SIGKILLed {label} holding the killer (attempt {attempts})")
+        if time.monotonic() > next_state_check:
+            if ctx.env.api.state(run_id) in ("success", "failed"):
+                break
+            next_state_check = time.monotonic() + 2
+        time.sleep(0.05)
+    state, clears = ctx.finish(run_id)
+    letters = ctx.env.query(
+        "SELECT d.error_class, d.attempts FROM replayable.dead_letters d"
+        " WHERE d.doc_id = %s AND d.stage = 'extract' AND d.status = 'open'",
+        (killer_id,),
+    )
+    huge_text = documents.HUGE_PAGES * documents.HUGE_PAGE_CHARS
+    result.facts.update(
+        {
+            "huge document: text layer (characters)": huge_text,
+            "huge document: file (bytes)": huge.path.stat().st_size,
+            "max_text_chars": conf.get("max_text_chars"),
+            "killed tries": kills,
+            "killer ended": list(settled) if settled else None,
+            "killer's dead letter (class, attempts)": [list(r) for r in letters],
+            "batch tries past the first": ctx.batch_tries(run_id),
+        }
+    )
+    if not kills:
+        result.checks.append("the harness never caught a task holding the killer document")
+    if len(kills) > max_attempts:
+        result.checks.append(
+            f"the killer was taken {len(kills)} times, more than the cap of {max_attempts}"
+        )
+    if any(attempts > max_attempts for _, attempts in letters):
+        result.checks.append("the killer's dead letter counts more attempts than the cap")
+    result.parts.append(Part("run", ctx.reconcile([(run_id, state, clears, corpus)])))
+
+
+def _sync_waiter(ctx: Context) -> tuple[int, bool] | None:
+    """A session whose commit waits for the standby: (pid, whether it wrote run_docs)."""
+    rows = ctx.env.query(
+        "SELECT a.pid, EXISTS (SELECT 1 FROM pg_locks l WHERE l.pid = a.pid"
+        " AND l.relation = 'replayable.run_docs'::regclass)"
+        " FROM pg_stat_activity a WHERE a.wait_event = 'SyncRep'"
+    )
+    return (int(rows[0][0]), bool(rows[0][1])) if rows else None
+
+
+def redrive_plan_killed_after_commit(ctx: Context, result: ScenarioResult) -> None:
+    """(i) A redrive whose plan is killed after its selection committed, and retried.
+
+    The first run dead-letters the documents the provider refuses (400); the provider is then
+    fixed and a redrive of those letters triggered. Its plan's commit is held after it is
+    durable (:meth:`EmbeddedPostgres.hold_commits`): the harness SIGKILLs the plan task
+    process there, then lets the commit go. Airflow retries plan, which selects again.
+    """
+    corpus = ctx.corpus("i")
+    ctx.reset()
+    first = ctx.trigger(corpus)
+    state, clears = ctx.finish(first)
+    result.parts.append(Part("first run", ctx.reconcile([(first, state, clears, corpus)])))
+    refused = tuple(p.path for p in corpus.poison if p.kind == "provider_400")
+    ctx.env.model.set_faults({"dedupe": False})  # the provider accepts the text now
+    letters_before = ctx.env.scalar(
+        "SELECT count(*) FROM replayable.dead_letters"
+        " WHERE status = 'open' AND stage = 'embed' AND error_class = 'http_400'"
+    )
+    conf = {
+        **ctx.conf(corpus),
+        "redrive": {"stage": "embed", "error_class": ["http_400"], "reason": REDRIVE_REASON},
+    }
+    killed: str | None = None
+    released = 0
+    open_after_kill: int | None = None
+    ctx.env.data_pg.hold_commits(True)
+    try:
+        run_id = ctx.env.api.trigger(conf)
+        ctx.log(f"   triggered redrive {run_id}; commits are held")
+        deadline = time.monotonic() + 300
+        while killed is None and time.monotonic() < deadline:
+            waiter = _sync_waiter(ctx)
+            if waiter is not None and not waiter[1]:
+                # Some other commit (not the selection's): let every held commit go, hold again.
+                ctx.env.data_pg.hold_commits(False)
+                ctx.env.data_pg.hold_commits(True)
+                released += 1
+            elif waiter is not None:
+                for ti in ctx.running(run_id, "plan"):
+                    proc = task_process(ti)
+                    if proc is not None:
+                        proc.kill()
+                        proc.wait(timeout=30)
+                        killed = _label(ti)
+                        ctx.log(f"   SIGKILLed {killed} after its selection's commit")
+            time.sleep(0.05)
+    finally:
+        ctx.env.data_pg.hold_commits(False)
+    if killed is None:
+        result.checks.append("plan's selection never committed while the harness watched")
+    else:
+        open_after_kill = ctx.env.scalar(
+            "SELECT count(*) FROM replayable.dead_letters"
+            " WHERE status = 'open' AND stage = 'embed' AND error_class = 'http_400'"
+        )
+    state, clears = ctx.finish(run_id)
+    plan = [t for t in ctx.env.api.task_instances(run_id) if t["task_id"] == "plan"]
+    closed_unprocessed = ctx.env.scalar(
+        "SELECT count(*) FROM replayable.dead_letters d WHERE d.status = 'redriven'"
+        " AND NOT EXISTS (SELECT 1 FROM replayable.stage_runs s WHERE s.stage = d.stage"
+        " AND s.doc_id = d.doc_id AND s.is_current AND s.status = 'done')"
+    )
+    still_open = ctx.env.scalar(
+        "SELECT count(*) FROM replayable.dead_letters"
+        " WHERE status = 'open' AND stage = 'embed' AND error_class = 'http_400'"
+    )
+    result.facts.update(
+        {
+            "letters redriven": letters_before,
+            "killed": killed,
+            "letters open after the kill": open_after_kill,
+            "other commits let through while holding": released,
+            "plan tries": plan[0]["try_number"] if plan else None,
+            "letters closed without their item done": closed_unprocessed,
+            "letters of the redrive still open": still_open,
+        }
+    )
+    if letters_before != len(refused):
+        result.checks.append(f"{letters_before} letters to redrive, {len(refused)} expected")
+    if plan and plan[0]["try_number"] < 2:
+        result.checks.append("plan was not tried again after the kill")
+    if closed_unprocessed:
+        result.checks.append(f"{closed_unprocessed} letter(s) closed without their item done")
+    if still_open:
+        result.checks.append(f"{still_open} letter(s) of the redrive left open")
+    redriven = Corpus(corpus.folder, refused, ())
+    result.parts.append(Part("redrive", ctx.reconcile([(run_id, state, clears, redriven)])))
+
+
+BACKLOG_ALERT = "ReplayableOutboxBacklog"
+# outbox_publisher runs every 10 minutes: a round stands for that much time, scraped each minute.
+ROUND_MINUTES = 10
+Sample = tuple[str, tuple[tuple[str, str], ...]]
+
+
+def _outbox_samples(env: ChaosEnv) -> dict[Sample, float]:
+    """One scrape of the metrics the UI serves: every ``replayable_outbox_*`` sample."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from replayable.web import metrics
+
+    with env.connection() as conn:
+        body, _ = metrics.render(conn)
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(body.decode())
+        for sample in family.samples
+        if sample.name.startswith("replayable_outbox_")
+    }
+
+
+def _humanize(value: float) -> str:
+    """Prometheus's ``humanize`` for the values a backlog takes (no unit below 1,000)."""
+    for unit, size in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(value) >= size:
+            return f"{value / size:.4g}{unit}"
+    return f"{value:.4g}"
+
+
+def _backlog_alert_fires(scrapes: list[dict[Sample, float]]) -> tuple[bool | None, str]:
+    """Whether monitoring/alerts.yml's backlog alert fires at the end of ``scrapes``.
+
+    promtool evaluates the rule as written (its ``for`` included) over the scraped outbox
+    series, each scrape standing for one publisher round of :data:`ROUND_MINUTES`. Without
+    promtool the answer is None, with the reason.
+    """
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    import yaml
+
+    root = Path(__file__).resolve().parents[1]
+    rules = root / "monitoring" / "alerts.yml"
+    rule = next(
+        (
+            r
+            for group in yaml.safe_load(rules.read_text())["groups"]
+            for r in group["rules"]
+            if r.get("alert") == BACKLOG_ALERT
+        ),
+        None,
+    )
+    if rule is None:
+        return False, f"monitoring/alerts.yml has no rule {BACKLOG_ALERT}"
+    found = subprocess.run(
+        [str(root / "monitoring" / "install-promtool.sh")],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
+    )
+    if found.returncode != 0:
+        return None, f"no promtool: {found.stderr.strip()}"
+    promtool = found.stdout.strip().splitlines()[-1]
+    keys = sorted({key for scrape in scrapes for key in scrape})
+    series = []
+    for name, labels in keys:
+        values = [scrape.get((name, labels), 0.0) for scrape in scrapes]
+        text = " ".join(f"{v:g}" for v in values for _ in range(ROUND_MINUTES))
+        selector = ", ".join(f'{k}="{v}"' for k, v in labels)
+        series.append({"series": f"{name}{{{selector}}}", "values": text})
+    pending = scrapes[-1].get(("replayable_outbox_events", (("status", "pending"),)), 0.0)
+    annotations = {
+        key: str(value).replace("{{ $value | humanize }}", _humanize(pending))
+        for key, value in rule.get("annotations", {}).items()
+    }
+    test = {
+        "rule_files": [str(rules)],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": series,
+                "alert_rule_test": [
+                    {
+                        "eval_time": f"{len(scrapes) * ROUND_MINUTES - 1}m",
+                        "alertname": BACKLOG_ALERT,
+                        "exp_alerts": [
+                            {"exp_labels": rule.get("labels", {}), "exp_annotations": annotations}
+                        ],
+                    }
+                ],
+            }
+        ],
+    }
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "outage.test.yml"
+        path.write_text(yaml.safe_dump(test, sort_keys=False))
+        done = subprocess.run(
+            [promtool, "test", "rules", str(path)],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=120,
+        )
+    return done.returncode == 0, (done.stdout + done.stderr).strip()[-600:]
+
+
+def webhook_outage(ctx: Context, result: ScenarioResult) -> None:
+    """(j) The webhook receiver down for 20 publish rounds, then back.
+
+    The run's own publish task meets the outage first. Then 20 rounds of the publisher (the
+    library's ``publish``, as the outbox_publisher DAG runs it, back to back) meet it: ten
+    answered 503 and ten 404, as a proxy in front of a receiver that is down or gone answers.
+    The outbox metrics are scraped after each round; promtool evaluates the backlog alert of
+    monitoring/alerts.yml over them. Then the receiver is back and rounds run until the
+    backlog is empty.
+    """
+    from replayable import db
+    from replayable.outbox import PublishLimits, publish
+    from replayable.sinks import WebhookSink, webhook_settings
+
+    folder = ctx.env.source_root / "j"
+    corpus = documents.write_pool(
+        folder, max(30, ctx.size.documents // 3), share=ctx.size.poison_share
+    )
+    ctx.reset(webhook_status_always=503)
+    run_id = ctx.trigger(corpus)
+    state, clears = ctx.finish(run_id)
+    limits = PublishLimits(backoff_base_s=ROUND_BACKOFF_S)
+    settings = webhook_settings(ctx.env.webhook_url, None, None, None, WEBHOOK_EXTRA)
+    database = db.Database(ctx.env.dsn)
+    scrapes = [_outbox_samples(ctx.env)]
+
+    def rounds(count: int, label: str) -> list[dict[str, Any]]:
+        seen = []
+        for n in range(count):
+            with WebhookSink(settings) as sink:
+                done = publish(
+                    database,
+                    sink,
+                    owner=f"chaos-j-{label}-{n}",
+                    publication=f"chaos-j/{label}/{n}",
+                    limits=limits,
+                )
+            scrapes.append(_outbox_samples(ctx.env))
+            seen.append(done.summary())
+            time.sleep(ROUND_BACKOFF_S * 2)
+        return seen
+
+    def statuses() -> dict[str, int]:
+        return dict(ctx.env.query("SELECT status, count(*) FROM replayable.outbox GROUP BY 1"))
+
+    # Every failed delivery logs a warning: 20 rounds of them would bury the scenario's output.
+    outbox_log = logging.getLogger("replayable.outbox")
+    level = outbox_log.level
+    outbox_log.setLevel(logging.ERROR)
+    try:
+        rounds(OUTAGE_ROUNDS // 2, "down-503")
+        ctx.env.model.set_faults({**BASE_FAULTS, "dedupe": False, "webhook_status_always": 404})
+        rounds(OUTAGE_ROUNDS - OUTAGE_ROUNDS // 2, "down-404")
+        after_outage = statuses()
+        outage = list(scrapes)
+        ctx.env.model.set_faults({**BASE_FAULTS, "dedupe": False})
+        after: list[dict[str, Any]] = []
+        for _ in range(10):
+            after += rounds(1, "back")
+            if not statuses().get("pending"):
+                break
+        final = statuses()
+    finally:
+        outbox_log.setLevel(level)
+        database.close()
+    fired, said = _backlog_alert_fires(outage)
+    pending = ("replayable_outbox_events", (("status", "pending"),))
+    events = ctx.env.scalar("SELECT count(*) FROM replayable.outbox")
+    stored = len(ctx.env.model.webhook_events(WEBHOOK))
+    result.facts.update(
+        {
+            "events": events,
+            "outbox after the outage": after_outage,
+            "outbox at the end": final,
+            "backlog gauge per round (outage)": [s.get(pending) for s in outage],
+            f"{BACKLOG_ALERT} fires at the outage's end (promtool)": fired,
+            "rounds after the receiver came back": len(after),
+            "backlog gauge at the end": scrapes[-1].get(pending),
+            "events the receiver stored": stored,
+        }
+    )
+    if after_outage.get("dead") or final.get("dead"):
+        result.checks.append(f"events dead after the outage: {final.get('dead', 0)}")
+    if final.get("pending"):
+        result.checks.append(f"backlog left after the receiver came back: {final['pending']}")
+    if fired is None:
+        result.checks.append(f"the backlog alert could not be evaluated: {said}")
+    elif not fired:
+        result.checks.append(f"{BACKLOG_ALERT} did not fire during the outage: {said}")
+    if scrapes[-1].get(pending) != 0:
+        result.checks.append(f"the backlog gauge ended at {scrapes[-1].get(pending)}, not 0")
+    if stored != events:
+        result.checks.append(f"the receiver stored {stored} events of {events}")
+    result.parts.append(Part("run", ctx.reconcile([(run_id, state, clears, corpus)])))
+
+
+def raised_in_flight(ctx: Context, result: ScenarioResult) -> None:
+    """(k) Two runs at once, one asking for 64 requests in flight against a connection's 4."""
+    first = documents.write_pool(
+        ctx.env.source_root / "k" / "first", ctx.size.documents, share=ctx.size.poison_share
+    )
+    second = documents.write_pool(
+        ctx.env.source_root / "k" / "second", ctx.size.documents, share=ctx.size.poison_share
+    )
+    ctx.reset(latency_ms=SLOW_PROVIDER_MS // 2)
+    plain = ctx.trigger(first)
+    raised = ctx.env.api.trigger({**ctx.conf(second), "max_in_flight": RAISED_IN_FLIGHT})
+    ctx.log(f"   triggered {raised} asking for max_in_flight {RAISED_IN_FLIGHT}")
+    ended = [ctx.finish(run_id) for run_id in (plain, raised)]
+    part = ctx.reconcile([(plain, *ended[0], first), (raised, *ended[1], second)])
+    peak = part.provider["peak_in_flight"]
+    result.facts.update(
+        {
+            "connection's max_in_flight": MODEL_MAX_IN_FLIGHT,
+            "conf's max_in_flight (second run)": RAISED_IN_FLIGHT,
+            "provider's peak requests in flight": peak,
+            "requests": part.provider["requests"],
+        }
+    )
+    if peak > MODEL_MAX_IN_FLIGHT:
+        result.checks.append(
+            f"the provider saw {peak} requests in flight, over the connection's "
+            f"{MODEL_MAX_IN_FLIGHT}"
+        )
+    result.parts.append(Part("both runs", part))
+
+
+def symlink_loop(ctx: Context, result: ScenarioResult) -> None:
+    """(l) A source folder with two links back to itself, listed by a recursive glob."""
+    folder = ctx.env.source_root / "l"
+    corpus = documents.write_pool(
+        folder, max(20, ctx.size.documents // 6), share=ctx.size.poison_share
+    )
+    for name in ("a", "b"):
+        (folder / name).symlink_to(".", target_is_directory=True)
+    ctx.reset()
+    conf = {**ctx.conf(corpus), "source": f"{folder}/**/*.pdf"}
+    run_id = ctx.env.api.trigger(conf)
+    ctx.log(f"   triggered {run_id} over {conf['source']}")
+
+    def plan_ended() -> dict[str, Any] | None:
+        for ti in ctx.env.api.task_instances(run_id):
+            if ti["task_id"] == "plan" and ti["state"] in ("success", "failed", "up_for_retry"):
+                return ti
+        return None
+
+    try:
+        plan = ctx.wait_for("plan to end", plan_ended, timeout_s=PLAN_WITHIN_S * 4, every_s=1)
+    except TimeoutError:
+        for ti in ctx.running(run_id, "plan"):
+            proc = task_process(ti)
+            if proc is not None:
+                proc.kill()
+        ctx.env.api.fail_run(run_id)
+        result.checks.append(f"plan was still listing after {PLAN_WITHIN_S * 4} s; stopped")
+        plan = None
+    state, clears = ctx.finish(run_id)
+    took = round(float(plan["duration"]), 1) if plan and plan.get("duration") else None
+    result.facts.update(
+        {"source": conf["source"], "links": ["a -> .", "b -> ."], "plan took (s)": took}
+    )
+    if took is not None and took > PLAN_WITHIN_S:
+        result.checks.append(f"plan took {took} s, over {PLAN_WITHIN_S} s")
+    result.parts.append(Part("run", ctx.reconcile([(run_id, state, clears, corpus)])))
+
+
 SCENARIOS: dict[str, tuple[str, Callable[[Context, ScenarioResult], None]]] = {
     "a": ("SIGKILL the task processes of two running batches", kill_two_batches),
     "b": ("SIGSTOP a task until Airflow starts another try, then both run", stop_until_retried),
@@ -546,6 +1074,14 @@ SCENARIOS: dict[str, tuple[str, Callable[[Context, ScenarioResult], None]]] = {
     "e": ("restart the scheduler and the API server mid-run", restart_airflow),
     "f": ("hangs past the deadline and responses lost after the charge", hangs_and_lost_responses),
     "g": ("two runs over overlapping corpora at once", overlapping_runs),
+    "h": ("a 300 MB text layer, and a document that kills its task every time", poison_that_kills),
+    "i": (
+        "a redrive whose plan is killed after its commit, then retried",
+        redrive_plan_killed_after_commit,
+    ),
+    "j": ("the webhook receiver down for 20 publish rounds, then back", webhook_outage),
+    "k": ("two runs at once, one asking for 64 requests in flight against 4", raised_in_flight),
+    "l": ("a source folder with two symlinks back to itself", symlink_loop),
 }
 
 
