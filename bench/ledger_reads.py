@@ -9,6 +9,7 @@ scale, the same reads over a ledger a hundred times smaller.
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from collections.abc import Callable
@@ -151,20 +152,12 @@ def _no_commit(conn: db.Connection) -> Any:
 
 def time_reads(dsn: str, repeats: int) -> dict[str, float]:
     """Median seconds of each read, warm (one untimed call first)."""
-    conn = db.connect(dsn)
-    conn.set_session(readonly=True, autocommit=True)
+    return _time_reads(dsn, repeats)
+
+
+def time_selections(dsn: str, repeats: int) -> dict[str, float]:
+    """Median seconds of each of plan's selections, each in a transaction rolled back."""
     medians: dict[str, float] = {}
-    try:
-        for name, read in reads().items():
-            read(conn)
-            samples = []
-            for _ in range(repeats):
-                started = time.perf_counter()
-                read(conn)
-                samples.append(time.perf_counter() - started)
-            medians[name] = statistics.median(samples)
-    finally:
-        conn.close()
     conn = db.connect(dsn)
     try:
         for name, select in selections().items():
@@ -180,6 +173,24 @@ def time_reads(dsn: str, repeats: int) -> dict[str, float]:
     return medians
 
 
+def _time_reads(dsn: str, repeats: int) -> dict[str, float]:
+    conn = db.connect(dsn)
+    conn.set_session(readonly=True, autocommit=True)
+    medians: dict[str, float] = {}
+    try:
+        for name, read in reads().items():
+            read(conn)
+            samples = []
+            for _ in range(repeats):
+                started = time.perf_counter()
+                read(conn)
+                samples.append(time.perf_counter() - started)
+            medians[name] = statistics.median(samples)
+    finally:
+        conn.close()
+    return medians
+
+
 def run(
     repeats: int = REPEATS, documents: int = DOCUMENTS, letters: int = LETTERS
 ) -> tuple[list[Row], dict[str, Any]]:
@@ -190,6 +201,13 @@ def run(
     with services() as svc:
         big_load = load(svc.dsn, documents, letters)
         big = time_reads(svc.dsn, repeats)
+        plans = time_selections(svc.dsn, repeats)
+        with contextlib.closing(db.connect(svc.dsn)) as conn, conn.cursor() as cur:
+            cur.execute(
+                "SELECT count(DISTINCT doc_id) FROM replayable.dead_letters"
+                " WHERE status = 'open' AND stage = 'embed' AND error_class = 'http_400'"
+            )
+            redriven_docs = int(cur.fetchone()[0])
     slowest = max(big, key=lambda name: big[name])
     rows = [
         Row(
@@ -211,6 +229,15 @@ def run(
             Samples((big[slowest],)),
             notes=["close to 1: the reads' cost does not grow with the ledger"],
         ),
+        Row(
+            "B7.plan",
+            f"a redrive's plan over {redriven_docs:,} letters' documents, at {documents:,}",
+            "redrive selection alone",
+            Samples((plans["redrive selection (open letters of a class)"],)),
+            "selection + batches",
+            Samples((plans["redrive plan (selection + batches)"],)),
+            notes=["a run's own planning: its cost follows the documents it selects"],
+        ),
     ]
     details = {
         "documents": documents,
@@ -218,6 +245,8 @@ def run(
         "load_seconds": {"small": round(small_load, 1), "large": round(big_load, 1)},
         "reads_ms": {name: round(1000 * s, 2) for name, s in big.items()},
         "reads_ms_small": {name: round(1000 * s, 2) for name, s in small.items()},
+        "plan_ms": {name: round(1000 * s, 2) for name, s in plans.items()},
+        "redriven_documents": redriven_docs,
         "notes": [
             f"{name}: {1000 * s:.1f} ms" for name, s in sorted(big.items(), key=lambda kv: -kv[1])
         ],
