@@ -2,11 +2,15 @@
 
 `sweep` selects at most `max_items` failed items older than `min_age_minutes` (so a live
 run's own retries are not raced) and asks for one `document_pipeline` re-run per stage;
-with nothing to sweep it asks for none and nothing is triggered. See `replayable.sweeper`
-and ADR 0042.
+with nothing to sweep it asks for none and nothing is triggered. Each trigger waits (deferred,
+no worker slot) until its re-run ends, so with `max_active_runs=1` no later sweep starts
+while a re-run it would sweep again is unfinished. See `replayable.sweeper`, ADR 0042 and
+ADR 0076.
 """
 
 from __future__ import annotations
+
+from datetime import timedelta
 
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
 from airflow.sdk import Param, dag, task
@@ -39,6 +43,11 @@ def replayable_sweeper() -> None:
         trigger_dag_id="document_pipeline",
         logical_date=None,
         skip_when_already_exists=True,
+        wait_for_completion=True,
+        deferrable=True,
+        poke_interval=30,
+        # A re-run that never ends (its DAG paused for good) holds sweeping up this long.
+        execution_timeout=timedelta(hours=12),
         openlineage_inject_parent_info=False,
         map_index_template="{{ task.conf['rerun']['stage'] }}",
     ).expand_kwargs(reruns)

@@ -64,6 +64,10 @@ class Api:
         found = self.http.get(f"/dags/{dag_id}/dagRuns", params={"limit": 100}).json()
         return [run["dag_run_id"] for run in found["dag_runs"]]
 
+    def pause(self, dag_id: str, paused: bool) -> None:
+        response = self.http.patch(f"/dags/{dag_id}", json={"is_paused": paused})
+        assert response.status_code == 200, response.text
+
     def task_states(self, dag_id: str, run_id: str) -> dict[tuple[str, int], str]:
         found = self.http.get(f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances").json()
         return {(t["task_id"], t["map_index"]): t["state"] for t in found["task_instances"]}
@@ -75,7 +79,10 @@ def airflow(
 ) -> Iterator[Api]:
     env = devenv.airflow_env(services, state_dir, api_port=_free_port())
     env[sources.ROOTS_ENV] = str(tmp_path_factory.getbasetemp())
-    with devenv.AirflowProcesses(env, tmp_path_factory.mktemp("airflow-logs")) as procs:
+    # A sweep's triggers wait for their re-runs in the triggerer (ADR 0076).
+    components = (*devenv.AirflowProcesses.DEFAULT, "triggerer")
+    logs = tmp_path_factory.mktemp("airflow-logs")
+    with devenv.AirflowProcesses(env, logs, components) as procs:
         api = Api(procs.url, procs.token())
         deadline = time.monotonic() + 180
         for dag_id in (PIPELINE, SWEEPER):
@@ -122,6 +129,36 @@ def test_a_sweep_turns_failed_items_into_a_rerun_that_finishes_them(airflow, con
     assert airflow.wait(SWEEPER, again) == "success"
     assert airflow.task_states(SWEEPER, again)[("trigger_rerun", -1)] == "skipped"
     assert set(airflow.runs(PIPELINE)) == runs
+
+
+def test_no_sweep_starts_while_an_earlier_sweeps_rerun_is_unfinished(
+    airflow, conn, model, tmp_path
+):
+    """The items a queued re-run will take are not swept again by the next sweep (ADR 0076)."""
+    folder = subset(tmp_path, 2)
+    corpus.write_pdf(folder / "marked.pdf", ["A report the provider refuses: HOLD-MARKER."])
+    model.set_faults(fail_inputs_containing={"HOLD-MARKER": 401})
+    first = airflow.trigger(PIPELINE, {"source": str(folder), "batch_size": 4})
+    assert airflow.wait(PIPELINE, first) == "failed"
+    model.clear_faults()
+    before = set(airflow.runs(PIPELINE))
+    airflow.pause(PIPELINE, True)  # the re-run a sweep triggers stays queued
+    try:
+        sweep = airflow.trigger(SWEEPER, {"min_age_minutes": 0})
+        deadline = time.monotonic() + 300
+        while f"sweep__embed__{sweep}" not in airflow.runs(PIPELINE):
+            assert time.monotonic() < deadline, "the first sweep never triggered its re-run"
+            time.sleep(1)
+        second = airflow.trigger(SWEEPER, {"min_age_minutes": 0})
+        # Give the scheduler time to start the second sweep, were it allowed to.
+        time.sleep(20)
+        assert airflow.state(SWEEPER, second) == "queued"
+    finally:
+        airflow.pause(PIPELINE, False)
+    assert airflow.wait(SWEEPER, sweep) == "success"
+    assert airflow.wait(SWEEPER, second) == "success"
+    assert airflow.task_states(SWEEPER, second)[("trigger_rerun", -1)] == "skipped"
+    assert set(airflow.runs(PIPELINE)) - before == {f"sweep__embed__{sweep}"}
 
 
 def test_a_redrive_from_the_ui_starts_a_run_that_finishes_the_letters(
