@@ -202,10 +202,14 @@ def _encrypted(index: int) -> bytes:
     return out.getvalue()
 
 
-def write_pool(folder: Path, documents: int, *, share: float = 0.05) -> Corpus:
-    """Write ``documents`` files into ``folder``: ``share`` poison among clean ones."""
+def write_pool(folder: Path, documents: int, *, share: float = 0.05, first: int = 1) -> Corpus:
+    """Write ``documents`` files into ``folder``: ``share`` poison among clean ones.
+
+    The clean ones are small documents ``first``, ``first + 1``, …: pools written with the
+    same ``first`` hold the same documents, with ``first`` apart by their size, none.
+    """
     poisoned = poison_count(documents, share)
-    clean = corpus.write_small_corpus(folder, documents - poisoned)
+    clean = corpus.write_small_corpus(folder, documents - poisoned, first=first)
     return Corpus(folder, tuple(clean), write_poison(folder, poisoned))
 
 

@@ -1006,8 +1006,12 @@ def raised_in_flight(ctx: Context, result: ScenarioResult) -> None:
     first = documents.write_pool(
         ctx.env.source_root / "k" / "first", ctx.size.documents, share=ctx.size.poison_share
     )
+    # Other documents than the first run's: both runs have all their chunks to embed.
     second = documents.write_pool(
-        ctx.env.source_root / "k" / "second", ctx.size.documents, share=ctx.size.poison_share
+        ctx.env.source_root / "k" / "second",
+        ctx.size.documents,
+        share=ctx.size.poison_share,
+        first=ctx.size.documents + 1,
     )
     ctx.reset(latency_ms=SLOW_PROVIDER_MS // 2)
     plain = ctx.trigger(first)
