@@ -15,7 +15,8 @@ from airflow.sdk import get_current_context
 from airflow.sdk.exceptions import AirflowFailException
 
 from replayable import db, pipeline, sources
-from replayable.operators import connection_dsn, model_choice, triggered_by
+from replayable.context import triggered_by
+from replayable.hooks import connection_dsn, model_choice
 from replayable.settings import PipelineSettings, check_conf_keys
 
 log = logging.getLogger(__name__)

@@ -1,8 +1,11 @@
-"""EmbeddingsHook: the embeddings provider's Airflow connection, turned into a client.
+"""The model and ledger connections: the embeddings provider's and the replayable database's.
 
-In the shape of the providers' hooks (``PostgresHook``, ``HttpHook``): the hook owns the
-connection (``replayable_model`` by default), the operator owns its arguments and asks the
-hook for a client. The connection holds:
+Operators, tasks and the UI ask this module for what those connections hold; they do not
+read the connections themselves, nor import each other for it (ADR 0090).
+
+``EmbeddingsHook`` has the shape of the providers' hooks (``PostgresHook``, ``HttpHook``):
+the hook owns the connection (``replayable_model`` by default), the operator owns its
+arguments and asks the hook for a client. The connection holds:
 
 - ``host``: the API root including ``/v1`` (``https://api.openai.com/v1``, Ollama's
   ``http://127.0.0.1:11434/v1``, …), or a bare host with ``port``, ``schema`` and
@@ -14,11 +17,16 @@ hook for a client. The connection holds:
 The connection type ``replayable_embeddings`` and its form fields are declared in
 :mod:`replayable.get_provider_info`, the way Airflow 3.2+ wants them;
 a connection of any other type (``http`` in the dev environment) works all the same.
+
+:func:`model_choice` resolves a run's model and budget from that connection and the run's
+params; :func:`connection_dsn` turns the ledger's Postgres connection into a libpq DSN.
 """
 
 from __future__ import annotations
 
+import logging
 import uuid
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseHook
@@ -34,9 +42,19 @@ from replayable.settings import DEFAULT_MAX_IN_FLIGHT, DEFAULT_MODEL
 
 if TYPE_CHECKING:
     from replayable.retry import CallRetry
+    from replayable.settings import PipelineSettings
     from replayable.stages.embed import HttpEmbeddingClient
 
-__all__ = ["CONNECTION_FIELDS", "UI_FIELD_BEHAVIOUR", "EmbeddingsHook"]
+__all__ = [
+    "CONNECTION_FIELDS",
+    "UI_FIELD_BEHAVIOUR",
+    "EmbeddingsHook",
+    "ModelChoice",
+    "connection_dsn",
+    "model_choice",
+]
+
+log = logging.getLogger(__name__)
 
 
 class EmbeddingsHook(BaseHook):
@@ -136,3 +154,75 @@ class EmbeddingsHook(BaseHook):
             f"{client.model} at {settings.base_url} answered with a vector of "
             f"{len(result.vectors[0])} dimensions ({result.tokens} token(s) billed)",
         )
+
+
+@dataclass(frozen=True)
+class ModelChoice:
+    """The provider, model and budget a run uses: params win over the connection's extra."""
+
+    provider: ModelSettings
+    model: str
+    dimensions: int | None
+    max_in_flight: int
+    max_rps: float | None = None
+    # The connection's own limits: the budget every run shares counts against these.
+    shared_in_flight: int = DEFAULT_MAX_IN_FLIGHT
+    shared_rps: float | None = None
+
+
+def _tighter(asked: float | None, allowed: float | None) -> float | None:
+    """The lower of a run's ask and the connection's limit; None where neither limits."""
+    if asked is None:
+        return allowed
+    return asked if allowed is None else min(asked, allowed)
+
+
+def model_choice(settings: PipelineSettings, conn: str | EmbeddingsHook) -> ModelChoice:
+    """Resolve the run's model once; it feeds the embed keys, so plan and stage must agree.
+
+    ``conn`` is the model connection's id or a hook already made for it. A run's
+    ``max_in_flight`` and ``max_rps`` may only lower the connection's (invariant 15): a
+    higher ask is held to the connection's value, with a warning in the task's log.
+    """
+    hook = conn if isinstance(conn, EmbeddingsHook) else EmbeddingsHook(conn)
+    provider = hook.get_settings()
+    shared_in_flight = provider.max_in_flight or DEFAULT_MAX_IN_FLIGHT
+    in_flight = int(_tighter(settings.max_in_flight, shared_in_flight) or shared_in_flight)
+    rps = _tighter(settings.max_rps, provider.max_rps)
+    for name, asked, allowed in (
+        ("max_in_flight", settings.max_in_flight, shared_in_flight),
+        ("max_rps", settings.max_rps, provider.max_rps),
+    ):
+        if asked is not None and allowed is not None and asked > allowed:
+            log.warning(
+                "%s %s asks for more than the model connection allows (%s): using %s; "
+                "raise it on the connection, not in a run's conf",
+                name,
+                asked,
+                allowed,
+                allowed,
+            )
+    return ModelChoice(
+        provider=provider,
+        model=settings.model or provider.model or DEFAULT_MODEL,
+        dimensions=settings.dimensions or provider.dimensions,
+        max_in_flight=in_flight,
+        max_rps=rps,
+        shared_in_flight=shared_in_flight,
+        shared_rps=provider.max_rps,
+    )
+
+
+def connection_dsn(conn_id: str) -> str:
+    """Turn the Airflow Postgres connection ``conn_id`` into a libpq DSN."""
+    import psycopg2.extensions
+
+    conn = BaseHook.get_connection(conn_id)
+    options = {
+        "host": conn.host,
+        "port": conn.port,
+        "user": conn.login,
+        "password": conn.password,
+        "dbname": conn.schema,
+    }
+    return str(psycopg2.extensions.make_dsn(**{k: v for k, v in options.items() if v}))

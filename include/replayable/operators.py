@@ -2,34 +2,25 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from airflow.sdk import BaseHook, BaseOperator, Context
+from airflow.sdk import BaseOperator, Context
 from airflow.sdk.definitions.retry_policy import RetryDecision, RetryPolicy
 from airflow.sdk.exceptions import AirflowSkipException
 
 from replayable import db, deadline
-from replayable.hooks import EmbeddingsHook
+from replayable.context import triggered_by
+from replayable.hooks import EmbeddingsHook, connection_dsn, model_choice
 from replayable.ledger import Revival, RunContext
-from replayable.provider.config import ModelSettings
 from replayable.retry import CallRetry, Classified
 from replayable.runner import BatchResult, Limits, StageSpec, run_batch
-from replayable.settings import (
-    DEFAULT_MAX_IN_FLIGHT,
-    DEFAULT_MODEL,
-    STAGES,
-    PipelineSettings,
-)
-
-log = logging.getLogger(__name__)
+from replayable.settings import STAGES, PipelineSettings
 
 # Added to the longest healthy call before a request's transaction counts as abandoned, for a
 # worker that is only slow (short of CPU, pausing for garbage collection).
@@ -94,69 +85,6 @@ class BatchRetryPolicy(RetryPolicy):
         return cls()
 
 
-@dataclass(frozen=True)
-class ModelChoice:
-    """The provider, model and budget a run uses: params win over the connection's extra."""
-
-    provider: ModelSettings
-    model: str
-    dimensions: int | None
-    max_in_flight: int
-    max_rps: float | None = None
-    # The connection's own limits: the budget every run shares counts against these.
-    shared_in_flight: int = DEFAULT_MAX_IN_FLIGHT
-    shared_rps: float | None = None
-
-
-def _tighter(asked: float | None, allowed: float | None) -> float | None:
-    """The lower of a run's ask and the connection's limit; None where neither limits."""
-    if asked is None:
-        return allowed
-    return asked if allowed is None else min(asked, allowed)
-
-
-def model_choice(settings: PipelineSettings, conn: str | EmbeddingsHook) -> ModelChoice:
-    """Resolve the run's model once; it feeds the embed keys, so plan and stage must agree.
-
-    ``conn`` is the model connection's id or a hook already made for it. A run's
-    ``max_in_flight`` and ``max_rps`` may only lower the connection's (invariant 15): a
-    higher ask is held to the connection's value, with a warning in the task's log.
-    """
-    hook = conn if isinstance(conn, EmbeddingsHook) else EmbeddingsHook(conn)
-    provider = hook.get_settings()
-    shared_in_flight = provider.max_in_flight or DEFAULT_MAX_IN_FLIGHT
-    in_flight = int(_tighter(settings.max_in_flight, shared_in_flight) or shared_in_flight)
-    rps = _tighter(settings.max_rps, provider.max_rps)
-    for name, asked, allowed in (
-        ("max_in_flight", settings.max_in_flight, shared_in_flight),
-        ("max_rps", settings.max_rps, provider.max_rps),
-    ):
-        if asked is not None and allowed is not None and asked > allowed:
-            log.warning(
-                "%s %s asks for more than the model connection allows (%s): using %s; "
-                "raise it on the connection, not in a run's conf",
-                name,
-                asked,
-                allowed,
-                allowed,
-            )
-    return ModelChoice(
-        provider=provider,
-        model=settings.model or provider.model or DEFAULT_MODEL,
-        dimensions=settings.dimensions or provider.dimensions,
-        max_in_flight=in_flight,
-        max_rps=rps,
-        shared_in_flight=shared_in_flight,
-        shared_rps=provider.max_rps,
-    )
-
-
-def triggered_by(context: Context) -> str:
-    """The person (or system) behind this run, for the ledger's resolution notes."""
-    dag_run = context["dag_run"]
-    return getattr(dag_run, "triggering_user_name", None) or str(dag_run.run_type)
-
-
 def revival_reason(settings: PipelineSettings, run_id: str) -> str:
     """What a reviving run writes on the letters it closes; the actor is always who triggered it.
 
@@ -168,21 +96,6 @@ def revival_reason(settings: PipelineSettings, run_id: str) -> str:
         reason = f"{settings.redrive['reason']} (run {run_id}"
         return reason + (f"; note: {note})" if note else ")")
     return f"run {run_id}: {dict(settings.rerun or {})}"
-
-
-def connection_dsn(conn_id: str) -> str:
-    """Turn the Airflow Postgres connection ``conn_id`` into a libpq DSN."""
-    import psycopg2.extensions
-
-    conn = BaseHook.get_connection(conn_id)
-    options = {
-        "host": conn.host,
-        "port": conn.port,
-        "user": conn.login,
-        "password": conn.password,
-        "dbname": conn.schema,
-    }
-    return str(psycopg2.extensions.make_dsn(**{k: v for k, v in options.items() if v}))
 
 
 def emit_stats(result: BatchResult, seconds: float | None) -> None:

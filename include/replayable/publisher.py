@@ -22,7 +22,7 @@ from airflow.sdk import Asset, BaseOperator, Context
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from replayable import db
-from replayable.operators import connection_dsn
+from replayable.hooks import connection_dsn
 from replayable.outbox import PublishLimits, publication_counts, publish
 
 DOCUMENTS_READY = Asset(name="replayable_documents_ready", uri="replayable://documents/ready")

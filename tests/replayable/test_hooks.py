@@ -14,8 +14,7 @@ import pytest
 
 from conftest import ROOT
 from replayable.get_provider_info import get_provider_info
-from replayable.hooks import EmbeddingsHook
-from replayable.operators import model_choice
+from replayable.hooks import EmbeddingsHook, model_choice
 from replayable.provider.server import LocalModelServer
 from replayable.settings import PipelineSettings
 

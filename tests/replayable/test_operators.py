@@ -7,7 +7,7 @@ import psycopg2
 import pytest
 from airflow.sdk.definitions.retry_policy import RetryAction
 
-from replayable import db, operators, pipeline
+from replayable import db, hooks, operators, pipeline
 from replayable.operators import (
     BatchIncompleteError,
     BatchRetryPolicy,
@@ -15,7 +15,7 @@ from replayable.operators import (
     SystemicFailureError,
 )
 from replayable.retry import CallRetry, Classified, ErrorKind
-from replayable.settings import PipelineSettings
+from replayable.settings import DEFAULT_MAX_IN_FLIGHT, PipelineSettings
 
 POLICY = BatchRetryPolicy()
 
@@ -156,18 +156,16 @@ def embed_spec_for(settings):
 def test_a_conf_may_lower_the_connections_limits_but_never_raise_them(monkeypatch):
     """Invariant 15: max_in_flight and max_rps from a run's conf only tighten."""
     model_connection(monkeypatch, max_in_flight=4, max_rps=10)
-    loose = operators.model_choice(
-        PipelineSettings(max_in_flight=64, max_rps=500), "replayable_model"
-    )
+    loose = hooks.model_choice(PipelineSettings(max_in_flight=64, max_rps=500), "replayable_model")
     assert (loose.max_in_flight, loose.max_rps) == (4, 10)
-    tight = operators.model_choice(PipelineSettings(max_in_flight=2, max_rps=3), "replayable_model")
+    tight = hooks.model_choice(PipelineSettings(max_in_flight=2, max_rps=3), "replayable_model")
     assert (tight.max_in_flight, tight.max_rps) == (2, 3)
 
 
 def test_a_conf_cannot_raise_the_default_in_flight_limit_of_a_connection_without_one(monkeypatch):
     model_connection(monkeypatch)
-    choice = operators.model_choice(PipelineSettings(max_in_flight=256), "replayable_model")
-    assert choice.max_in_flight == operators.DEFAULT_MAX_IN_FLIGHT
+    choice = hooks.model_choice(PipelineSettings(max_in_flight=256), "replayable_model")
+    assert choice.max_in_flight == DEFAULT_MAX_IN_FLIGHT
 
 
 def test_the_shared_budget_is_always_counted_against_the_connections_values(monkeypatch):

@@ -1208,10 +1208,10 @@ async def _too_slow(request: Request, exc: Exception) -> Response:
 
 def _default_dsn() -> str:
     """The DSN of ``replayable_ui_db`` (a least-privilege role, see the README), else ours."""
-    # Imported here: replayable.operators loads the task SDK, which only this path needs.
+    # Imported here: replayable.hooks loads the task SDK, which only this path needs.
     from airflow.sdk.exceptions import AirflowNotFoundException
 
-    from replayable.operators import connection_dsn
+    from replayable.hooks import connection_dsn
 
     try:
         return connection_dsn(UI_DSN_CONN_ID)

@@ -1,0 +1,122 @@
+"""Import layering: the operator module is no toolbox, and the product imports no dev tools.
+
+Every import in the product's source is read with ``ast`` (module level and inside functions
+alike), so an import that only runs at task time is caught as well.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+from conftest import ROOT
+
+INCLUDE = ROOT / "include"
+PACKAGE = INCLUDE / "replayable"
+
+OPERATORS = "replayable.operators"
+# Only DAG files reach the operator module, through the package's lazy exports; a helper a
+# product module needs lives with the concept it belongs to (ADR 0090).
+OPERATOR_IMPORTERS = {
+    "replayable": "exports IdempotentStageOperator to DAG files, loaded lazily",
+}
+
+# The development tooling: it assumes a source checkout and the dev-only pgserver.
+DEV_TOOLS = ("replayable.devenv", "replayable.provider.server", "pgserver")
+DEV_TOOL_MODULES = {"replayable.devenv", "replayable.provider.server"}
+# Known imports of dev tools by product modules, each removed by issue 16; the list only
+# shrinks.
+DEV_TOOL_IMPORTS = {
+    # The CLI's fallback database address and its `make run` hint; issue 16 removes it.
+    ("replayable.cli", "replayable.devenv"),
+    # The fake server's lazy export from the package that also holds the product's
+    # ModelSettings; issue 16 moves the fake server out of the package.
+    ("replayable.provider", "replayable.provider.server"),
+}
+
+
+def _module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _imported(path: Path, module: str) -> Iterator[str]:
+    """Every module name ``path`` imports, relative imports resolved, with each name imported."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, *([base] if base else [])])
+            yield base
+            # `from replayable import operators` imports the module through its package.
+            yield from (f"{base}.{alias.name}" for alias in node.names)
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute | ast.Name)
+            and getattr(node.func, "attr", getattr(node.func, "id", None)) == "import_module"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
+            yield node.args[0].value
+
+
+def _imports(path: Path, module: str, target: str) -> bool:
+    return any(name == target or name.startswith(f"{target}.") for name in _imported(path, module))
+
+
+def _package_modules() -> dict[str, Path]:
+    return {_module_name(path, INCLUDE): path for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _product_modules() -> dict[str, Path]:
+    """The package (dev tools aside), the DAG files and the plugin: what a deployment runs."""
+    modules = {
+        name: path for name, path in _package_modules().items() if name not in DEV_TOOL_MODULES
+    }
+    for folder in ("dags", "plugins"):
+        for path in sorted((ROOT / folder).glob("*.py")):
+            modules[f"{folder}/{path.name}"] = path
+    return modules
+
+
+def test_the_walk_sees_the_package_and_its_imports():
+    """The walk itself finds modules and resolves imports, so an empty result means clean."""
+    modules = _package_modules()
+    assert {"replayable", OPERATORS, "replayable.hooks", "replayable.web.app"} <= set(modules)
+    assert _imports(modules["replayable.dag_tasks"], "replayable.dag_tasks", "replayable.db")
+    assert _imports(modules["replayable"], "replayable", OPERATORS)
+
+
+def test_only_the_dag_facing_exports_import_the_operator_module():
+    importers = {
+        name
+        for name, path in _package_modules().items()
+        if name != OPERATORS and _imports(path, name, OPERATORS)
+    }
+    offenders = sorted(importers - OPERATOR_IMPORTERS.keys())
+    assert not offenders, (
+        f"{offenders} import from {OPERATORS}: move the helper to the module that owns its "
+        "concept (hooks read connections, context.py reads the task context; ADR 0090)"
+    )
+    assert importers == OPERATOR_IMPORTERS.keys(), "an allowed importer no longer imports it"
+
+
+def test_no_product_module_imports_the_dev_tools():
+    found = {
+        (name, tool)
+        for name, path in _product_modules().items()
+        for tool in DEV_TOOLS
+        if _imports(path, name, tool)
+    }
+    offenders = sorted(found - DEV_TOOL_IMPORTS)
+    assert not offenders, f"product modules import dev tooling: {offenders}"
+    stale = sorted(DEV_TOOL_IMPORTS - found)
+    assert not stale, f"these imports are gone: drop them from DEV_TOOL_IMPORTS: {stale}"
