@@ -57,8 +57,9 @@ run: install
 demo: install
 	@$(MAKE) --no-print-directory run CONF='{"batch_size": 8}'
 
+# The 25 slowest tests are listed at the end, so that CI's log shows where the time goes.
 test: install
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest --durations=25 $(PYTEST_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check .
