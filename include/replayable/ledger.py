@@ -48,6 +48,9 @@ class ItemState:
     attempts: int
     mine: bool
     lease_live: bool
+    # Taken over from a holder that is gone, with no attempt spent yet: start it with
+    # :meth:`Ledger.start` just before its work (ADR 0084).
+    unstarted: bool = False
 
     @property
     def settled(self) -> bool:
@@ -169,6 +172,18 @@ class Ledger:
         }
         return _states(fetch_script(conn, list(outputs), "finish_items", params))
 
+    def start(self, keys: Sequence[str]) -> dict[str, int]:
+        """Spend the attempt of items this worker holds unstarted; return their attempt numbers.
+
+        Committed before the work begins, so an item that kills its task has its attempt
+        counted, and its batch-mates that were never started have not (ADR 0084).
+        """
+        params = {**self._params, "keys": list(keys)}
+        rows = self.db.transaction(
+            lambda conn: fetch_all(conn, "start_items", params), describe=f"{self.stage}: start"
+        )
+        return {row["item_key"]: int(row["attempts"]) for row in rows}
+
     def renew(self, keys: Sequence[str]) -> set[str]:
         """Extend this worker's leases on ``keys``; return the keys it still holds."""
         params = {**self._params, "keys": list(keys)}
@@ -187,6 +202,7 @@ def _states(rows: Iterable[Mapping[str, Any]]) -> dict[str, ItemState]:
             int(row["attempts"]),
             bool(row["mine"]),
             bool(row["lease_live"]),
+            bool(row.get("unstarted", False)),
         )
         for row in rows
     }

@@ -379,13 +379,14 @@ class _Batch:
     ) -> list[WorkItem]:
         """Process the items this worker holds, settle the rest; return the ones held elsewhere."""
         mine: list[WorkItem] = []
+        orphans: list[WorkItem] = []
         waiting: list[WorkItem] = []
         for item in items:
             state = states.get(item.item_key)
             if state is None or (state.status == "running" and not state.mine):
                 waiting.append(item)
             elif state.mine:
-                mine.append(item)
+                (orphans if state.unstarted else mine).append(item)
             else:
                 self._settle(item, state.status)
                 if first and state.status == "done":
@@ -394,7 +395,40 @@ class _Batch:
             self.result.processed += len(mine)
             attempts = {item.item_key: states[item.item_key].attempts for item in mine}
             waiting += _Processing(self, mine, attempts).run()
+        if orphans:
+            waiting += self._one_at_a_time(orphans)
         return waiting
+
+    def _one_at_a_time(self, orphans: list[WorkItem]) -> list[WorkItem]:
+        """Process items taken over from a holder that is gone, each alone (ADR 0084).
+
+        One of them may be what killed that holder. Each is started (its attempt spent and
+        committed) just before its work, and its outcome is stored as soon as it ends, so a
+        task killed again loses only the item it was in: its batch-mates keep their attempts.
+        """
+        waiting: list[WorkItem] = []
+        for n, item in enumerate(orphans):
+            if self.result.systemic is not None:
+                self._release(orphans[n:], self.result.systemic)
+                break
+            started = self.ledger.start([item.item_key])
+            if item.item_key not in started:
+                waiting.append(item)  # taken over in turn since the claim
+                continue
+            self.result.processed += 1
+            waiting += _Processing(self, [item], started).run()
+        return waiting
+
+    def _release(self, items: Sequence[WorkItem], error: Classified) -> None:
+        """Give back items this worker holds and has not started: failed, no attempt spent."""
+        outcomes = [Outcome(item.item_key, "release", error, None) for item in items]
+        states = self.work.transaction(
+            lambda conn: self.ledger.finish(conn, outcomes), describe=f"{self.spec.name}: release"
+        )
+        for item in items:
+            state = states.get(item.item_key)
+            if state is not None:
+                self._settle(item, state.status)
 
     def _settle(self, item: WorkItem, status: str) -> None:
         if status in ("done", "failed", "dead"):

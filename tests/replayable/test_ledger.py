@@ -128,7 +128,11 @@ def test_an_expired_lease_can_be_taken_over_and_the_old_owner_cannot_finish(conn
 
     time.sleep(0.1)
     second = make(database, owner="w2")
-    assert second.claim([("k", DOC)])["k"].mine
+    taken = second.claim([("k", DOC)])["k"]
+    # Taken over unstarted: the attempt is spent when the new holder starts it (ADR 0084).
+    assert taken.mine and taken.unstarted and taken.attempts == 1
+    assert second.start(["k"]) == {"k": 2}
+    assert second.start(["k"]) == {}  # started once only
     states = finish(database, first, Outcome.done("k"))
     assert states["k"].status == "running" and not states["k"].mine
     assert status(conn, "k") == ("running", 2, None)
@@ -138,8 +142,10 @@ def test_a_later_try_of_the_same_task_takes_over_its_earlier_try(conn, database,
     """Airflow starts try 2 only after giving up on try 1, so try 2 need not wait for its lease."""
     ctx = {"dag_id": "d", "map_index": 3}
     make(database, owner="try1", try_number=1, **ctx).claim([("k", DOC)])
-    states = make(database, owner="try2", try_number=2, **ctx).claim([("k", DOC)])
-    assert states["k"].mine and states["k"].attempts == 2
+    second = make(database, owner="try2", try_number=2, **ctx)
+    states = second.claim([("k", DOC)])
+    assert states["k"].mine and states["k"].unstarted
+    assert second.start(["k"]) == {"k": 2}
     other_task = make(database, owner="x", try_number=5, dag_id="d", map_index=4)
     assert not other_task.claim([("k", DOC)])["k"].mine
 
@@ -160,6 +166,17 @@ def test_a_terminal_failure_is_dead_at_once_with_one_open_letter(conn, database,
     ledger.claim([("k", DOC)])
     assert finish(database, ledger, Outcome("k", "failed", TERMINAL, "tb"))["k"].status == "dead"
     assert rows(conn, "SELECT status, attempts FROM replayable.dead_letters") == [("open", 1)]
+
+
+def test_releasing_an_item_taken_over_unstarted_gives_back_no_attempt(conn, database, docs):
+    make(database, owner="w1", lease_s=0.05).claim([("k", DOC)])
+    import time
+
+    time.sleep(0.1)
+    second = make(database, owner="w2")
+    assert second.claim([("k", DOC)])["k"].unstarted
+    finish(database, second, Outcome("k", "release", SYSTEMIC))
+    assert status(conn, "k") == ("failed", 1, "http_401")
 
 
 def test_a_release_gives_the_attempt_back(conn, database, docs):

@@ -64,8 +64,12 @@ def ledger(database, stage="embed", owner="w1", lease_s=60.0, max_attempts=3, **
 def test_an_item_that_kills_its_task_at_every_try_ends_dead_as_killed(conn, database, docs):
     """Tries 1-3 each take the item and die; try 4 finds it at the cap and dead-letters it."""
     for try_number in (1, 2, 3):
-        states = ledger(database, owner=f"try{try_number}", map_index=0, try_number=try_number)
-        assert states.claim([("k", DOCS[0])])["k"].mine  # ...and the task is killed here
+        taker = ledger(database, owner=f"try{try_number}", map_index=0, try_number=try_number)
+        states = taker.claim([("k", DOCS[0])])
+        assert states["k"].mine
+        if states["k"].unstarted:  # taken over: the runner starts it just before its work
+            assert taker.start(["k"]) == {"k": try_number}
+        # ...and the task is killed here
     fourth = ledger(database, owner="try4", map_index=0, try_number=4).claim([("k", DOCS[0])])
     assert fourth["k"].status == "dead" and not fourth["k"].mine
     assert rows(
@@ -88,9 +92,10 @@ def test_an_expired_lease_at_the_cap_is_dead_lettered_not_taken_over(conn, datab
     first = ledger(database, owner="w1", lease_s=0.05, max_attempts=2)
     first.claim([("a", DOCS[0])])
     time.sleep(0.1)
-    assert (
-        ledger(database, owner="w2", lease_s=0.05, max_attempts=2).claim([("a", DOCS[0])])["a"].mine
-    )
+    second = ledger(database, owner="w2", lease_s=0.05, max_attempts=2)
+    taken = second.claim([("a", DOCS[0])])["a"]
+    assert taken.mine and taken.unstarted and taken.attempts == 1
+    assert second.start(["a"]) == {"a": 2}
     time.sleep(0.1)
     third = ledger(database, owner="w3", max_attempts=2).claim([("a", DOCS[0])])
     assert third["a"].status == "dead"
@@ -238,3 +243,82 @@ def test_a_letter_already_done_under_the_current_spec_is_closed_by_plan_once(con
     report = pipeline.build_report(conn, dag_id="d", run_id="rd")
     assert report["documents"] == 1 and report["stages"]["embed"]["done"] == 1
     assert json.loads(json.dumps(report))["stages"]["embed"]["dead"] == 0
+
+
+# -- batch-mates of an item that kills its task ---------------------------------------------
+
+
+class TaskKilled(BaseException):
+    """Stands in for SIGKILL of the task process: nothing after it runs, nothing is flushed."""
+
+
+class KillsOn:
+    """A stage that kills its task whenever it starts the poison document."""
+
+    name = "extract"
+    code_version = "1.0"
+
+    def __init__(self, poison):
+        self.poison = poison
+        self.started = []
+
+    def key_config(self):
+        return {}
+
+    def lineage(self):
+        return {}
+
+    def plan(self, conn, doc_ids):
+        from replayable.runner import WorkItem
+
+        return [WorkItem(d, f"k-{d}") for d in doc_ids]
+
+    def process(self, items, io):
+        for item in items:
+            self.started.append(item.doc_id)
+            if item.doc_id == self.poison:
+                raise TaskKilled
+            io.done(item)
+
+
+def test_batch_mates_of_an_item_that_kills_its_task_end_done_not_killed(conn, dsn, docs):
+    """Only the item that kills the task spends attempts on it: the others of its batch are
+    taken over unstarted, started one at a time with their outcome stored at once, and end
+    done; the killer alone ends dead as ``killed``."""
+    from replayable.runner import Limits, run_batch
+
+    poison = DOCS[1]
+    stage = KillsOn(poison)
+    # Outcomes are flushed only at the end of a batch, so a kill loses every unflushed one.
+    limits = Limits(max_attempts=3, flush_after_s=3600)
+    tries = 0
+    for try_number in range(1, 10):
+        tries = try_number
+        try:
+            run_batch(
+                stage,
+                DOCS,
+                connect=lambda: db.Database(dsn),
+                ctx=RunContext(
+                    owner=f"try{try_number}",
+                    dag_id="d",
+                    run_id="r1",
+                    map_index=0,
+                    try_number=try_number,
+                ),
+                limits=limits,
+            )
+        except TaskKilled:
+            continue
+        break
+    assert tries == 4  # three kills, then the killer is at its cap and the rest finish
+    states = dict(
+        rows(
+            conn,
+            "SELECT doc_id, status || ':' || coalesce(error_class, '') FROM replayable.stage_runs",
+        )
+    )
+    assert states == {d: ("dead:killed" if d == poison else "done:") for d in DOCS}
+    assert stage.started.count(poison) == 3
+    attempts = dict(rows(conn, "SELECT doc_id, attempts FROM replayable.stage_runs"))
+    assert attempts[poison] == 3 and all(attempts[d] <= 2 for d in DOCS if d != poison)

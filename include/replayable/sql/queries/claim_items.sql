@@ -10,7 +10,10 @@
 --    a running item whose holder is gone (as above) and that is already at the attempt cap
 --    is not taken again: it ends dead as `killed`, with a dead letter that names the last
 --    holder and its try, and its document.failed event (ADR 0084), so an item that kills
---    its worker every time is not taken over forever;
+--    its worker every time is not taken over forever; below the cap it is taken over
+--    *unstarted* (started_at NULL, no attempt spent): the runner starts such items one at a
+--    time, spending the attempt just before the work (start_items.sql), so that a task
+--    killed by one item costs its unstarted batch-mates nothing;
 -- 4. a revive closes the open dead letters of the documents whose items this worker now
 --    holds in this stage, as redriven by this run (ADR 0083);
 -- 5. the state of every key is returned; `mine` marks the ones this worker now holds.
@@ -59,7 +62,7 @@ WITH takeable AS (
     UPDATE replayable.stage_runs s
     SET is_current = true,
         status = CASE WHEN d.claim THEN 'running' WHEN d.killed THEN 'dead' ELSE s.status END,
-        attempts = CASE WHEN NOT d.claim THEN s.attempts
+        attempts = CASE WHEN NOT d.claim OR NOT d.open THEN s.attempts
                         WHEN s.status = 'dead' THEN 1
                         ELSE s.attempts + 1 END,
         error_class = CASE WHEN d.claim AND s.status = 'dead' THEN NULL
@@ -75,7 +78,8 @@ WITH takeable AS (
         run_id = CASE WHEN d.claim THEN %(run_id)s ELSE s.run_id END,
         map_index = CASE WHEN d.claim THEN %(map_index)s ELSE s.map_index END,
         try_number = CASE WHEN d.claim THEN %(try_number)s ELSE s.try_number END,
-        started_at = CASE WHEN d.claim THEN now() ELSE s.started_at END,
+        started_at = CASE WHEN d.claim AND d.open THEN now()
+                          WHEN d.claim THEN NULL ELSE s.started_at END,
         finished_at = CASE WHEN d.claim THEN NULL WHEN d.killed THEN now()
                            ELSE s.finished_at END,
         updated_at = CASE WHEN d.claim OR d.killed THEN now() ELSE s.updated_at END
@@ -120,6 +124,8 @@ WHERE %(revive)s AND d.stage = %(stage)s AND d.status = 'open'
 
 SELECT item_key, doc_id, status, attempts,
        (status = 'running' AND lease_owner IS NOT DISTINCT FROM %(owner)s) AS mine,
-       (lease_expires IS NOT NULL AND lease_expires > now()) AS lease_live
+       (lease_expires IS NOT NULL AND lease_expires > now()) AS lease_live,
+       (status = 'running' AND lease_owner IS NOT DISTINCT FROM %(owner)s
+        AND started_at IS NULL) AS unstarted
 FROM replayable.stage_runs
 WHERE stage = %(stage)s AND item_key = ANY(%(keys)s::text[])

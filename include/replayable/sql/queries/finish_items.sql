@@ -2,7 +2,7 @@
 -- Only the lease holder can finish an item: a worker whose lease was taken over changes
 -- nothing. Outcomes: 'done'; 'failed' (dead if terminal or at the attempt cap, with an open
 -- dead letter carrying the full error); 'release' (a systemic stop: failed, and the attempt
--- it took is given back). Returns every key's state afterwards.
+-- it took is given back; an item taken over and never started took none). Returns every key's state afterwards.
 --
 -- The same statement writes the outbox events these transitions announce (ADR 0040), so an
 -- event is committed exactly when its state is: 'document.ready' when an item of a
@@ -19,7 +19,8 @@ WITH input AS (
                       WHEN i.outcome = 'release' THEN 'failed'
                       WHEN i.error_kind = 'terminal' OR s.attempts >= %(max_attempts)s THEN 'dead'
                       ELSE 'failed' END,
-        attempts = CASE WHEN i.outcome = 'release' THEN greatest(s.attempts - 1, 0)
+        attempts = CASE WHEN i.outcome = 'release' AND s.started_at IS NOT NULL
+                        THEN greatest(s.attempts - 1, 0)
                         ELSE s.attempts END,
         error_class = i.error_class, error_kind = i.error_kind, last_error = i.error,
         lease_owner = NULL, lease_expires = NULL, finished_at = now(), updated_at = now()
