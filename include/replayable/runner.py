@@ -102,7 +102,10 @@ class StageSpec(Protocol):
     """How one stage plans, keys and processes items; see ``replayable.specs``.
 
     A spec of a document's last stage also sets ``last_stage = True`` (optional, read with
-    ``getattr``): its items ending done announce ``document.ready`` (ADR 0040).
+    ``getattr``): its items ending done announce ``document.ready`` (ADR 0040). A spec whose
+    items cannot kill the task sets ``start_takeovers_together = True`` (optional): items
+    taken over from a holder that is gone are then started together, not one at a time
+    (ADR 0084).
     """
 
     name: str
@@ -395,8 +398,26 @@ class _Batch:
             self.result.processed += len(mine)
             attempts = {item.item_key: states[item.item_key].attempts for item in mine}
             waiting += _Processing(self, mine, attempts).run()
-        if orphans:
+        if orphans and getattr(self.spec, "start_takeovers_together", False):
+            waiting += self._all_at_once(orphans)
+        elif orphans:
             waiting += self._one_at_a_time(orphans)
+        return waiting
+
+    def _all_at_once(self, orphans: list[WorkItem]) -> list[WorkItem]:
+        """Start items taken over all together, for a stage that asks for it (embed).
+
+        Its items do no work in the task process that a document could blow up (their size
+        is bounded upstream), and packing them as before makes every replayed request carry
+        the Idempotency-Key of the one a killed task had in flight, so its paid answer is
+        served again, not charged again.
+        """
+        started = self.ledger.start([item.item_key for item in orphans])
+        mine = [item for item in orphans if item.item_key in started]
+        waiting = [item for item in orphans if item.item_key not in started]
+        if mine:
+            self.result.processed += len(mine)
+            waiting += _Processing(self, mine, started).run()
         return waiting
 
     def _one_at_a_time(self, orphans: list[WorkItem]) -> list[WorkItem]:

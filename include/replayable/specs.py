@@ -282,6 +282,10 @@ class EmbedSpec:
 
     # A document whose embed item is done is ready: it announces document.ready (ADR 0040).
     last_stage: ClassVar[bool] = True
+    # Its items do no work in the task process that a document could blow up (chunk counts
+    # are bounded upstream), and items taken over after a kill must be packed as before, so
+    # that a replayed request carries the key of the one in flight at the kill (ADR 0084).
+    start_takeovers_together: ClassVar[bool] = True
 
     provider: embed.EmbeddingProvider
     model: str

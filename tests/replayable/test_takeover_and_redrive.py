@@ -322,3 +322,43 @@ def test_batch_mates_of_an_item_that_kills_its_task_end_done_not_killed(conn, ds
     assert stage.started.count(poison) == 3
     attempts = dict(rows(conn, "SELECT doc_id, attempts FROM replayable.stage_runs"))
     assert attempts[poison] == 3 and all(attempts[d] <= 2 for d in DOCS if d != poison)
+
+
+class Calls(KillsOn):
+    """KillsOn that records the items of every ``process`` call."""
+
+    def __init__(self, poison, together):
+        super().__init__(poison)
+        self.calls = []
+        self.start_takeovers_together = together
+
+    def process(self, items, io):
+        self.calls.append([item.doc_id for item in items])
+        super().process(items, io)
+
+
+@pytest.mark.parametrize("together", [False, True])
+def test_items_taken_over_are_started_one_at_a_time_unless_the_stage_packs_them(
+    conn, dsn, docs, together
+):
+    """Embed packs its items into requests whose keys must match the killed task's, so it
+    asks for its takeovers together; any other stage gets them one at a time."""
+    from replayable.runner import Limits, run_batch
+
+    stage = Calls(poison=DOCS[2], together=together)
+    limits = Limits(max_attempts=3, flush_after_s=3600)
+
+    def attempt(try_number):
+        ctx = RunContext(
+            owner=f"t{try_number}", dag_id="d", run_id="r", map_index=0, try_number=try_number
+        )
+        run_batch(stage, DOCS, connect=lambda: db.Database(dsn), ctx=ctx, limits=limits)
+
+    with pytest.raises(TaskKilled):
+        attempt(1)
+    stage.poison = None  # the cause is gone: the next try finishes everything
+    attempt(2)
+    assert stage.calls[0] == DOCS and stage.started[:3] == DOCS[:3]
+    assert stage.calls[1:] == ([DOCS] if together else [[d] for d in DOCS])
+    attempts = dict(rows(conn, "SELECT doc_id, attempts FROM replayable.stage_runs"))
+    assert attempts == {d: 2 for d in DOCS}
