@@ -56,12 +56,16 @@ DECLARE
 BEGIN
     FOREACH relation IN ARRAY ARRAY[
         'documents', 'stage_runs', 'stage_counts', 'runs', 'run_docs', 'dead_letters',
-        'dead_letter_history', 'dead_letter_counts', 'model_call_counts'
+        'dead_letter_history', 'dead_letter_counts', 'model_call_counts', 'outbox_counts'
     ] LOOP
         IF to_regclass('replayable.' || relation) IS NOT NULL THEN
             EXECUTE format('GRANT SELECT ON replayable.%I TO replayable_ui', relation);
         END IF;
     END LOOP;
+    -- The outbox's backlog age on the overview: its order, status and age, not its payloads.
+    IF to_regclass('replayable.outbox') IS NOT NULL THEN
+        EXECUTE 'GRANT SELECT (seq, status, created_at) ON replayable.outbox TO replayable_ui';
+    END IF;
     FOREACH work_list_column IN ARRAY ARRAY[
         'owner', 'note', 'status', 'resolved_at', 'resolved_by', 'resolution'
     ] LOOP

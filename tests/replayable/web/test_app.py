@@ -715,7 +715,7 @@ def test_invalid_stage_status_or_limit_is_422(
 
 def test_json_api_shapes(client: TestClient, ledger: dict[str, int]) -> None:
     summary = client.get("/replayable/api/summary").json()
-    assert set(summary) == {"stages", "open_dead_letters"}
+    assert set(summary) == {"stages", "open_dead_letters", "outbox"}
     failed = client.get("/replayable/api/failed").json()
     assert set(failed) == {"matched", "items", "next_after"}
     assert set(failed["items"][0]) == {
