@@ -98,9 +98,7 @@ def test_waiting_for_another_runs_leases_ends_at_this_runs_deadline(conn, dsn):
     other.claim([(f"slow-{d}", d) for d in doc_ids])
     results = []
     waiter = threading.Thread(
-        target=lambda: results.append(
-            run(DeadlineSpec(stage, 1.0), dsn, doc_ids, deadline_s=1.0)
-        ),
+        target=lambda: results.append(run(DeadlineSpec(stage, 1.0), dsn, doc_ids, deadline_s=1.0)),
         daemon=True,
     )
     waiter.start()

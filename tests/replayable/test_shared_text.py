@@ -86,9 +86,7 @@ def chunk(dsn, doc_ids):
     )
 
 
-def test_two_files_with_identical_text_both_end_done_and_announce_ready_paid_once(
-    conn, dsn, model
-):
+def test_two_files_with_identical_text_both_end_done_and_announce_ready_paid_once(conn, dsn, model):
     twins = seed_twins(conn, 2)
     assert sorted(chunk(dsn, twins).done) == twins
     chunk_ids = {r[0] for r in rows(conn, "SELECT chunk_id FROM replayable.doc_chunks")}
@@ -101,8 +99,7 @@ def test_two_files_with_identical_text_both_end_done_and_announce_ready_paid_onc
     ) == [(d, "done") for d in twins]
     ready = rows(
         conn,
-        "SELECT aggregate_id FROM replayable.outbox"
-        " WHERE event_type = 'document.ready' ORDER BY 1",
+        "SELECT aggregate_id FROM replayable.outbox WHERE event_type = 'document.ready' ORDER BY 1",
     )
     assert ready == [(d,) for d in twins]
     stats = model.stats()
