@@ -16,9 +16,9 @@ from typing import Any
 
 from replayable.db import Connection
 from replayable.retry import Classified, ErrorKind
-from replayable.runner import BatchIO, StageSpec, WorkItem
+from replayable.runner import DEADLINE, BatchIO, StageSpec, WorkItem
 
-ERROR_CLASS = "deadline"
+ERROR_CLASS = DEADLINE
 
 
 class DeadlineSpec:

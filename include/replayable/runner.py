@@ -29,6 +29,9 @@ from replayable.retry import Classified, ErrorKind, classify
 
 log = logging.getLogger(__name__)
 
+# The error class of a batch stopped at its run's deadline (see ``replayable.deadline``).
+DEADLINE = "deadline"
+
 __all__ = [
     "BatchIO",
     "BatchResult",
@@ -353,17 +356,14 @@ class _Batch:
                 # Their holders finish them, or a later try takes them over: nothing of
                 # ours to release, and the task is retried like any deadline stop.
                 self.result.systemic = Classified(
-                    "deadline",
+                    DEADLINE,
                     ErrorKind.SYSTEMIC,
                     f"the batch ran past this run's deadline of {self.limits.deadline_s:.0f} s "
                     f"waiting for {len(waiting)} item(s) another worker holds",
                 )
                 break
-            time.sleep(
-                min(self.limits.wait_poll_s, max(0.0, (ends or 0) - time.monotonic()))
-                if ends is not None
-                else self.limits.wait_poll_s
-            )
+            left = float("inf") if ends is None else max(0.0, ends - time.monotonic())
+            time.sleep(min(self.limits.wait_poll_s, left))
             states = self.ledger.states([item.item_key for item in waiting])
             expired = [
                 item
@@ -399,45 +399,29 @@ class _Batch:
             attempts = {item.item_key: states[item.item_key].attempts for item in mine}
             waiting += _Processing(self, mine, attempts).run()
         if orphans and getattr(self.spec, "start_takeovers_together", False):
-            waiting += self._all_at_once(orphans)
-        elif orphans:
-            waiting += self._one_at_a_time(orphans)
+            waiting += self._start(orphans)
+        else:
+            for n, item in enumerate(orphans):
+                if self.result.systemic is not None:
+                    self._release(orphans[n:], self.result.systemic)
+                    break
+                waiting += self._start([item])
         return waiting
 
-    def _all_at_once(self, orphans: list[WorkItem]) -> list[WorkItem]:
-        """Start items taken over all together, for a stage that asks for it (embed).
+    def _start(self, items: list[WorkItem]) -> list[WorkItem]:
+        """Start items taken over unstarted and process them; return the ones held elsewhere.
 
-        Its items do no work in the task process that a document could blow up (their size
-        is bounded upstream), and packing them as before makes every replayed request carry
-        the Idempotency-Key of the one a killed task had in flight, so its paid answer is
-        served again, not charged again.
+        Their attempts are spent and committed just before the work, and their outcomes are
+        stored when it ends (ADR 0084). Items are started one at a time, so that a task killed
+        again loses only the item it was in, unless the stage starts its takeovers together
+        (embed: a replayed request must be packed as the one in flight at the kill was).
         """
-        started = self.ledger.start([item.item_key for item in orphans])
-        mine = [item for item in orphans if item.item_key in started]
-        waiting = [item for item in orphans if item.item_key not in started]
+        started = self.ledger.start([item.item_key for item in items])
+        mine = [item for item in items if item.item_key in started]
+        waiting = [item for item in items if item.item_key not in started]  # taken in turn
         if mine:
             self.result.processed += len(mine)
             waiting += _Processing(self, mine, started).run()
-        return waiting
-
-    def _one_at_a_time(self, orphans: list[WorkItem]) -> list[WorkItem]:
-        """Process items taken over from a holder that is gone, each alone (ADR 0084).
-
-        One of them may be what killed that holder. Each is started (its attempt spent and
-        committed) just before its work, and its outcome is stored as soon as it ends, so a
-        task killed again loses only the item it was in: its batch-mates keep their attempts.
-        """
-        waiting: list[WorkItem] = []
-        for n, item in enumerate(orphans):
-            if self.result.systemic is not None:
-                self._release(orphans[n:], self.result.systemic)
-                break
-            started = self.ledger.start([item.item_key])
-            if item.item_key not in started:
-                waiting.append(item)  # taken over in turn since the claim
-                continue
-            self.result.processed += 1
-            waiting += _Processing(self, [item], started).run()
         return waiting
 
     def _release(self, items: Sequence[WorkItem], error: Classified) -> None:
