@@ -6,21 +6,15 @@ item in every stage, ends done there, and announces its own ``document.ready`` (
 """
 
 import pytest
+from test_ledger import rows
+from test_runner import CHUNKS, connect_to, embed_spec, run
 
 from replayable import db
-from replayable.budget import RequestBudget
 from replayable.keys import sha256_bytes
-from replayable.ledger import RunContext
-from replayable.retry import CallRetry
-from replayable.runner import Limits, run_batch
-from replayable.specs import ChunkSpec, EmbedSpec
-from replayable.stages.chunk import ChunkConfig
-from replayable.stages.embed import HttpEmbeddingClient
+from replayable.specs import ChunkSpec
 
 pytestmark = pytest.mark.db
 
-CHUNKS = ChunkConfig(size=200, overlap=20)
-FAST = CallRetry(max_attempts=8, base_s=0.01, cap_s=0.05, max_total_s=30)
 TEXT = " ".join(f"Shared sentence {j} about the annual report, topic {j % 5}." for j in range(40))
 
 
@@ -40,50 +34,12 @@ def seed_twins(conn, copies: int) -> list[str]:
     return sorted(ids)
 
 
-def rows(conn, sql, *params):
-    with conn.cursor() as cur:
-        cur.execute(sql, params)
-        found = cur.fetchall()
-    conn.commit()
-    return found
-
-
-def connect_to(dsn):
-    return lambda: db.Database(dsn, outage_s=30)
-
-
 def embed(model, dsn, doc_ids, owner):
-    client = HttpEmbeddingClient(base_url=model.base_url, model="m", retry=FAST, timeout_s=10)
-    spec = EmbedSpec(
-        provider=client,
-        model="m",
-        chunker_key=CHUNKS.key,
-        connect=connect_to(dsn),
-        budget=RequestBudget(model.base_url, 4, connect=connect_to(dsn)),
-        inputs_per_call=4,
-        max_in_flight=4,
-        peer_poll_s=0.05,
-    )
-    try:
-        return run_batch(
-            spec,
-            doc_ids,
-            connect=connect_to(dsn),
-            ctx=RunContext(owner=owner, run_id="r"),
-            limits=Limits(),
-        )
-    finally:
-        client.close()
+    return run(embed_spec(model.base_url, dsn, per_call=4), dsn, doc_ids, owner=owner)
 
 
 def chunk(dsn, doc_ids):
-    return run_batch(
-        ChunkSpec(config=CHUNKS, connect=connect_to(dsn)),
-        doc_ids,
-        connect=connect_to(dsn),
-        ctx=RunContext(owner="c", run_id="r"),
-        limits=Limits(),
-    )
+    return run(ChunkSpec(config=CHUNKS, connect=connect_to(dsn)), dsn, doc_ids, owner="c")
 
 
 def test_two_files_with_identical_text_both_end_done_and_announce_ready_paid_once(conn, dsn, model):
