@@ -11,9 +11,7 @@ from conftest import ROOT
 def _pytest_line(target: str, *args: str) -> list[str]:
     # A make that runs this test passes its own command-line variables (PYTEST_ARGS) down in
     # the environment: the dry run must see the Makefile's defaults, not the caller's.
-    env = {
-        k: v for k, v in os.environ.items() if not k.startswith("MAKE") and k != "PYTEST_ARGS"
-    }
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MAKE") and k != "PYTEST_ARGS"}
     done = subprocess.run(
         ["make", "-n", "--no-print-directory", "-C", str(ROOT), target, *args],
         capture_output=True,
