@@ -3,11 +3,11 @@ PYTHON ?= python3.11
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STATE  := .local
-DEVENV := PYTHONPATH=include $(PY) -m replayable.devenv --state $(STATE)
+DEVENV := PYTHONPATH=include:. $(PY) -m devtools.devenv --state $(STATE)
 CONF   ?= {}
 PYTEST_ARGS ?=
 
-.PHONY: install run demo test test-fast lint bench bench-smoke chaos airflow start stop status corpus \
+.PHONY: install run demo test test-fast lint bench bench-smoke chaos airflow start stop status env corpus \
         clean lock lock-check cluster cluster-run cluster-stop redis
 
 # --- Locked dependencies (tools/lock.py; ADR 0020) -----------------------------------
@@ -49,6 +49,11 @@ stop:
 status: install
 	@$(DEVENV) status
 
+# Shell exports that point Airflow and the `replayable` command at the local services:
+# eval "$$(make -s env)".
+env: install
+	@$(DEVENV) env
+
 # One run of document_pipeline with CONF, e.g. make run CONF='{"source": "/data/pdfs"}'.
 # Services it had to start are stopped afterwards, however the run ends.
 run: install
@@ -68,11 +73,11 @@ lint: install
 
 # Every figure at full size (about 25 minutes on 2 cores); results in bench/results/.
 bench: install
-	PYTHONPATH=include $(PY) bench/run.py
+	PYTHONPATH=include:. $(PY) bench/run.py
 
 # Every benchmark at a reduced size, checking counts, never times (make test runs it too).
 bench-smoke: install
-	PYTHONPATH=include $(PY) bench/run.py --smoke
+	PYTHONPATH=include:. $(PY) bench/run.py --smoke
 
 # Airflow's UI and scheduler on http://127.0.0.1:8080 against the embedded Postgres.
 airflow: install
@@ -144,7 +149,7 @@ cluster-stop:
 # when a scenario fails. CHAOS_ARGS='--only h,i --documents 60' runs a subset, smaller.
 .PHONY: chaos
 chaos: install
-	PYTHONPATH=include:tests $(PY) -m chaos $(CHAOS_ARGS)
+	PYTHONPATH=include:tests:. $(PY) -m chaos $(CHAOS_ARGS)
 # --- end chaos -----------------------------------------------------------------------------
 
 # --- real-world PDFs: the producers tests/realworld.py drives (LibreOffice, Ghostscript, groff,
@@ -156,8 +161,8 @@ realworld-tools:
 
 test: realworld-tools
 
-# The inner loop: the tests that need neither Postgres, Airflow nor the PDF producers (under a
-# minute). Tiers, by marker: db (a real Postgres), e2e (DAGs through Airflow), realworld, chaos,
-# cluster, bench; `make test` runs them all.
+# The inner loop: the unit and database tiers (a real Postgres, started once), without
+# Airflow, the PDF producers or a clean venv. Tiers, by marker: db (a real Postgres), e2e
+# (DAGs through Airflow), realworld, chaos, cluster, bench, packaging; `make test` runs them all.
 test-fast: install
-	$(PY) -m pytest -m "not db and not e2e and not realworld and not chaos and not cluster and not bench" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not e2e and not realworld and not chaos and not cluster and not bench and not packaging" $(PYTEST_ARGS)

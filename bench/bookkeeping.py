@@ -52,7 +52,9 @@ def _documents(dsn: str, n: int) -> list[str]:
     ids = [sha256_bytes(f"bench-doc-{i}".encode()) for i in range(n)]
     conn = db.connect(dsn)
     try:
-        db.execute_values(conn, "upsert_documents", [(d, f"/bench/{d[:8]}.pdf", 1) for d in ids])
+        db.execute_values(
+            conn, "plan/upsert_documents", [(d, f"/bench/{d[:8]}.pdf", 1) for d in ids]
+        )
         conn.commit()
     finally:
         conn.close()

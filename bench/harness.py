@@ -19,10 +19,11 @@ from typing import Any
 
 import psycopg2
 import psycopg2.extensions
+from devtools.model_server import LocalModelServer
 
-from replayable import db, devenv
+from devtools import devenv
+from replayable import db
 from replayable.keys import sha256_bytes
-from replayable.provider.server import LocalModelServer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -200,7 +201,7 @@ def services(*, dim: int = 64) -> Iterator[Services]:
 
 
 def empty_ledger(dsn: str) -> None:
-    """Empty every table of the replayable schema (:func:`replayable.devenv.empty_ledger`)."""
+    """Empty every table of the replayable schema (:func:`devtools.devenv.empty_ledger`)."""
     conn = db.connect(dsn)
     try:
         devenv.empty_ledger(conn)
@@ -274,7 +275,7 @@ def seed_documents(dsn: str, n: int, sentences: int, *, extractor_version: str) 
         doc_ids = [sha256_bytes(t.encode()) for t in texts]
         db.execute_values(
             conn,
-            "upsert_documents",
+            "plan/upsert_documents",
             [
                 (d, f"/bench/{i}.pdf", len(t))
                 for i, (d, t) in enumerate(zip(doc_ids, texts, strict=True))
@@ -282,7 +283,7 @@ def seed_documents(dsn: str, n: int, sentences: int, *, extractor_version: str) 
         )
         db.execute_values(
             conn,
-            "insert_extraction",
+            "stages/insert_extraction",
             [
                 (doc_id, extractor_version, 1, text, sha256_bytes(text.encode()), 0)
                 for doc_id, text in zip(doc_ids, texts, strict=True)

@@ -66,11 +66,11 @@ def reads() -> dict[str, Read]:
 
     def growth(stage: str | None) -> Read:
         params = {"window_minutes": 60, "stage": stage}
-        return lambda conn: db.fetch_all(conn, "dead_letter_growth", params)
+        return lambda conn: db.fetch_all(conn, "views/dead_letter_growth", params)
 
     def rerun(**selection: Any) -> Read:
         params = pipeline.rerun_params({"stage": "extract", **selection})
-        return lambda conn: db.fetch_all(conn, "count_rerun_docs", params)
+        return lambda conn: db.fetch_all(conn, "plan/count_rerun_docs", params)
 
     def redrive_scope(conn: db.Connection) -> Any:
         params = {
@@ -80,7 +80,7 @@ def reads() -> dict[str, Read]:
             "since": datetime.now(UTC) - timedelta(days=7),
             "until": None,
         }
-        return db.fetch_all(conn, "redrive_scope", params)
+        return db.fetch_all(conn, "plan/redrive_scope", params)
 
     last_day = datetime.now(UTC) - timedelta(days=1)
     some_docs = [f"{i:064x}" for i in range(100)]
@@ -112,7 +112,7 @@ def reads() -> dict[str, Read]:
         "metrics scrape": lambda c: metrics.render(c),
         "report of a 1,000-doc run": lambda c: db.fetch_all(
             c,
-            "report_stage_status",
+            "report/stage_status",
             {"dag_id": "document_pipeline", "run_id": "run-small", "stages": list(STAGES)},
         ),
     }

@@ -118,7 +118,7 @@ def _record(dsn: str, folder: Path) -> list[str]:
     rows = [(sha256_file(p), str(p), p.stat().st_size) for p in sorted(folder.glob("*.pdf"))]
     conn = db.connect(dsn)
     try:
-        db.execute_values(conn, "upsert_documents", rows)
+        db.execute_values(conn, "plan/upsert_documents", rows)
         conn.commit()
     finally:
         conn.close()

@@ -9,9 +9,9 @@ transaction that is rolled back, so every repeat claims the same rows. A small l
 (a hundredth of the size) is measured first as the baseline: a ratio near 1 means the
 query's cost does not grow with the corpus.
 
-    PYTHONPATH=include .venv/bin/python bench/outbox_queries.py                  # 1,000,000
-    PYTHONPATH=include .venv/bin/python bench/outbox_queries.py --documents 100000
-    PYTHONPATH=include .venv/bin/python bench/outbox_queries.py --dsn postgresql://…/bench
+    PYTHONPATH=include:. .venv/bin/python bench/outbox_queries.py                  # 1,000,000
+    PYTHONPATH=include:. .venv/bin/python bench/outbox_queries.py --documents 100000
+    PYTHONPATH=include:. .venv/bin/python bench/outbox_queries.py --dsn postgresql://…/bench
 
 Without ``--dsn`` it starts a private Postgres (pgserver) under a temporary folder and
 stops it at the end. With ``--dsn`` it migrates that database and EMPTIES its replayable
@@ -34,7 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import synthetic_ledger  # the folder is put on the path just above
 
-from replayable import db, devenv
+from devtools import devenv
+from replayable import db
 
 TARGET_S = 0.050
 SWEEP = {
@@ -86,8 +87,8 @@ def measure(conn: Any, repeats: int = 5) -> list[Timing]:
     """Time the sweep's selection and the publisher's claim: 1 warm-up, then ``repeats``."""
     timings = []
     for query, params, rollback in (
-        ("sweep_failed_items", SWEEP, False),
-        ("claim_outbox", CLAIM, True),
+        ("plan/sweep_failed_items", SWEEP, False),
+        ("outbox/claim", CLAIM, True),
     ):
         _timed(conn, query, params, rollback=rollback)
         samples = [_timed(conn, query, params, rollback=rollback) for _ in range(repeats)]

@@ -1,6 +1,6 @@
 """``make chaos``: every scenario against one real Airflow; results to chaos/results/latest.*.
 
-``PYTHONPATH=include:tests .venv/bin/python -m chaos [--only a,c] [--documents 300]``. The
+``PYTHONPATH=include:tests:. .venv/bin/python -m chaos [--only a,c] [--documents 300]``. The
 environment (two embedded Postgres servers, the local model server, Airflow's API server,
 scheduler and DAG processor) is started once in a temporary folder and stopped at the end;
 each scenario empties the replayable database first. The exit status is 1 when any scenario

@@ -6,9 +6,9 @@
   stops and starts again, on the same socket;
 - Airflow's metadata database on a second embedded Postgres, so that restarting the first
   does not take the scheduler and the API server down with it (ADR 0030);
-- the local model server (``replayable.provider.server``), with fault injection;
+- the local model server (``devtools.model_server``), with fault injection;
 - Airflow's API server, scheduler (LocalExecutor) and DAG processor as separate processes
-  (:class:`replayable.devenv.AirflowProcesses`), each killable or restartable on its own;
+  (:class:`devtools.devenv.AirflowProcesses`), each killable or restartable on its own;
 - a REST client logged in as the generated admin user.
 
 Everything started here is stopped on the way out, whichever way that is.
@@ -32,9 +32,10 @@ from typing import Any
 
 import httpx
 import psycopg2
+from devtools.model_server import LocalModelServer
 
-from replayable import db, devenv, sources
-from replayable.provider.server import LocalModelServer
+from devtools import devenv
+from replayable import db, sources
 
 DAG = devenv.DAG_ID
 MODEL = "text-embedding-3-small"

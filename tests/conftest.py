@@ -22,9 +22,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from devtools.model_server import LocalModelServer
 
-from replayable import db, devenv, sources
-from replayable.provider.server import LocalModelServer
+from devtools import devenv
+from replayable import db, sources
 from strict_skips import pytest_runtest_makereport  # noqa: F401  # REPLAYABLE_STRICT=1
 
 # Airflow reads its home when first imported: keep the tests' own Airflow out of ~/airflow.

@@ -17,7 +17,7 @@ FIGURES = {"B1", "B2", "B3", "B4", "B5", "B6", "B7", "B8", "B9"}
 
 
 def test_every_benchmark_runs_and_its_counts_hold(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "include")}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "include"), str(ROOT)])}
     env.pop("REPLAYABLE_DATABASE_URL", None)
     done = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "run.py"), "--smoke"],

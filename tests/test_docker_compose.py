@@ -6,7 +6,7 @@ YAML anchors and merge keys (``yaml.safe_load`` applies them), ``${VAR}``, ``${V
 user must set, and each service's ``env_file`` read and overlaid by its ``environment``.
 
 Then it is checked against the rest of the project rather than against itself: the local
-cluster (``replayable.devenv``, what ``make cluster`` runs and tests/e2e/test_cluster.py
+cluster (``devtools.devenv``, what ``make cluster`` runs and tests/e2e/test_cluster.py
 tests) must run the same components with the same commands and the same settings, and every
 name, port, path and credential one part refers to must be what another part defines.
 """
@@ -28,7 +28,8 @@ from urllib.parse import urlparse
 import pytest
 import yaml
 
-from replayable import devenv, sources
+from devtools import devenv
+from replayable import sources
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE_FILE = ROOT / "docker-compose.yaml"
@@ -761,7 +762,7 @@ def test_the_pipeline_role_migrates_and_runs_a_stage_and_is_no_superuser(migrate
     try:
         doc = "ab" * 32
         database.transaction(
-            lambda conn: db.execute_values(conn, "upsert_documents", [(doc, "/a.pdf", 10)])
+            lambda conn: db.execute_values(conn, "plan/upsert_documents", [(doc, "/a.pdf", 10)])
         )
         ledger = Ledger(database, "extract", "1.0", "cfg", "spec", RunContext("w1", "r1"))
         assert ledger.claim([("k", doc)])["k"].status == "running"

@@ -22,18 +22,9 @@ OPERATOR_IMPORTERS = {
     "replayable": "exports IdempotentStageOperator to DAG files, loaded lazily",
 }
 
-# The development tooling: it assumes a source checkout and the dev-only pgserver.
-DEV_TOOLS = ("replayable.devenv", "replayable.provider.server", "pgserver")
-DEV_TOOL_MODULES = {"replayable.devenv", "replayable.provider.server"}
-# Known imports of dev tools by product modules, each removed by issue 16; the list only
-# shrinks.
-DEV_TOOL_IMPORTS = {
-    # The CLI's fallback database address and its `make run` hint; issue 16 removes it.
-    ("replayable.cli", "replayable.devenv"),
-    # The fake server's lazy export from the package that also holds the product's
-    # ModelSettings; issue 16 moves the fake server out of the package.
-    ("replayable.provider", "replayable.provider.server"),
-}
+# The development tooling lives in devtools/, outside the package the wheel ships: it
+# assumes a source checkout and imports the dev-only pgserver. No product module imports it.
+DEV_TOOLS = ("devtools", "pgserver")
 
 
 def _module_name(path: Path, root: Path) -> str:
@@ -78,9 +69,7 @@ def _package_modules() -> dict[str, Path]:
 
 def _product_modules() -> dict[str, Path]:
     """The package (dev tools aside), the DAG files and the plugin: what a deployment runs."""
-    modules = {
-        name: path for name, path in _package_modules().items() if name not in DEV_TOOL_MODULES
-    }
+    modules = dict(_package_modules())
     for folder in ("dags", "plugins"):
         for path in sorted((ROOT / folder).glob("*.py")):
             modules[f"{folder}/{path.name}"] = path
@@ -116,7 +105,10 @@ def test_no_product_module_imports_the_dev_tools():
         for tool in DEV_TOOLS
         if _imports(path, name, tool)
     }
-    offenders = sorted(found - DEV_TOOL_IMPORTS)
-    assert not offenders, f"product modules import dev tooling: {offenders}"
-    stale = sorted(DEV_TOOL_IMPORTS - found)
-    assert not stale, f"these imports are gone: drop them from DEV_TOOL_IMPORTS: {stale}"
+    assert not found, f"product modules import dev tooling: {sorted(found)}"
+
+
+def test_the_dev_tools_live_outside_the_package():
+    assert not (PACKAGE / "devenv.py").exists()
+    assert not (PACKAGE / "provider").exists()
+    assert (ROOT / "devtools" / "devenv.py").exists()

@@ -20,8 +20,8 @@ def _library_rows() -> set[str]:
     rows = [line for line in _code_map().splitlines() if line.startswith("| `")]
     first = [row.split("|")[1] for row in rows]
     start = next(i for i, cell in enumerate(first) if "`include/replayable/`" in cell)
-    end = next(i for i, cell in enumerate(first) if "`devenv.py`" in cell)
-    return {name for cell in first[start + 1 : end + 1] for name in re.findall(r"`([^`]+)`", cell)}
+    end = next(i for i, cell in enumerate(first) if "`devtools/`" in cell)
+    return {name for cell in first[start + 1 : end] for name in re.findall(r"`([^`]+)`", cell)}
 
 
 def test_every_module_and_folder_of_the_library_is_on_the_code_map():

@@ -55,10 +55,12 @@ def test_a_server_that_detaches_stays_a_child_of_the_session(tmp_path):
 def _sub_session(tmp_path: Path, test_body: str) -> subprocess.CompletedProcess[str]:
     """Run one test in a pytest session of its own, with this suite's conftest as a plugin."""
     (tmp_path / "test_sub.py").write_text(test_body)
-    here = str(Path(__file__).parent)
+    here = Path(__file__).parent
+    # The conftest imports devtools/, which lives at the repository root (never installed).
+    paths = [str(here), str(here.parent), os.environ.get("PYTHONPATH")]
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])),
+        "PYTHONPATH": os.pathsep.join(filter(None, paths)),
         GRACE_ENV: "1",
     }
     command = [sys.executable, "-m", "pytest", "-q", "-p", "conftest", "-p", "no:cacheprovider"]

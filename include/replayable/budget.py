@@ -114,7 +114,7 @@ class RequestBudget:
                     assert self.connect is not None  # checked in __post_init__
                     self._rates = self.connect()
                 rows = self._rates.transaction(
-                    functools.partial(fetch_all, query="take_rate_token", params=params),
+                    functools.partial(fetch_all, query="budget/take_rate_token", params=params),
                     describe="request rate",
                 )
             wait = max(wait, float(rows[0]["wait_s"]))
@@ -132,11 +132,11 @@ class RequestBudget:
             preferred = self._counter % self.slots
         start = random.randrange(self.slots)  # noqa: S311 - spreads workers over the slots
         params = {"namespace": self.namespace, "slots": self.slots, "start": start}
-        rows = fetch_all(conn, "take_budget_slot", params)
+        rows = fetch_all(conn, "budget/take_slot", params)
         taken = int(rows[0]["slot"]) if rows else preferred
         if not rows:
             # Every slot is in use: queue for one in Postgres rather than poll.
-            fetch_all(conn, "wait_budget_slot", {"namespace": self.namespace, "slot": taken})
+            fetch_all(conn, "budget/wait_slot", {"namespace": self.namespace, "slot": taken})
         try:
             wait = self.reserve()
             if wait > 0:
@@ -146,5 +146,5 @@ class RequestBudget:
             if not conn.closed:
                 with contextlib.suppress(Exception):
                     fetch_all(
-                        conn, "release_budget_slot", {"namespace": self.namespace, "slot": taken}
+                        conn, "budget/release_slot", {"namespace": self.namespace, "slot": taken}
                     )

@@ -44,12 +44,12 @@ from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
-from replayable import airflow_http, db, devenv
+from replayable import airflow_http, db, vocabulary
 from replayable.pipeline import rerun_params
 from replayable.settings import STAGES
 from replayable.terminal import for_terminal
 
-ENV_DSN = "REPLAYABLE_DATABASE_URL"
+ENV_DSN = vocabulary.DATABASE_URL_ENV
 # Where `redrive --trigger` reaches Airflow, and as whom (ADR 0064). No password flag: a
 # command line is visible to every user of the machine and stays in shell history.
 ENV_AIRFLOW_URL = "AIRFLOW_URL"
@@ -58,8 +58,8 @@ ENV_AIRFLOW_USERNAME = "AIRFLOW_USERNAME"
 ENV_AIRFLOW_PASSWORD = "AIRFLOW_PASSWORD"  # noqa: S105 - the variable's name
 DEFAULT_AIRFLOW_URL = "http://127.0.0.1:8080"  # `make airflow`
 # What a re-run selects (count_rerun_docs shows the same filters without recording a run).
-RERUN_QUERY = "select_rerun_docs"
-RERUN_COUNT = "count_rerun_docs"
+RERUN_QUERY = "plan/select_rerun_docs"
+RERUN_COUNT = "plan/count_rerun_docs"
 
 # The same values as replayable.params (test_cli checks that they agree); importing params
 # here would load Airflow, which costs seconds on every command.
@@ -98,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (psycopg2.errors.UndefinedTable, psycopg2.errors.UndefinedFunction) as err:
         _error(
             f"replayable: the database has no replayable schema ({err.pgerror or err}).\n"
-            "`make start` creates it for the local database."
+            "`airflow db migrate` (or the first task of a run) creates it."
         )
         return 2
     except psycopg2.OperationalError as err:
@@ -119,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--dsn",
         default=argparse.SUPPRESS,
         help=f"libpq URI of the replayable database (default: ${ENV_DSN}, "
-        "else the local database of `make start`)",
+        f"else Airflow's {vocabulary.LEDGER_CONN_ID} connection)",
     )
     common.add_argument(
         "--json",
@@ -335,19 +335,27 @@ def _add_outbox_parser(sub: Any, common: argparse.ArgumentParser) -> None:
 
 
 def resolve_dsn(explicit: str | None) -> str:
-    """The DSN to use: ``--dsn``, else ``$REPLAYABLE_DATABASE_URL``, else the local services."""
+    """The DSN to use: ``--dsn``, else ``$REPLAYABLE_DATABASE_URL``, else Airflow's connection.
+
+    The last is ``replayable_db`` as Airflow resolves it (an ``AIRFLOW_CONN_REPLAYABLE_DB``
+    variable, a secrets backend or the metadata database), so on an Airflow host the CLI
+    reads the ledger the DAGs write without being told where it is.
+    """
     if explicit:
         return explicit
     from_env = os.environ.get(ENV_DSN)
     if from_env:
         return from_env
     try:
-        return devenv.Services.load(devenv.DEFAULT_STATE).replayable_dsn
-    # Services.load exits when nothing was started; here that is a message, not an exit.
-    except (SystemExit, OSError, ValueError, TypeError) as err:
+        from replayable.hooks import connection_dsn
+
+        return connection_dsn(vocabulary.LEDGER_CONN_ID)
+    # Not found, or no Airflow configured here: a message, not a traceback.
+    except Exception as err:
         raise UsageError(
-            "no database given: run `make start` for the local one, "
-            f"or set {ENV_DSN} (or pass --dsn)"
+            f"no database given: set {ENV_DSN} (or pass --dsn), or define Airflow's "
+            f"{vocabulary.LEDGER_CONN_ID} connection; in a source checkout, `make start` "
+            "starts a local one and `make env` prints the exports"
         ) from err
 
 
@@ -359,7 +367,7 @@ def _connect(dsn: str) -> db.Connection:
     except psycopg2.Error as err:
         raise UsageError(
             f"cannot connect to the database: {_redact(str(err), dsn)}\n"
-            f"Is it running? `make start` starts the local one; {ENV_DSN} points elsewhere."
+            f"Is it running, and does {ENV_DSN} (or --dsn, or the connection) name it?"
         ) from err
     conn.set_session(readonly=True, autocommit=True)
     return conn
@@ -381,7 +389,7 @@ def _redact(message: str, dsn: str) -> str:
 
 def run_state(conn: db.Connection, run_id: str | None) -> dict[str, Any] | None:
     """The run ``run_id`` (else the newest run) as the ledger records it; None if unknown."""
-    rows = db.fetch_all(conn, "cli_run_state", {"run_id": run_id})
+    rows = db.fetch_all(conn, "views/run_state", {"run_id": run_id})
     return rows[0] if rows else None
 
 
@@ -393,9 +401,9 @@ def status_data(conn: db.Connection, run_id: str | None) -> dict[str, Any]:
     all runs, ``finished`` means that items exist and none is pending or running.
     """
     params = {"run_id": run_id, "stages": list(STAGES)}
-    items = {row["stage"]: row for row in db.fetch_all(conn, "cli_status_stages", params)}
-    calls = {row["stage"]: row for row in db.fetch_all(conn, "cli_status_model_calls", params)}
-    dead = {row["stage"]: row for row in db.fetch_all(conn, "cli_status_dead_letters", params)}
+    items = {row["stage"]: row for row in db.fetch_all(conn, "views/status_stages", params)}
+    calls = {row["stage"]: row for row in db.fetch_all(conn, "views/status_model_calls", params)}
+    dead = {row["stage"]: row for row in db.fetch_all(conn, "views/status_dead_letters", params)}
     stages = []
     for stage in _stage_order({*items, *calls, *dead}):
         counts = items.get(stage, {})
@@ -515,7 +523,7 @@ def failed_data(
         "after_stage": None,
         "after_doc_id": None,
     }
-    rows = db.fetch_all(conn, "failed_items", params)
+    rows = db.fetch_all(conn, "views/failed_items", params)
     return {"matched": _matched(rows), "items": rows}
 
 
@@ -565,7 +573,7 @@ def dead_letters_data(
         "after_created_at": None,
         "after_id": None,
     }
-    rows = db.fetch_all(conn, "list_dead_letters", params)
+    rows = db.fetch_all(conn, "views/list_dead_letters", params)
     return {"matched": _matched(rows), "dead_letters": rows}
 
 
@@ -656,7 +664,7 @@ def rerun_data(conn: db.Connection, conf: dict[str, Any]) -> dict[str, Any]:
 def _trigger_commands(conf: dict[str, Any]) -> list[str]:
     """The shell commands that trigger a run of document_pipeline with ``conf``."""
     text = shlex.quote(json.dumps(conf))
-    return [f"airflow dags trigger {devenv.DAG_ID} --conf {text}", f"make run CONF={text}"]
+    return [f"airflow dags trigger {vocabulary.PIPELINE_DAG_ID} --conf {text}"]
 
 
 def _cmd_rerun(
@@ -707,7 +715,7 @@ def _resolve_doc_ids(conn: db.Connection, given: Sequence[str]) -> list[str]:
         if _DOC_ID.fullmatch(value):
             found.append(value)
             continue
-        rows = db.fetch_all(conn, "cli_docs_by_prefix", {"prefix": value})
+        rows = db.fetch_all(conn, "views/docs_by_prefix", {"prefix": value})
         if len(rows) != 1:
             what = "no document" if not rows else "more than one document"
             raise UsageError(f"argument --doc-id: {value!r} matches {what}")
@@ -741,7 +749,7 @@ def redrive_data(
         "since": since,
         "until": until,
     }
-    rows = db.fetch_all(conn, "redrive_scope", params)
+    rows = db.fetch_all(conn, "plan/redrive_scope", params)
     found: dict[str, Any] = rows[0] if rows else {"letters": 0, "documents": 0, "as_of": None}
     selection: dict[str, Any] = {"stage": stage}
     optional: dict[str, Any] = {
@@ -789,14 +797,13 @@ def _cmd_redrive(
         run = airflow_http.trigger_run(
             args.airflow_url,
             token,
-            devenv.DAG_ID,
+            vocabulary.PIPELINE_DAG_ID,
             data["conf"],
             note=f"Redrive of {data['letters']} {args.stage} dead letters: {args.reason}"[:1000],
         )
         data["run_id"] = str(run["dag_run_id"])
-        data["run_url"] = (
-            f"{args.airflow_url.rstrip('/')}/{airflow_http.run_path(devenv.DAG_ID, data['run_id'])}"
-        )
+        path = airflow_http.run_path(vocabulary.PIPELINE_DAG_ID, data["run_id"])
+        data["run_url"] = f"{args.airflow_url.rstrip('/')}/{path}"
     _print_redrive(console, as_json, data)
     return 0
 
@@ -919,9 +926,9 @@ def _positive(kind: Callable[[str], float]) -> Callable[[str], Any]:
 
 def outbox_data(conn: db.Connection, status: str, limit: int) -> dict[str, Any]:
     """Counts per status (from the counters), the backlog's age, and events of ``status``."""
-    found = {row["status"]: int(row["n"]) for row in db.fetch_all(conn, "metrics_outbox")}
-    oldest = db.fetch_all(conn, "outbox_oldest_pending")
-    events = db.fetch_all(conn, "cli_outbox_events", {"status": status, "limit": limit})
+    found = {row["status"]: int(row["n"]) for row in db.fetch_all(conn, "metrics/outbox")}
+    oldest = db.fetch_all(conn, "outbox/oldest_pending")
+    events = db.fetch_all(conn, "views/outbox_events", {"status": status, "limit": limit})
     return {
         "counts": {s: found.get(s, 0) for s in OUTBOX_STATUSES},
         "oldest_pending_age_s": float(oldest[0]["age_s"]) if oldest else None,
@@ -981,7 +988,7 @@ def _cmd_outbox_requeue(
         raise UsageError("say which dead events to requeue: --id, --error-class, or --all")
     conn.set_session(readonly=False, autocommit=True)  # the one write: a single statement
     params = {"event_ids": _unique(args.ids), "error_classes": _unique(args.error_class)}
-    rows = sorted(db.fetch_all(conn, "requeue_outbox", params), key=lambda row: row["seq"])
+    rows = sorted(db.fetch_all(conn, "outbox/requeue", params), key=lambda row: row["seq"])
     requeued = [row["event_id"] for row in rows]
     if as_json:
         _print_json({"requeued": requeued})

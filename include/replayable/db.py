@@ -1,8 +1,10 @@
 """Postgres access: connections, SQL files and schema migrations.
 
 SQL lives in ``replayable/sql``: ``migrations/NNNN_name.sql`` (applied in order, each once)
-and ``queries/name.sql`` (loaded by name, with psycopg2 ``%(name)s`` placeholders so that
-every value is bound by the driver).
+and ``queries/<topic>/name.sql`` (loaded as ``"topic/name"``, with psycopg2 ``%(name)s``
+placeholders so that every value is bound by the driver). The topics are what a query is
+about, not who calls it: ``ledger``, ``plan``, ``stages``, ``report``, ``views``, ``metrics``,
+``outbox``, ``budget``, ``dead_letters``.
 """
 
 from __future__ import annotations
@@ -43,8 +45,13 @@ def connect(dsn: str, *, autocommit: bool = False) -> Connection:
 
 @functools.cache
 def sql(name: str) -> str:
-    """Return the text of ``sql/queries/<name>.sql``."""
-    return resources.files("replayable").joinpath("sql", "queries", f"{name}.sql").read_text()
+    """Return the text of ``sql/queries/<topic>/<name>.sql`` for ``name`` = ``"topic/name"``."""
+    topic, sep, query = name.partition("/")
+    if not sep or not topic or not query or "/" in query:
+        raise ValueError(f"a query is named 'topic/name', not {name!r}")
+    return (
+        resources.files("replayable").joinpath("sql", "queries", topic, f"{query}.sql").read_text()
+    )
 
 
 class DatabaseUnavailableError(Exception):

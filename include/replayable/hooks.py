@@ -9,7 +9,7 @@ arguments and asks the hook for a client. The connection holds:
 
 - ``host``: the API root including ``/v1`` (``https://api.openai.com/v1``, Ollama's
   ``http://127.0.0.1:11434/v1``, …), or a bare host with ``port``, ``schema`` and
-  ``extra.base_path`` (see :func:`replayable.provider.config.settings_from_fields`);
+  ``extra.base_path`` (see :func:`replayable.model_settings.settings_from_fields`);
 - ``password``: the API key, if any: sent as a bearer token, never logged or returned;
 - extra fields ``model``, ``dimensions``, ``timeout_s`` and ``max_in_flight`` (the
   provider's budget of concurrent requests, shared by every task and worker).
@@ -37,7 +37,7 @@ from replayable.get_provider_info import (
     HOOK_NAME,
     UI_FIELD_BEHAVIOUR,
 )
-from replayable.provider.config import ModelSettings, settings_from_fields
+from replayable.model_settings import ModelSettings, settings_from_fields
 from replayable.settings import DEFAULT_MAX_IN_FLIGHT, DEFAULT_MODEL
 
 if TYPE_CHECKING:

@@ -129,7 +129,7 @@ class Ledger:
         for attempt in range(_CLAIM_RACE_RETRIES):
             try:
                 rows = self.db.transaction(
-                    lambda conn: fetch_all(conn, "claim_items", params),
+                    lambda conn: fetch_all(conn, "ledger/claim_items", params),
                     describe=f"{self.stage}: claim",
                 )
                 return _states(rows)
@@ -146,7 +146,8 @@ class Ledger:
         """Return the state of every key in one query."""
         params = {**self._params, "keys": list(keys)}
         rows = self.db.transaction(
-            lambda conn: fetch_all(conn, "item_states", params), describe=f"{self.stage}: states"
+            lambda conn: fetch_all(conn, "ledger/item_states", params),
+            describe=f"{self.stage}: states",
         )
         return _states(rows)
 
@@ -170,7 +171,7 @@ class Ledger:
             "announce_ready": self.announce_ready is not None,
             "versions": json.dumps(dict(self.announce_ready or {}), sort_keys=True),
         }
-        return _states(fetch_script(conn, list(outputs), "finish_items", params))
+        return _states(fetch_script(conn, list(outputs), "ledger/finish_items", params))
 
     def start(self, keys: Sequence[str]) -> dict[str, int]:
         """Spend the attempt of items this worker holds unstarted; return their attempt numbers.
@@ -180,7 +181,8 @@ class Ledger:
         """
         params = {**self._params, "keys": list(keys)}
         rows = self.db.transaction(
-            lambda conn: fetch_all(conn, "start_items", params), describe=f"{self.stage}: start"
+            lambda conn: fetch_all(conn, "ledger/start_items", params),
+            describe=f"{self.stage}: start",
         )
         return {row["item_key"]: int(row["attempts"]) for row in rows}
 
@@ -188,7 +190,8 @@ class Ledger:
         """Extend this worker's leases on ``keys``; return the keys it still holds."""
         params = {**self._params, "keys": list(keys)}
         rows = self.db.transaction(
-            lambda conn: fetch_all(conn, "renew_leases", params), describe=f"{self.stage}: renew"
+            lambda conn: fetch_all(conn, "ledger/renew_leases", params),
+            describe=f"{self.stage}: renew",
         )
         return {row["item_key"] for row in rows}
 

@@ -170,7 +170,7 @@ def claim(
     Each claim counts one attempt of each event.
     """
     params = {"owner": owner, "limit": limit, "lease_s": float(lease_s), "due_by": due_by}
-    rows = fetch_all(conn, "claim_outbox", params)
+    rows = fetch_all(conn, "outbox/claim", params)
     events = [
         Event(
             event_id=row["event_id"],
@@ -209,7 +209,7 @@ def _settle(
         "errors": [e.message[:2000] if e else None for e in errors],
         "delays_s": [o.delay_s for o in outcomes],
     }
-    rows = fetch_all(conn, "settle_outbox", params)
+    rows = fetch_all(conn, "outbox/settle", params)
     return {row["event_id"]: (row["status"], row["event_type"]) for row in rows}
 
 
@@ -409,7 +409,7 @@ def _tally(
 
 def publication_counts(conn: Connection, publication: str) -> dict[str, int]:
     """How many events, and ``document.ready`` events, ``publication`` has published."""
-    row = fetch_all(conn, "outbox_publication_counts", {"publication": publication})[0]
+    row = fetch_all(conn, "outbox/publication_counts", {"publication": publication})[0]
     return {"events": int(row["events"]), "ready": int(row["ready"])}
 
 
@@ -422,4 +422,4 @@ def published_in(
     publication; pass the last row's ``seq`` as ``after_seq`` for the next page.
     """
     params = {"publication": publication, "after_seq": after_seq, "limit": limit}
-    return fetch_all(conn, "outbox_published_in", params)
+    return fetch_all(conn, "outbox/published_in", params)

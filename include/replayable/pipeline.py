@@ -123,7 +123,7 @@ def discover(
             " mtime_ns bigint, inode bigint, device bigint) ON COMMIT DROP"
         )
     _copy(conn, "discover_scan", scanned)
-    stale = {row["path"] for row in fetch_all(conn, "discover_stale_paths")}
+    stale = {row["path"] for row in fetch_all(conn, "plan/discover_stale_paths")}
     to_hash = [row for row in scanned if row[0] in stale]
     readable = [row for row in to_hash if row[1] <= max_bytes]
 
@@ -148,7 +148,7 @@ def discover(
         "source": source,
         "retention_days": RUN_RETENTION_DAYS,
     }
-    found = fetch_all(conn, "discover_record", params)
+    found = fetch_all(conn, "plan/discover_record", params)
     conn.commit()
     return int(found[0]["documents"]) if found else 0
 
@@ -160,7 +160,7 @@ def select_documents(
 
     Nothing is closed here, so selecting again (a retried ``plan``, a replayed transaction)
     chooses the same documents: a redrive's letters are closed by the claim that takes their
-    items back to work, or by :func:`plan_batches` for items already done (ADR 0083).
+    items back to work, or by :func:`plan/plan_batches` for items already done (ADR 0083).
     """
     common = {
         "dag_id": dag_id,
@@ -168,12 +168,14 @@ def select_documents(
         "selection": json.dumps({"rerun": settings.rerun, "redrive": settings.redrive}),
     }
     if settings.rerun:
-        found = fetch_all(conn, "select_rerun_docs", {**common, **rerun_params(settings.rerun)})
+        found = fetch_all(
+            conn, "plan/select_rerun_docs", {**common, **rerun_params(settings.rerun)}
+        )
     elif settings.redrive:
         redrive = settings.redrive
         found = fetch_all(
             conn,
-            "redrive_dead_letters",
+            "plan/redrive_dead_letters",
             {
                 **common,
                 "stage": redrive["stage"],
@@ -197,7 +199,7 @@ def _reidentify(conn: Connection, *, dag_id: str, run_id: str, max_bytes: int) -
     Each becomes the document its bytes name, in this run instead of the stat-named one,
     whose rows stop being current and whose open letters are closed (the file was re-read).
     """
-    for row in fetch_all(conn, "run_stat_documents", {"dag_id": dag_id, "run_id": run_id}):
+    for row in fetch_all(conn, "report/run_stat_documents", {"dag_id": dag_id, "run_id": run_id}):
         try:
             info = os.stat(row["uri"])
         except OSError:
@@ -210,7 +212,7 @@ def _reidentify(conn: Connection, *, dag_id: str, run_id: str, max_bytes: int) -
             continue  # still unreadable: the extract stage says so as unreadable (ADR 0074)
         execute(
             conn,
-            "reidentify_document",
+            "plan/reidentify_document",
             {
                 "dag_id": dag_id,
                 "run_id": run_id,
@@ -227,7 +229,7 @@ def _reidentify(conn: Connection, *, dag_id: str, run_id: str, max_bytes: int) -
 
 
 def rerun_params(rerun: Mapping[str, Any]) -> dict[str, Any]:
-    """The values a ``rerun`` conf binds to ``select_rerun_docs.sql`` (None: any)."""
+    """The values a ``rerun`` conf binds to ``plan/select_rerun_docs.sql`` (None: any)."""
     return {
         "stage": rerun["stage"],
         "statuses": rerun.get("status"),
@@ -280,7 +282,7 @@ def plan_batches(
         "close_spec_hash": spec_hashes[first] if closes and first else None,
         "closed_by": revived_by or "redrive",
     }
-    rows = fetch_all(conn, "plan_batches", params)
+    rows = fetch_all(conn, "plan/plan_batches", params)
     conn.commit()
     batches = []
     for row in rows:
@@ -292,7 +294,9 @@ def plan_batches(
 
 def batch_doc_ids(conn: Connection, *, dag_id: str, run_id: str, batch: int) -> list[str]:
     """The documents of one batch of a run, in order."""
-    rows = fetch_all(conn, "batch_doc_ids", {"dag_id": dag_id, "run_id": run_id, "batch": batch})
+    rows = fetch_all(
+        conn, "ledger/batch_doc_ids", {"dag_id": dag_id, "run_id": run_id, "batch": batch}
+    )
     conn.commit()
     return [row["doc_id"] for row in rows]
 
@@ -303,10 +307,10 @@ def build_report(conn: Connection, *, dag_id: str, run_id: str) -> dict[str, Any
         stage: {"done": 0, "failed": 0, "dead": 0, "running": 0, "pending": 0, "errors": {}}
         for stage in STAGES
     }
-    run = fetch_all(conn, "report_run", {"dag_id": dag_id, "run_id": run_id})
+    run = fetch_all(conn, "report/run", {"dag_id": dag_id, "run_id": run_id})
     documents = int(run[0]["documents"]) if run else 0
     for row in fetch_all(
-        conn, "report_stage_status", {"dag_id": dag_id, "run_id": run_id, "stages": list(STAGES)}
+        conn, "report/stage_status", {"dag_id": dag_id, "run_id": run_id, "stages": list(STAGES)}
     ):
         entry = stages.setdefault(row["stage"], {"errors": {}})
         entry[row["status"]] = entry.get(row["status"], 0) + row["n"]
@@ -317,8 +321,8 @@ def build_report(conn: Connection, *, dag_id: str, run_id: str) -> dict[str, Any
         entry["not_entered"] = documents - sum(
             entry.get(s, 0) for s in ("done", "failed", "dead", "running", "pending")
         )
-    calls = fetch_all(conn, "report_model_calls", {"run_id": run_id})[0]
-    dead = fetch_all(conn, "report_dead_letters", {"run_id": run_id})[0]
+    calls = fetch_all(conn, "report/model_calls", {"run_id": run_id})[0]
+    dead = fetch_all(conn, "report/dead_letters", {"run_id": run_id})[0]
     report = {
         "dag_id": dag_id,
         "run_id": run_id,
@@ -329,7 +333,11 @@ def build_report(conn: Connection, *, dag_id: str, run_id: str) -> dict[str, Any
         "model_calls": {k: int(v) for k, v in calls.items()},
         "dead_letters_opened": int(dead["opened"]),
     }
-    execute(conn, "save_report", {"dag_id": dag_id, "run_id": run_id, "report": json.dumps(report)})
+    execute(
+        conn,
+        "report/save_report",
+        {"dag_id": dag_id, "run_id": run_id, "report": json.dumps(report)},
+    )
     conn.commit()
     return report
 

@@ -144,7 +144,7 @@ class DeadLetterGrowthSensor(SqlSensor):
         interval_templated, timeout_templated = _is_template(poke_interval), _is_template(timeout)
         super().__init__(
             conn_id=conn_id,
-            sql=db.sql("dead_letter_growth"),
+            sql=db.sql("views/dead_letter_growth"),
             parameters=parameters,
             hook_params=hook_params,
             poke_interval=60 if interval_templated else _seconds("poke_interval", poke_interval),

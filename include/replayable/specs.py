@@ -85,7 +85,7 @@ class ExtractSpec:
         return {}
 
     def plan(self, conn: Connection, doc_ids: Sequence[str]) -> list[WorkItem]:
-        rows = fetch_all(conn, "documents_by_id", {"doc_ids": list(doc_ids)})
+        rows = fetch_all(conn, "stages/documents_by_id", {"doc_ids": list(doc_ids)})
         cfg = self.key_config()
         return [
             WorkItem(
@@ -125,7 +125,7 @@ class ExtractSpec:
             sha256_bytes(result.text.encode()),
             result.removed_chars,
         )
-        io.done(item, [Write("insert_extraction", [row], size=len(result.text))])
+        io.done(item, [Write("stages/insert_extraction", [row], size=len(result.text))])
 
 
 @dataclass
@@ -152,7 +152,7 @@ class ChunkSpec:
     def plan(self, conn: Connection, doc_ids: Sequence[str]) -> list[WorkItem]:
         rows = fetch_all(
             conn,
-            "extractions_for",
+            "stages/extractions_for",
             {
                 "doc_ids": list(doc_ids),
                 "extractor_version": self.extractor_version,
@@ -205,7 +205,9 @@ class ChunkSpec:
             "doc_ids": [item.doc_id for item in group],
             "extractor_version": self.extractor_version,
         }
-        return {row["doc_id"]: row["text"] for row in fetch_all(conn, "extraction_texts", params)}
+        return {
+            row["doc_id"]: row["text"] for row in fetch_all(conn, "stages/extraction_texts", params)
+        }
 
     def _one(self, item: WorkItem, text: str, io: BatchIO) -> None:
         try:
@@ -221,12 +223,12 @@ class ChunkSpec:
             item,
             [
                 Write(
-                    "insert_chunks",
+                    "stages/insert_chunks",
                     [(c.chunk_id, c.text) for c in chunks],
                     size=sum(len(c.text) for c in chunks),
                 ),
                 Write(
-                    "insert_doc_chunks",
+                    "stages/insert_doc_chunks",
                     [
                         (
                             item.doc_id,
@@ -327,7 +329,7 @@ class EmbedSpec:
     def plan(self, conn: Connection, doc_ids: Sequence[str]) -> list[WorkItem]:
         rows = fetch_all(
             conn,
-            "doc_chunks_for",
+            "stages/doc_chunks_for",
             {
                 "doc_ids": list(doc_ids),
                 "extractor_version": self.extractor_version,
@@ -402,7 +404,7 @@ class _EmbedBatch:
                 row["chunk_id"]
                 for row in fetch_all(
                     conn,
-                    "chunks_missing_embedding",
+                    "stages/chunks_missing_embedding",
                     {"chunk_ids": sorted(self.users), "model": spec.model, "with_text": False},
                 )
             ],
@@ -471,7 +473,7 @@ class _EmbedBatch:
             return []
         params = {"chunk_ids": sorted(chunk_ids), "model": self.spec.model, "with_text": False}
         rows = self._database().transaction(
-            lambda conn: fetch_all(conn, "chunks_missing_embedding", params),
+            lambda conn: fetch_all(conn, "stages/chunks_missing_embedding", params),
             describe="embed: recheck",
         )
         return [row["chunk_id"] for row in rows]
@@ -542,17 +544,19 @@ class _EmbedBatch:
         if answered is None:
             if spec.max_call_s is not None:
                 ms = str(round(spec.max_call_s * 1000))
-                fetch_all(conn, "limit_idle_transaction", {"ms": ms})
+                fetch_all(conn, "ledger/limit_idle_transaction", {"ms": ms})
             locked = {
                 row["chunk_id"]
                 for row in fetch_all(
-                    conn, "lock_free_chunks", {"chunk_ids": request.chunk_ids, "model": spec.model}
+                    conn,
+                    "stages/lock_free_chunks",
+                    {"chunk_ids": request.chunk_ids, "model": spec.model},
                 )
             }
             request.busy = [cid for cid in request.chunk_ids if cid not in locked]
             todo = fetch_all(
                 conn,
-                "chunks_missing_embedding",
+                "stages/chunks_missing_embedding",
                 {"chunk_ids": sorted(locked), "model": spec.model, "with_text": True},
             )
             if not todo:
@@ -579,7 +583,7 @@ class _EmbedBatch:
         ids = request.chunk_ids if len(request.chunk_ids) == len(result.vectors) else []
         execute_values(
             conn,
-            "insert_embeddings",
+            "stages/insert_embeddings",
             [
                 (cid, spec.model, len(vec), _vector_literal(vec))
                 for cid, vec in zip(ids, result.vectors, strict=True)
@@ -608,7 +612,7 @@ class _EmbedBatch:
             tokens = [call.tokens * share[k] // total for k in keys]
             execute(
                 conn,
-                "insert_model_call",
+                "stages/insert_model_call",
                 {
                     "stage": self.spec.name,
                     "item_key": only,

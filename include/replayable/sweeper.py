@@ -49,7 +49,7 @@ def select_failed(
         "max_attempts": max_attempts,
         "limit": max_items,
     }
-    rows = fetch_all(conn, "sweep_failed_items", params)
+    rows = fetch_all(conn, "plan/sweep_failed_items", params)
     conn.commit()
     first_stage: dict[str, int] = {}
     for row in rows:

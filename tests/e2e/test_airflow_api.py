@@ -15,10 +15,11 @@ from typing import Any
 
 import httpx
 import pytest
+from devtools import devenv
 
 import corpus
 from checks import assert_nothing_lost, rows, subset
-from replayable import devenv, sources
+from replayable import sources
 
 pytestmark = pytest.mark.e2e
 DAG = devenv.DAG_ID

@@ -28,7 +28,8 @@ import pytest
 
 import corpus
 from checks import ProviderSampler, assert_nothing_lost, rows, scalar
-from replayable import db, devenv, sources
+from devtools import devenv
+from replayable import db, sources
 from replayable.pipeline import format_report
 
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e]

@@ -1,4 +1,4 @@
-"""`make run` (``replayable.devenv run``) refuses bad conf, naming the field.
+"""`make run` (``devtools.devenv run``) refuses bad conf, naming the field.
 
 The REST and ``airflow dags trigger`` paths are in test_airflow_api.py; here it is the path
 of ``make run CONF=…``: unknown keys and a source outside the roots are refused before any
@@ -9,8 +9,9 @@ import json
 from pathlib import Path
 
 import pytest
+from devtools import devenv
 
-from replayable import devenv, sources
+from replayable import sources
 
 pytestmark = pytest.mark.e2e
 

@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from devtools import devenv
 
 import corpus
 from checks import SAMPLES, assert_nothing_lost, output_rows, rows, scalar, subset
-from replayable import devenv
 
 pytestmark = pytest.mark.e2e
 

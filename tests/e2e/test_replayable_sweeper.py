@@ -14,10 +14,11 @@ from typing import Any
 
 import httpx
 import pytest
+from devtools import devenv
 
 import corpus
 from checks import rows, subset
-from replayable import devenv, sources
+from replayable import sources
 
 pytestmark = pytest.mark.e2e
 

@@ -25,11 +25,12 @@ from urllib.parse import urljoin
 
 import httpx
 import pytest
+from devtools import devenv
 from fastapi.routing import APIRoute
 
 from checks import SAMPLES, rows, scalar
 from conftest import ROOT
-from replayable import devenv, sources
+from replayable import sources
 from replayable.settings import STAGES
 from replayable.web import create_app
 

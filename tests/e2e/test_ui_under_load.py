@@ -24,8 +24,9 @@ from typing import Any
 import httpx
 import psycopg2
 import pytest
+from devtools import devenv
 
-from replayable import devenv, sources
+from replayable import sources
 
 pytestmark = pytest.mark.e2e
 

@@ -190,12 +190,12 @@ def test_any_conf_is_refused_naming_a_field_or_runs(params: Any, database: Any, 
     # The selection discover makes for a re-run or a redrive, against the real database.
     try:
         if run.rerun:
-            db.fetch_all(database, "count_rerun_docs", rerun_params(run.rerun))
+            db.fetch_all(database, "plan/count_rerun_docs", rerun_params(run.rerun))
         if run.redrive:
             redrive = run.redrive
             db.fetch_all(
                 database,
-                "redrive_dead_letters",
+                "plan/redrive_dead_letters",
                 {
                     "dag_id": "fuzz",
                     "run_id": "fuzz",

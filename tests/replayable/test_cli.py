@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from devtools import devenv
 from fake_airflow import PASSWORD, TOKEN, USERNAME, FakeAirflow
-from replayable import cli, db, devenv
+from replayable import cli, db
 from replayable.params import STATUSES, pipeline_params
 from replayable.pipeline import select_documents
 from replayable.settings import PipelineSettings
@@ -122,7 +123,7 @@ def test_status_run_filters_to_the_documents_and_calls_of_that_run(ledger, dsn, 
 
 def _report(conn, run_id):
     """The run's report, as its report task writes it at the end of the run."""
-    db.execute(conn, "save_report", {"dag_id": "d", "run_id": run_id, "report": "{}"})
+    db.execute(conn, "report/save_report", {"dag_id": "d", "run_id": run_id, "report": "{}"})
     conn.commit()
 
 
@@ -207,9 +208,9 @@ def test_rerun_prints_a_valid_conf_the_sql_and_the_matching_count(
     param = copy.deepcopy(pipeline_params("/data")["rerun"])
     assert param.resolve(conf["rerun"]) == conf["rerun"]
     assert "error_class" not in conf["rerun"]
-    assert f"make run CONF='{json.dumps(conf)}'" in out
+    assert "make " not in out, "the installed command never points at a source checkout"
 
-    for line in db.sql("count_rerun_docs").splitlines():
+    for line in db.sql("plan/count_rerun_docs").splitlines():
         assert line.strip() in out
     settings = PipelineSettings(rerun=conf["rerun"])
     matching = select_documents(conn, settings, dag_id="d", run_id="rerun")
@@ -246,10 +247,20 @@ def test_json_works_before_or_after_the_command(ledger, dsn, capsys):
 
 def test_without_a_database_it_exits_2_saying_how_to_get_one(monkeypatch, tmp_path, capsys):
     monkeypatch.delenv(cli.ENV_DSN, raising=False)
-    monkeypatch.setattr(devenv, "DEFAULT_STATE", tmp_path)
+    monkeypatch.delenv("AIRFLOW_CONN_REPLAYABLE_DB", raising=False)
+    monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path))
     assert cli.main(["status"]) == 2
     err = capsys.readouterr().err
-    assert "make start" in err and cli.ENV_DSN in err
+    assert cli.ENV_DSN in err and "replayable_db" in err and "make env" in err
+
+
+def test_without_a_url_it_reads_airflows_ledger_connection(monkeypatch, dsn, capsys):
+    """On an Airflow host the CLI finds the ledger through the connection the DAGs use."""
+    monkeypatch.delenv(cli.ENV_DSN, raising=False)
+    # The connection exactly as `make env` and the DAGs' Airflow get it.
+    monkeypatch.setenv("AIRFLOW_CONN_REPLAYABLE_DB", devenv.postgres_conn_json(dsn))
+    assert cli.main(["status", "--json"]) == 0
+    assert "stages" in json.loads(capsys.readouterr().out)
 
 
 def test_a_connection_failure_exits_2_without_printing_the_password(capsys):

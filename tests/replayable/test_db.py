@@ -1,5 +1,6 @@
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from importlib import resources
 
 import pytest
 
@@ -33,9 +34,9 @@ def test_code_versions_compare_semantically_in_sql(conn, older, newer):
 
 def test_named_queries_bind_values_instead_of_formatting_them(conn):
     hostile = "x'); DROP TABLE replayable.documents; --"
-    db.execute_values(conn, "upsert_documents", [(hostile, hostile, 1)])
+    db.execute_values(conn, "plan/upsert_documents", [(hostile, hostile, 1)])
     conn.commit()
-    rows = db.fetch_all(conn, "documents_by_id", {"doc_ids": [hostile]})
+    rows = db.fetch_all(conn, "stages/documents_by_id", {"doc_ids": [hostile]})
     assert rows == [{"doc_id": hostile, "uri": hostile, "size_bytes": 1}]
 
 
@@ -181,3 +182,16 @@ def test_a_migration_behind_a_long_transaction_gives_up_and_applies_once_it_ends
         reader.close()
     assert migrate_once(fresh_dsn, lock_timeout_s=0.2) == [version]
     setup.close()
+
+
+def test_every_query_lives_in_a_topic_folder_and_loads_by_its_topic_name():
+    queries = resources.files("replayable").joinpath("sql", "queries")
+    assert not [f.name for f in queries.iterdir() if f.name.endswith(".sql")], "put it in a topic"
+    for topic in (t for t in queries.iterdir() if t.is_dir() and not t.name.startswith("_")):
+        for query in (f for f in topic.iterdir() if f.name.endswith(".sql")):
+            assert db.sql(f"{topic.name}/{query.name.removesuffix('.sql')}") == query.read_text()
+
+
+def test_a_query_name_without_its_topic_is_refused():
+    with pytest.raises(ValueError, match="topic/name"):
+        db.sql("claim_items")

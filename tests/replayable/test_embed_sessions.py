@@ -32,9 +32,11 @@ def seed(conn, n):
     for i in range(n):
         text = " ".join(f"document {i} line {j} of the session test." for j in range(30))
         doc_id = sha256_bytes(text.encode())
-        db.execute_values(conn, "upsert_documents", [(doc_id, f"/docs/s{i}.pdf", len(text))])
+        db.execute_values(conn, "plan/upsert_documents", [(doc_id, f"/docs/s{i}.pdf", len(text))])
         db.execute_values(
-            conn, "insert_extraction", [(doc_id, "1.0", 1, text, sha256_bytes(text.encode()), 0)]
+            conn,
+            "stages/insert_extraction",
+            [(doc_id, "1.0", 1, text, sha256_bytes(text.encode()), 0)],
         )
         ids.append(doc_id)
     conn.commit()

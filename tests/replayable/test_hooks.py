@@ -11,11 +11,11 @@ from typing import Any
 
 import jsonschema
 import pytest
+from devtools.model_server import LocalModelServer
 
 from conftest import ROOT
 from replayable.get_provider_info import get_provider_info
 from replayable.hooks import EmbeddingsHook, model_choice
-from replayable.provider.server import LocalModelServer
 from replayable.settings import PipelineSettings
 
 SECRET = "sk-test-secret-key"  # noqa: S105 - a test value

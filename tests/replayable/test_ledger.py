@@ -17,7 +17,7 @@ DOC = DOCS[0]
 
 @pytest.fixture
 def docs(conn):
-    db.execute_values(conn, "upsert_documents", [(d, f"/{d[:4]}.pdf", 10) for d in DOCS])
+    db.execute_values(conn, "plan/upsert_documents", [(d, f"/{d[:4]}.pdf", 10) for d in DOCS])
     conn.commit()
     return DOCS
 

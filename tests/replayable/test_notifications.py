@@ -13,9 +13,9 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from devtools.model_server import LocalModelServer
 
 from replayable.notifications import WebhookDeliveryError, WebhookNotifier, WebhookTarget
-from replayable.provider.server import LocalModelServer
 
 TOKEN = "alert-token-never-logged"  # noqa: S105 - a test value
 

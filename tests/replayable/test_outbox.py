@@ -34,7 +34,7 @@ LIMITS = PublishLimits(batch_size=5, lease_s=30.0, max_attempts=3, backoff_base_
 
 @pytest.fixture
 def docs(conn):
-    db.execute_values(conn, "upsert_documents", [(d, f"/docs/{d[:4]}.pdf", 10) for d in DOCS])
+    db.execute_values(conn, "plan/upsert_documents", [(d, f"/docs/{d[:4]}.pdf", 10) for d in DOCS])
     conn.commit()
     return DOCS
 
@@ -178,10 +178,10 @@ def seed_texts(conn, n):
     for i in range(n):
         text = " ".join(f"outbox doc {i} sentence {j} on topic {j % 5}." for j in range(40))
         doc_id = sha256_bytes(text.encode())
-        db.execute_values(conn, "upsert_documents", [(doc_id, f"/docs/o{i}.pdf", len(text))])
+        db.execute_values(conn, "plan/upsert_documents", [(doc_id, f"/docs/o{i}.pdf", len(text))])
         db.execute_values(
             conn,
-            "insert_extraction",
+            "stages/insert_extraction",
             [(doc_id, "1.0", 1, text, sha256_bytes(text.encode()), 0)],
         )
         ids.append(doc_id)

@@ -381,7 +381,7 @@ def test_discover_drops_runs_past_the_retention_with_their_documents_and_keeps_r
     shutil.copy(sorted(SAMPLES.glob("*.pdf"))[0], tmp_path / "a.pdf")
     for run_id in ("old", "recent"):
         run_discover(conn, tmp_path, run_id=run_id)
-        db.execute(conn, "save_report", {"dag_id": "d", "run_id": run_id, "report": "{}"})
+        db.execute(conn, "report/save_report", {"dag_id": "d", "run_id": run_id, "report": "{}"})
     days = pipeline.RUN_RETENTION_DAYS
     rows(
         conn,

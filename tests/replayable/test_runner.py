@@ -5,13 +5,13 @@ import threading
 import time
 
 import pytest
+from devtools.model_server import LocalModelServer
 
 from checks import ProviderSampler
 from replayable import db
 from replayable.budget import RequestBudget
 from replayable.keys import sha256_bytes
 from replayable.ledger import Ledger, RunContext
-from replayable.provider.server import LocalModelServer
 from replayable.retry import CallRetry
 from replayable.runner import Limits, WorkItem, run_batch
 from replayable.specs import ChunkSpec, EmbedSpec
@@ -32,10 +32,12 @@ def seed_documents(conn, n: int, *, shared: str = "", tag: str = "doc") -> list[
         body = " ".join(f"{tag}{i} sentence {j} about topic {j % 7}." for j in range(60))
         text = f"{body} {shared}".strip()
         doc_id = sha256_bytes(text.encode())
-        db.execute_values(conn, "upsert_documents", [(doc_id, f"/docs/{tag}{i}.pdf", len(text))])
+        db.execute_values(
+            conn, "plan/upsert_documents", [(doc_id, f"/docs/{tag}{i}.pdf", len(text))]
+        )
         db.execute_values(
             conn,
-            "insert_extraction",
+            "stages/insert_extraction",
             [(doc_id, "1.0", 1, text, sha256_bytes(text.encode()), 0)],
         )
         ids.append(doc_id)
@@ -553,7 +555,7 @@ def test_a_long_item_keeps_its_lease_while_it_runs(conn, dsn):
     assert outcome["result"].done == [doc_id]
 
 
-RENEWAL = db.sql("renew_leases").splitlines()[0]  # how a renewal shows in pg_stat_activity
+RENEWAL = db.sql("ledger/renew_leases").splitlines()[0]  # how a renewal shows in pg_stat_activity
 
 
 def keeper_sessions(conn) -> set[int]:
@@ -690,7 +692,7 @@ def seed_pdfs(conn, folder, n: int) -> list[str]:
     for i in range(n):
         path = corpus.write_pdf(folder / f"doc{i}.pdf", [f"Document {i} says {i * 7} things."])
         doc_id = sha256_bytes(path.read_bytes())
-        db.execute_values(conn, "upsert_documents", [(doc_id, str(path), path.stat().st_size)])
+        db.execute_values(conn, "plan/upsert_documents", [(doc_id, str(path), path.stat().st_size)])
         ids.append(doc_id)
     conn.commit()
     return sorted(ids)
@@ -885,7 +887,7 @@ def test_extract_refuses_a_file_swapped_for_a_link_out_of_the_roots(conn, dsn, t
     corpus.write_pdf(inside, ["A report that was inside the roots when it was found."])
     corpus.write_pdf(outside / "secret.pdf", ["Text that must never reach the provider."])
     doc_id = sha256_bytes(inside.read_bytes())
-    db.execute_values(conn, "upsert_documents", [(doc_id, str(inside), inside.stat().st_size)])
+    db.execute_values(conn, "plan/upsert_documents", [(doc_id, str(inside), inside.stat().st_size)])
     conn.commit()
     inside.unlink()
     inside.symlink_to(outside / "secret.pdf")

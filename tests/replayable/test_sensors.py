@@ -5,7 +5,7 @@ import itertools
 import pytest
 from airflow.sdk.exceptions import AirflowFailException
 
-from replayable import devenv
+from devtools import devenv
 from replayable.sensors import DeadLetterGrowth, DeadLetterGrowthSensor, alert
 
 _keys = itertools.count()
@@ -14,7 +14,7 @@ _keys = itertools.count()
 @pytest.fixture
 def replayable_db(conn, dsn, monkeypatch):
     """The emptied database, reachable as Airflow connection ``replayable_db``."""
-    monkeypatch.setenv("AIRFLOW_CONN_REPLAYABLE_DB", devenv._postgres_conn_json(dsn))
+    monkeypatch.setenv("AIRFLOW_CONN_REPLAYABLE_DB", devenv.postgres_conn_json(dsn))
     return conn
 
 

@@ -23,10 +23,10 @@ def seed_twins(conn, copies: int) -> list[str]:
     ids = []
     for i in range(copies):
         doc_id = sha256_bytes(f"file {i} with its own metadata".encode())
-        db.execute_values(conn, "upsert_documents", [(doc_id, f"/docs/twin{i}.pdf", 100 + i)])
+        db.execute_values(conn, "plan/upsert_documents", [(doc_id, f"/docs/twin{i}.pdf", 100 + i)])
         db.execute_values(
             conn,
-            "insert_extraction",
+            "stages/insert_extraction",
             [(doc_id, "1.0", 1, TEXT, sha256_bytes(TEXT.encode()), 0)],
         )
         ids.append(doc_id)

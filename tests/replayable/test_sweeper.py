@@ -137,7 +137,7 @@ def test_the_selection_reads_current_rows_through_an_index(conn):
     with conn.cursor() as cur:
         cur.execute("SET enable_seqscan = off")  # a tiny table would be scanned otherwise
         cur.execute(
-            "EXPLAIN " + db.sql("sweep_failed_items"),
+            "EXPLAIN " + db.sql("plan/sweep_failed_items"),
             {
                 "stages": list(HASHES),
                 "spec_hashes": list(HASHES.values()),

@@ -25,7 +25,7 @@ TERMINAL = Classified("http_400", ErrorKind.TERMINAL, "bad input")
 
 @pytest.fixture
 def docs(conn):
-    db.execute_values(conn, "upsert_documents", [(d, f"/{d[:4]}.pdf", 10) for d in DOCS])
+    db.execute_values(conn, "plan/upsert_documents", [(d, f"/{d[:4]}.pdf", 10) for d in DOCS])
     conn.commit()
     return DOCS
 

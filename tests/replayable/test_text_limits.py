@@ -62,9 +62,11 @@ def seed(conn, texts):
     ids = []
     for i, text in enumerate(texts):
         doc_id = sha256_bytes(f"doc {i}".encode())
-        db.execute_values(conn, "upsert_documents", [(doc_id, f"/docs/l{i}.pdf", len(text))])
+        db.execute_values(conn, "plan/upsert_documents", [(doc_id, f"/docs/l{i}.pdf", len(text))])
         db.execute_values(
-            conn, "insert_extraction", [(doc_id, "1.0", 1, text, sha256_bytes(text.encode()), 0)]
+            conn,
+            "stages/insert_extraction",
+            [(doc_id, "1.0", 1, text, sha256_bytes(text.encode()), 0)],
         )
         ids.append(doc_id)
     conn.commit()

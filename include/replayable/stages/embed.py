@@ -1,7 +1,7 @@
 """Embed chunk texts through an OpenAI-compatible ``/v1/embeddings`` endpoint.
 
 The provider is a small Protocol; :class:`HttpEmbeddingClient` implements it over httpx.
-Which endpoint and key are used is decided in one place, ``replayable.provider.config``.
+Which endpoint and key are used is decided in one place, ``replayable.model_settings``.
 Every HTTP request is reported to ``on_call`` so that billable calls are counted.
 """
 

@@ -311,8 +311,8 @@ class Problem(BaseModel):
 def summary(conn: db.Connection) -> Summary:
     """Items per stage by current status (the CLI's ``status`` queries), open dead letters."""
     params = {"run_id": None, "stages": list(STAGES)}
-    counts = {row["stage"]: row for row in db.fetch_all(conn, "cli_status_stages", params)}
-    dead = {row["stage"]: row for row in db.fetch_all(conn, "cli_status_dead_letters", params)}
+    counts = {row["stage"]: row for row in db.fetch_all(conn, "views/status_stages", params)}
+    dead = {row["stage"]: row for row in db.fetch_all(conn, "views/status_dead_letters", params)}
     stages = [
         StageSummary(
             **counts.get(stage, {"stage": stage}),
@@ -329,8 +329,8 @@ def summary(conn: db.Connection) -> Summary:
 
 def outbox_summary(conn: db.Connection) -> OutboxSummary:
     """The outbox's counts (the metrics' counters) and its oldest pending event's age."""
-    counts = {row["status"]: int(row["n"]) for row in db.fetch_all(conn, "metrics_outbox")}
-    oldest = db.fetch_all(conn, "outbox_oldest_pending")
+    counts = {row["status"]: int(row["n"]) for row in db.fetch_all(conn, "metrics/outbox")}
+    oldest = db.fetch_all(conn, "outbox/oldest_pending")
     return OutboxSummary(
         pending=counts.get("pending", 0),
         published=counts.get("published", 0),
@@ -350,7 +350,7 @@ def failed_items(
     at, after_stage, after_doc = _cursor(after, 3) if after else (None, None, None)
     rows = db.fetch_all(
         conn,
-        "failed_items",
+        "views/failed_items",
         {
             "stage": stage,
             "error_classes": error_classes,
@@ -392,7 +392,7 @@ def dead_letters(
         "after_created_at": at,
         "after_id": int(after_id) if after_id is not None else None,
     }
-    rows = db.fetch_all(conn, "list_dead_letters", params)
+    rows = db.fetch_all(conn, "views/list_dead_letters", params)
     matched = _matched(rows)
     letters = _with_history(conn, rows)
     last = letters[-1] if len(letters) == limit else None
@@ -402,7 +402,7 @@ def dead_letters(
 
 def dead_letter(conn: db.Connection, letter_id: int) -> DeadLetter:
     """One dead letter with its history; 404 if there is none with ``letter_id``."""
-    rows = db.fetch_all(conn, "web_dead_letter", {"id": letter_id})
+    rows = db.fetch_all(conn, "views/dead_letter", {"id": letter_id})
     if not rows:
         raise HTTPException(HTTPStatus.NOT_FOUND, f"no dead letter {letter_id}")
     return _with_history(conn, rows)[0]
@@ -410,7 +410,7 @@ def dead_letter(conn: db.Connection, letter_id: int) -> DeadLetter:
 
 def letters_per_hour(conn: db.Connection, hours: int = CHART_HOURS) -> LettersPerHour:
     """Dead letters created in each of the last ``hours`` hours (UTC), zeros included."""
-    rows = db.fetch_all(conn, "dead_letters_per_hour", {"hours": hours})
+    rows = db.fetch_all(conn, "views/dead_letters_per_hour", {"hours": hours})
     per_hour = [HourCount(hour=row["hour"], created=int(row["created"])) for row in rows]
     counts = [h.created for h in per_hour]
     return LettersPerHour(
@@ -475,7 +475,7 @@ def plan_redrive(
         "since": since,
         "until": until,
     }
-    scopes = db.fetch_all(conn, "redrive_scope", params)
+    scopes = db.fetch_all(conn, "plan/redrive_scope", params)
     if not scopes:
         raise HTTPException(HTTPStatus.CONFLICT, "No open dead letter matches: nothing to redrive.")
     runs: list[RedriveRun] = []
@@ -557,7 +557,7 @@ def _with_history(conn: db.Connection, rows: list[dict[str, Any]]) -> list[DeadL
     changes: dict[int, list[LetterChange]] = {}
     if rows:
         ids = [row["id"] for row in rows]
-        for change in db.fetch_all(conn, "web_dead_letter_history", {"ids": ids}):
+        for change in db.fetch_all(conn, "views/dead_letter_history", {"ids": ids}):
             changes.setdefault(change.pop("letter_id"), []).append(LetterChange(**change))
     return [DeadLetter(**row, history=changes.get(row["id"], [])) for row in rows]
 
@@ -587,7 +587,7 @@ def change_open_letter(conn: db.Connection, query: str, params: dict[str, Any]) 
         conn.commit()
         return
     conn.rollback()
-    found = db.fetch_all(conn, "web_dead_letter_status", {"id": params["id"]})
+    found = db.fetch_all(conn, "views/dead_letter_status", {"id": params["id"]})
     if not found:
         raise HTTPException(HTTPStatus.NOT_FOUND, f"no dead letter {params['id']}")
     raise HTTPException(
@@ -1037,7 +1037,7 @@ def ignore_dead_letter(
 ) -> RedirectResponse:
     """Resolve an open letter as ignored, recording who, when and why; its note stays."""
     params = {"id": letter_id, "by": user.get_name(), "reason": reason.strip()}
-    change_open_letter(conn, "web_ignore_dead_letter", params)
+    change_open_letter(conn, "dead_letters/ignore", params)
     classes = _error_classes([error_class])
     filters = _letter_filters(stage, status, classes, since, until, limit)
     return _back(letter_id, return_to, filters)
@@ -1071,7 +1071,7 @@ def assign_dead_letter(
         "owner": owner.strip() or None,
         "note": note.strip() or None,
     }
-    change_open_letter(conn, "web_assign_dead_letter", params)
+    change_open_letter(conn, "dead_letters/assign", params)
     classes = _error_classes([error_class])
     filters = _letter_filters(stage, status, classes, since, until, limit)
     return _back(letter_id, return_to, filters)

@@ -122,12 +122,12 @@ class LedgerSnapshot:
 
 def read_snapshot(conn: db.Connection) -> LedgerSnapshot:
     """Read the counters, and the oldest pending event through its partial index."""
-    oldest = db.fetch_all(conn, "outbox_oldest_pending")
+    oldest = db.fetch_all(conn, "outbox/oldest_pending")
     return LedgerSnapshot(
-        items=db.fetch_all(conn, "metrics_items"),
-        dead_letters=db.fetch_all(conn, "metrics_dead_letters"),
-        model_calls=db.fetch_all(conn, "metrics_model_calls"),
-        outbox=db.fetch_all(conn, "metrics_outbox"),
+        items=db.fetch_all(conn, "metrics/items"),
+        dead_letters=db.fetch_all(conn, "metrics/dead_letters"),
+        model_calls=db.fetch_all(conn, "metrics/model_calls"),
+        outbox=db.fetch_all(conn, "metrics/outbox"),
         oldest_pending_age_s=max(float(oldest[0]["age_s"]), 0.0) if oldest else 0.0,
     )
 

@@ -36,8 +36,9 @@ from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 
 from conftest import ROOT
+from devtools import devenv
 from fake_airflow import FakeAirflow
-from replayable import db, devenv
+from replayable import db
 from replayable.settings import STAGES
 from replayable.web import create_app
 from replayable.web.app import (
@@ -835,7 +836,7 @@ def test_the_pool_never_opens_more_connections_than_its_size(dsn: str) -> None:
     def use() -> None:
         try:
             with pool.connection(readonly=True) as conn:
-                rows = db.fetch_all(conn, "web_dead_letter_status", {"id": 0})
+                rows = db.fetch_all(conn, "views/dead_letter_status", {"id": 0})
                 assert rows == []
                 with conn.cursor() as cur:
                     cur.execute("SELECT pg_backend_pid(), pg_sleep(0.05)")

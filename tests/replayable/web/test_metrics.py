@@ -320,10 +320,10 @@ def test_a_scrape_reads_only_the_counter_tables(dsn: str, conn: Any) -> None:
     reader = db.connect(dsn)
     try:
         for query in (
-            "metrics_items",
-            "metrics_dead_letters",
-            "metrics_model_calls",
-            "metrics_outbox",
+            "metrics/items",
+            "metrics/dead_letters",
+            "metrics/model_calls",
+            "metrics/outbox",
         ):
             with reader.cursor() as cur:
                 cur.execute("EXPLAIN (FORMAT JSON) " + db.sql(query))
@@ -469,7 +469,7 @@ def test_the_backlog_age_is_read_through_the_index_of_pending_events(dsn: str, c
     try:
         with reader.cursor() as cur:
             cur.execute("SET enable_seqscan = off")  # a tiny table would be scanned anyway
-            cur.execute("EXPLAIN (FORMAT JSON) " + db.sql("outbox_oldest_pending"))
+            cur.execute("EXPLAIN (FORMAT JSON) " + db.sql("outbox/oldest_pending"))
             plan = json.dumps(cur.fetchone()[0])
         assert '"Index Name": "outbox_pending_seq_idx"' in plan
     finally:

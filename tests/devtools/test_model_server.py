@@ -22,8 +22,7 @@ from typing import Any
 
 import httpx
 import pytest
-
-from replayable.provider.server import (
+from devtools.model_server.server import (
     MAX_PAD_BYTES,
     PARENT_CHECK_S,
     EmbeddingServer,
@@ -362,7 +361,7 @@ def test_stop_leaves_no_process_and_is_idempotent(tmp_path: Path) -> None:
 
 _PARENT = """
 import sys, time
-from replayable.provider.server import LocalModelServer
+from devtools.model_server import LocalModelServer
 server = LocalModelServer(port_file=sys.argv[1], log_path=sys.argv[2]).start()
 print(server.pid, flush=True)
 time.sleep(600)

@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from replayable import devenv
+from devtools import devenv
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """Local services for the demo, the tests and `make`: embedded Postgres, model server, Airflow env.
 
-``python -m replayable.devenv start|stop|status|env|migrate|run|airflow|cluster|cluster-run|
+``python -m devtools.devenv start|stop|status|env|migrate|run|airflow|cluster|cluster-run|
 cluster-stop``. State lives in a folder (``.local/`` by default): the pgserver data
 directory, the model server's pid and port, Airflow's home, ``services.json`` describing
 what runs where and, while ``make cluster`` runs, ``cluster.json``. Every process started
@@ -40,7 +40,7 @@ import httpx
 from replayable.settings import check_conf_keys
 from replayable.sources import ROOTS_ENV, allowed_roots, check_source
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_STATE = ROOT / ".local"
 DAG_ID = "document_pipeline"
 SHARED_ENV_FILE = ROOT / "airflow.env"
@@ -125,7 +125,7 @@ def _start_model_server(state: Path) -> tuple[str, int, float]:
     """
     import psutil
 
-    from replayable.provider.server import LocalModelServer
+    from devtools.model_server import LocalModelServer
 
     server = LocalModelServer(
         port_file=state / "model.port",
@@ -265,7 +265,7 @@ def _ensure_schema(services: Services) -> None:
         conn.close()
 
 
-def _postgres_conn_json(dsn: str) -> str:
+def postgres_conn_json(dsn: str) -> str:
     url = urlparse(dsn)
     query = parse_qs(url.query)
     host = query.get("host", [url.hostname or ""])[0]
@@ -358,7 +358,7 @@ def airflow_env(
         "AIRFLOW__API__HOST": "127.0.0.1",
         "AIRFLOW__API__PORT": str(api_port),
         "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{api_port}/execution/",
-        "AIRFLOW_CONN_REPLAYABLE_DB": _postgres_conn_json(services.replayable_dsn),
+        "AIRFLOW_CONN_REPLAYABLE_DB": postgres_conn_json(services.replayable_dsn),
         "AIRFLOW_CONN_REPLAYABLE_MODEL": model,
         "AIRFLOW_CONN_REPLAYABLE_EVENTS": events,
         "PYTHONPATH": os.pathsep.join(
@@ -436,7 +436,7 @@ def latest_report(dsn: str, since: datetime) -> dict[str, Any] | None:
 
     conn = db.connect(dsn)
     try:
-        rows = db.fetch_all(conn, "latest_report", {"since": since})
+        rows = db.fetch_all(conn, "report/latest_report", {"since": since})
     finally:
         conn.close()
     return rows[0]["report"] if rows else None
@@ -606,7 +606,7 @@ class AirflowProcesses:
             args += ["--celery-hostname", f"{worker_name(label)}@%h"]
             extra = {
                 WORKER_NAME_ENV: worker_name(label),
-                "AIRFLOW__CORE__HOSTNAME_CALLABLE": "replayable.devenv.worker_hostname",
+                "AIRFLOW__CORE__HOSTNAME_CALLABLE": "devtools.devenv.worker_hostname",
             }
         return args, extra
 
@@ -970,7 +970,7 @@ def cluster_run(state: Path, conf: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m replayable.devenv", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m devtools.devenv", description=__doc__)
     parser.add_argument("--state", type=Path, default=DEFAULT_STATE)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("start", help="start the embedded Postgres and the local model server")

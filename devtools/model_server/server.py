@@ -106,7 +106,7 @@ only when started.
 
 Command line::
 
-    python -m replayable.provider.server --host 127.0.0.1 --port 0 --dim 64 \\
+    python -m devtools.model_server --host 127.0.0.1 --port 0 --dim 64 \\
         [--api-key KEY] [--port-file PATH] [--parent-pid PID] [--verbose]
 
 With ``--parent-pid`` the server exits, as on SIGTERM, once that process is no longer its
@@ -1275,7 +1275,7 @@ def serve(
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse the command line and run :func:`serve`; return the exit status."""
     parser = argparse.ArgumentParser(
-        prog="python -m replayable.provider.server",
+        prog="python -m devtools.model_server",
         description="Local OpenAI-compatible embeddings server for offline demos and tests "
         "(feature-hash vectors, not semantic embeddings).",
     )
@@ -1393,11 +1393,10 @@ class LocalModelServer:
         # A port file left by an earlier run would point the readiness check at a dead port.
         port_file.unlink(missing_ok=True)
         log_path = self._log_path or cast(Path, self._tmpdir) / "server.log"
-        include_dir = Path(__file__).resolve().parents[2]
+        # The repository root, where ``devtools`` lives (a source checkout; never installed).
+        root = Path(__file__).resolve().parents[2]
         env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (str(include_dir), env.get("PYTHONPATH", "")) if p
-        )
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), env.get("PYTHONPATH", "")) if p)
         # An inherited key would silently switch on auth that the caller did not ask for.
         env.pop(API_KEY_ENV, None)
         if self.api_key:
@@ -1405,7 +1404,7 @@ class LocalModelServer:
         cmd = [
             sys.executable,
             "-m",
-            "replayable.provider.server",
+            "devtools.model_server",
             "--host",
             "127.0.0.1",
             "--port",
@@ -1528,7 +1527,3 @@ class LocalModelServer:
         """Return the events webhook ``name`` stored, oldest first: key, body, received_at."""
         response = self._control("GET", _webhook_path(name))
         return cast("list[dict[str, Any]]", response["events"])
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

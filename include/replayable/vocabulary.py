@@ -1,0 +1,28 @@
+"""The names every layer shares, defined once: stages, statuses, DAG and connection ids.
+
+Nothing here imports Airflow or the database, so the CLI, the UI, the metrics, the DAG files
+and the SQL-facing code all read the same words from one place.
+"""
+
+from __future__ import annotations
+
+# The stages of the document pipeline, in order; each reads the previous one's output.
+STAGES = ("extract", "chunk", "embed")
+
+# An item's life in stage_runs (ARCHITECTURE.md, data model).
+ITEM_STATUSES = ("pending", "running", "done", "failed", "dead")
+# A dead letter's work-list state.
+DEAD_LETTER_STATUSES = ("open", "redriven", "ignored")
+# An outbox event's delivery state.
+OUTBOX_STATUSES = ("pending", "published", "dead")
+
+# The DAGs this package ships in dags/.
+PIPELINE_DAG_ID = "document_pipeline"
+SWEEPER_DAG_ID = "replayable_sweeper"
+
+# The Airflow connections the hooks read.
+LEDGER_CONN_ID = "replayable_db"
+MODEL_CONN_ID = "replayable_model"
+
+# The environment variable the CLI reads for the ledger's libpq URI.
+DATABASE_URL_ENV = "REPLAYABLE_DATABASE_URL"
