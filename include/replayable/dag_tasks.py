@@ -10,11 +10,10 @@ import logging
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from airflow.configuration import conf
 from airflow.sdk import get_current_context
 from airflow.sdk.exceptions import AirflowFailException
 
-from replayable import db, pipeline, sources
+from replayable import config, db, pipeline, sources
 from replayable.context import triggered_by
 from replayable.hooks import connection_dsn, model_choice
 from replayable.settings import PipelineSettings, check_conf_keys
@@ -67,7 +66,7 @@ def plan(
     else:
         model, dimensions = settings.model or "", settings.dimensions
     hashes = spec_hashes(settings.chunk_config, model, dimensions)
-    max_map_length = conf.getint("core", "max_map_length", fallback=1024)
+    max_map_length = config.max_map_length()
 
     def record_and_plan(conn: db.Connection) -> tuple[int, list[dict[str, Any]]]:
         db.migrate(conn)

@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from replayable import sources
+from replayable import config, sources
 from replayable.db import Connection, execute, fetch_all
 from replayable.keys import sha256_bytes, sha256_file
 from replayable.settings import STAGES, PipelineSettings
@@ -240,7 +240,9 @@ def rerun_params(rerun: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def batch_size_for(documents: int, batch_size: int, max_map_length: int = 1024) -> int:
+def batch_size_for(
+    documents: int, batch_size: int, max_map_length: int = config.DEFAULT_MAX_MAP_LENGTH
+) -> int:
     """``batch_size``, grown when needed so that no more than ``max_map_length`` batches result."""
     return max(batch_size, math.ceil(documents / max_map_length)) if documents else batch_size
 
@@ -252,7 +254,7 @@ def plan_batches(
     dag_id: str,
     run_id: str,
     spec_hashes: Mapping[str, str],
-    max_map_length: int = 1024,
+    max_map_length: int = config.DEFAULT_MAX_MAP_LENGTH,
     revived_by: str | None = None,
 ) -> list[dict[str, Any]]:
     """Number the batches of the run's documents that have work left; return their refs.

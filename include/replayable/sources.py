@@ -18,7 +18,11 @@ import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-ROOTS_ENV = "REPLAYABLE_SOURCE_ROOTS"
+from replayable import config
+
+# The variable's name, kept here too because devtools, chaos, bench and the tests set it
+# through this module; config.py is where it is defined and read.
+ROOTS_ENV = config.SOURCE_ROOTS_ENV
 PROJECT_DATA = Path(__file__).resolve().parents[2] / "data"
 _GLOB_CHARS = "*?["
 
@@ -29,7 +33,7 @@ class SourceError(ValueError):
 
 def allowed_roots(extra: str | None = None) -> tuple[str, ...]:
     """The resolved allowed roots: the project's data folder and ``$REPLAYABLE_SOURCE_ROOTS``."""
-    listed = os.environ.get(ROOTS_ENV, "") if extra is None else extra
+    listed = config.listed_source_roots() if extra is None else extra
     roots = [PROJECT_DATA, *(Path(p) for p in listed.split(os.pathsep) if p.strip())]
     return tuple(dict.fromkeys(str(Path(root).expanduser().resolve()) for root in roots))
 
