@@ -1,0 +1,314 @@
+"""The read model of the ledger: every read that the CLI and the UI both make, written once.
+
+Each function takes an open connection (read-only is enough), runs queries from
+``sql/queries`` with every value bound, and returns plain rows (``dict`` per row, as
+:func:`replayable.db.fetch_all` gives them) or small frozen dataclasses. Nothing here
+formats, pages by cursor string or knows about HTTP or terminals: the CLI renders tables and
+JSON from these, the UI its models and pages. A filter left ``None`` means "any".
+
+Every read here goes through indexes on current state or the counters (ARCHITECTURE.md,
+invariant 10), so a person's page or command costs the same at a million documents.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import Any
+
+from replayable import db
+from replayable.vocabulary import ITEM_STATUSES, OUTBOX_STATUSES, STAGES
+
+Row = dict[str, Any]
+
+# What a partial re-run selects, counted without recording a run (plan/select_rerun_docs
+# applies the same filters when the run starts).
+RERUN_COUNT = "plan/count_rerun_docs"
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelCalls:
+    """Billable model calls: all of them, the ones answered ok, and the tokens they used."""
+
+    calls: int = 0
+    ok: int = 0
+    tokens: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class StageStatus:
+    """One stage's items by current status, its open dead letters and its model calls."""
+
+    stage: str
+    pending: int = 0
+    running: int = 0
+    done: int = 0
+    failed: int = 0
+    dead: int = 0
+    total: int = 0
+    open_dead_letters: int = 0
+    model_calls: ModelCalls = ModelCalls()
+
+
+@dataclasses.dataclass(frozen=True)
+class Page:
+    """Rows of one page, newest first, and how many rows match the filters in all."""
+
+    matched: int
+    rows: list[Row]
+
+
+@dataclasses.dataclass(frozen=True)
+class RedriveScope:
+    """The open dead letters of one stage that a redrive would take, as the database saw them.
+
+    ``ids`` lists the letters only when the redrive was asked for by id; ``as_of`` is when
+    they were counted, which pins the end of a filtered redrive to what was shown.
+    """
+
+    stage: str
+    letters: int
+    documents: int
+    ids: list[int] | None
+    as_of: datetime
+
+
+@dataclasses.dataclass(frozen=True)
+class OutboxCounts:
+    """Outbox events per status (from the counters) and the backlog's age in seconds.
+
+    ``oldest_pending_age_s`` is None when nothing is pending.
+    """
+
+    pending: int
+    published: int
+    dead: int
+    oldest_pending_age_s: float | None
+
+    def by_status(self) -> dict[str, int]:
+        """The counts keyed by status, in :data:`~replayable.vocabulary.OUTBOX_STATUSES` order."""
+        return {status: int(getattr(self, status)) for status in OUTBOX_STATUSES}
+
+
+# ---- helpers the readers share -----------------------------------------------------------
+
+
+def matched(rows: list[Row]) -> int:
+    """Take the ``matched`` window count off every row and return it; it is the same on each.
+
+    The list queries carry the count of every match on each row, so that one query answers
+    both the page and "n of m"; no rows means no match.
+    """
+    counts = [int(row.pop("matched")) for row in rows]
+    return counts[0] if counts else 0
+
+
+def unique(values: Iterable[Any] | None) -> list[Any] | None:
+    """``values`` without repeats, in their first order; None for no values (a filter of any)."""
+    found = list(dict.fromkeys(values)) if values is not None else []
+    return found or None
+
+
+def stage_order(found: Iterable[str]) -> list[str]:
+    """The pipeline's stages in order (even when empty), then any others by name."""
+    return [*STAGES, *sorted(set(found) - set(STAGES))]
+
+
+# ---- status per stage --------------------------------------------------------------------
+
+
+def items_by_status(conn: db.Connection, run_id: str | None = None) -> dict[str, dict[str, int]]:
+    """Per stage that has items: ``{status: n}`` for every item status, plus ``"total"``.
+
+    Without ``run_id`` the counters answer; with it, only the documents that run touched.
+    """
+    params = {"run_id": run_id, "stages": list(STAGES)}
+    return {
+        row["stage"]: {key: int(row[key]) for key in (*ITEM_STATUSES, "total")}
+        for row in db.fetch_all(conn, "views/status_stages", params)
+    }
+
+
+def model_calls_by_stage(conn: db.Connection, run_id: str | None = None) -> dict[str, ModelCalls]:
+    """Per stage that made any: its billable calls; with ``run_id``, that run's own calls."""
+    params = {"run_id": run_id, "stages": list(STAGES)}
+    return {
+        row["stage"]: ModelCalls(int(row["calls"]), int(row["ok"]), int(row["tokens"] or 0))
+        for row in db.fetch_all(conn, "views/status_model_calls", params)
+    }
+
+
+def open_dead_letters_by_stage(conn: db.Connection, run_id: str | None = None) -> dict[str, int]:
+    """Per stage that has any: its open dead letters; with ``run_id``, the run's documents'."""
+    params = {"run_id": run_id, "stages": list(STAGES)}
+    return {
+        row["stage"]: int(row["n_open"])
+        for row in db.fetch_all(conn, "views/status_dead_letters", params)
+    }
+
+
+def stage_status(
+    conn: db.Connection, run_id: str | None = None, *, with_model_calls: bool = True
+) -> list[StageStatus]:
+    """Every stage (in :func:`stage_order`): items by status, open dead letters, model calls.
+
+    ``run_id`` narrows all three to the documents (and calls) of that run. Without
+    ``with_model_calls`` the calls are not read and stay zero.
+    """
+    items = items_by_status(conn, run_id)
+    dead = open_dead_letters_by_stage(conn, run_id)
+    calls = model_calls_by_stage(conn, run_id) if with_model_calls else {}
+    return [
+        StageStatus(
+            stage=stage,
+            **items.get(stage, {}),
+            open_dead_letters=dead.get(stage, 0),
+            model_calls=calls.get(stage, ModelCalls()),
+        )
+        for stage in stage_order({*items, *dead, *calls})
+    ]
+
+
+def run_state(conn: db.Connection, run_id: str | None = None) -> Row | None:
+    """The run ``run_id`` (else the newest run) as the ledger records it; None if unknown.
+
+    The row has ``dag_id``, ``run_id``, ``created_at``, ``documents``, ``to_do`` and
+    ``reported`` (its report has been written since: the run has ended).
+    """
+    rows = db.fetch_all(conn, "views/run_state", {"run_id": run_id})
+    return rows[0] if rows else None
+
+
+# ---- failed items and dead letters -------------------------------------------------------
+
+
+def failed_items(
+    conn: db.Connection,
+    *,
+    stage: str | None = None,
+    error_classes: Sequence[str] | None = None,
+    limit: int,
+    after: tuple[datetime | str, str, str] | None = None,
+) -> Page:
+    """Items whose current status is failed, newest first, at most ``limit`` of them.
+
+    Each row has the item (stage, item_key, doc_id, the document's uri), its attempts, error
+    class and last error, code version, the run and task that last ran it and ``updated_at``.
+    ``after`` is the last row's ``(updated_at, stage, doc_id)`` of the page before (keyset
+    paging); ``matched`` counts every failed item of the filters, from the counters.
+    """
+    at, after_stage, after_doc = after if after is not None else (None, None, None)
+    params = {
+        "stage": stage,
+        "error_classes": list(error_classes) if error_classes is not None else None,
+        "limit": limit,
+        "after_updated_at": at,
+        "after_stage": after_stage,
+        "after_doc_id": after_doc,
+    }
+    rows = db.fetch_all(conn, "views/failed_items", params)
+    return Page(matched=matched(rows), rows=rows)
+
+
+def dead_letters(
+    conn: db.Connection,
+    *,
+    stage: str | None = None,
+    status: str | None = None,
+    error_classes: Sequence[str] | None = None,
+    since: datetime | str | None = None,
+    until: datetime | str | None = None,
+    limit: int,
+    after: tuple[datetime | str, int] | None = None,
+) -> Page:
+    """Dead letters, newest first, at most ``limit``, with the full error and resolution.
+
+    ``status`` is a dead-letter status, or None or ``"all"`` for any; ``since``/``until``
+    bound ``created_at`` (at or after, before). ``after`` is the last row's
+    ``(created_at, id)`` of the page before; ``matched`` counts every letter of the filters.
+    """
+    at, after_id = after if after is not None else (None, None)
+    params = {
+        "stage": stage,
+        "status": None if status == "all" else status,
+        "error_classes": list(error_classes) if error_classes is not None else None,
+        "since": since,
+        "until": until,
+        "limit": limit,
+        "after_created_at": at,
+        "after_id": after_id,
+    }
+    rows = db.fetch_all(conn, "views/list_dead_letters", params)
+    return Page(matched=matched(rows), rows=rows)
+
+
+def redrive_scope(
+    conn: db.Connection,
+    *,
+    ids: Sequence[int] | None = None,
+    stage: str | None = None,
+    error_classes: Sequence[str] | None = None,
+    since: datetime | str | None = None,
+    until: datetime | str | None = None,
+) -> list[RedriveScope]:
+    """The open dead letters a redrive would take, one entry per stage, by stage name.
+
+    The filters match as in :func:`dead_letters`; ``ids`` narrows them to the letters a
+    person picked. No entry means no open letter matches: there is nothing to redrive.
+    """
+    params = {
+        "ids": list(ids) if ids is not None else None,
+        "stage": stage,
+        "error_classes": list(error_classes) if error_classes is not None else None,
+        "since": since,
+        "until": until,
+    }
+    return [
+        RedriveScope(
+            stage=row["stage"],
+            letters=int(row["letters"]),
+            documents=int(row["documents"]),
+            ids=[int(i) for i in row["ids"]] if row["ids"] is not None else None,
+            as_of=row["as_of"],
+        )
+        for row in db.fetch_all(conn, "plan/redrive_scope", params)
+    ]
+
+
+# ---- re-runs -----------------------------------------------------------------------------
+
+
+def count_rerun_documents(conn: db.Connection, params: dict[str, Any]) -> int:
+    """How many documents a re-run with ``params`` (:func:`replayable.pipeline.rerun_params`)
+    would select now; nothing is recorded."""
+    return int(db.fetch_all(conn, RERUN_COUNT, params)[0]["matched"])
+
+
+def documents_by_prefix(conn: db.Connection, prefix: str) -> list[str]:
+    """Document ids that start with ``prefix``, in order; at most two (two = ambiguous)."""
+    return [row["doc_id"] for row in db.fetch_all(conn, "views/docs_by_prefix", {"prefix": prefix})]
+
+
+# ---- outbox ------------------------------------------------------------------------------
+
+
+def outbox_counts(conn: db.Connection) -> OutboxCounts:
+    """The outbox's events per status (the counters) and its oldest pending event's age."""
+    counts = {row["status"]: int(row["n"]) for row in db.fetch_all(conn, "metrics/outbox")}
+    oldest = db.fetch_all(conn, "outbox/oldest_pending")
+    return OutboxCounts(
+        pending=counts.get("pending", 0),
+        published=counts.get("published", 0),
+        dead=counts.get("dead", 0),
+        oldest_pending_age_s=float(oldest[0]["age_s"]) if oldest else None,
+    )
+
+
+def outbox_events(conn: db.Connection, status: str, limit: int) -> list[Row]:
+    """Outbox events of ``status`` (``pending``: the backlog, or ``dead``), oldest first.
+
+    Each row has ``seq``, ``event_id``, ``event_type``, ``doc_id`` (the aggregate),
+    ``status``, ``attempts``, ``error_class``, ``last_error`` and its times.
+    """
+    return db.fetch_all(conn, "views/outbox_events", {"status": status, "limit": limit})
