@@ -606,7 +606,7 @@ def test_apiserver_healthcheck_probes_what_devenv_waits_for_on_the_apiservers_po
     probe = " ".join(service("airflow-apiserver")["healthcheck"]["test"])
     port = env_of("airflow-apiserver")["AIRFLOW__API__PORT"]
     assert f"http://localhost:{port}/api/v2/monitor/health" in probe
-    assert "/api/v2/monitor/health" in Path(devenv.__file__).read_text()
+    assert "/api/v2/monitor/health" in Path(devenv.airflow.__file__).read_text()
 
 
 def test_healthchecks_pass_shell_variables_through_to_the_container() -> None:

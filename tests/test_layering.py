@@ -111,4 +111,4 @@ def test_no_product_module_imports_the_dev_tools():
 def test_the_dev_tools_live_outside_the_package():
     assert not (PACKAGE / "devenv.py").exists()
     assert not (PACKAGE / "provider").exists()
-    assert (ROOT / "devtools" / "devenv.py").exists()
+    assert (ROOT / "devtools" / "devenv" / "__init__.py").exists()

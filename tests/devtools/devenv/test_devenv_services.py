@@ -1,4 +1,4 @@
-"""`make start` / `make stop`: what the dev environment stops is only what it started."""
+"""`make start` / `make stop` (devenv.services): what is stopped is only what was started."""
 
 from __future__ import annotations
 
