@@ -13,12 +13,13 @@ from airflow.sdk import Param, dag, task
 
 from replayable.notifications import WebhookNotifier
 from replayable.sensors import DeadLetterGrowthSensor, alert
-from replayable.settings import STAGES
+from replayable.vocabulary import DEAD_LETTER_WATCH_DAG_ID, STAGES
 
 INTERVAL_S = 15 * 60
 
 
 @dag(
+    dag_id=DEAD_LETTER_WATCH_DAG_ID,
     schedule="*/15 * * * *",
     catchup=False,
     max_active_runs=1,

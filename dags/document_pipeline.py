@@ -15,6 +15,7 @@ from replayable import (
     pipeline_params,
     sources,
 )
+from replayable.vocabulary import PIPELINE_DAG_ID
 
 SAMPLES = Path(__file__).resolve().parents[1] / "data" / "samples"
 LABEL = "{{ task.batch['label'] }}"
@@ -23,6 +24,7 @@ STAGE = {"map_index_template": LABEL, "execution_timeout": TASK_TIMEOUTS["stage"
 
 
 @dag(
+    dag_id=PIPELINE_DAG_ID,
     schedule=None,
     catchup=False,
     params=pipeline_params(str(SAMPLES), sources.allowed_roots()),

@@ -10,9 +10,11 @@ from __future__ import annotations
 from airflow.sdk import Param, dag
 
 from replayable import PublishEventsOperator
+from replayable.vocabulary import OUTBOX_PUBLISHER_DAG_ID
 
 
 @dag(
+    dag_id=OUTBOX_PUBLISHER_DAG_ID,
     schedule="*/10 * * * *",
     catchup=False,
     max_active_runs=1,

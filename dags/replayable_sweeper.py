@@ -16,9 +16,11 @@ from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOpe
 from airflow.sdk import Param, dag, task
 
 from replayable import PipelineSettings, dag_tasks
+from replayable.vocabulary import PIPELINE_DAG_ID, SWEEPER_DAG_ID
 
 
 @dag(
+    dag_id=SWEEPER_DAG_ID,
     schedule="@hourly",
     catchup=False,
     max_active_runs=1,
@@ -40,7 +42,7 @@ def replayable_sweeper() -> None:
     reruns = task(dag_tasks.sweep)()
     TriggerDagRunOperator.partial(
         task_id="trigger_rerun",
-        trigger_dag_id="document_pipeline",
+        trigger_dag_id=PIPELINE_DAG_ID,
         logical_date=None,
         skip_when_already_exists=True,
         wait_for_completion=True,

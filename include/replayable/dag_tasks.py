@@ -17,6 +17,7 @@ from replayable import config, db, pipeline, sources
 from replayable.context import triggered_by
 from replayable.hooks import connection_dsn, model_choice
 from replayable.settings import PipelineSettings, check_conf_keys
+from replayable.vocabulary import LEDGER_CONN_ID, MODEL_CONN_ID
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +39,7 @@ def _on_database(conn_id: str, fn: Callable[[db.Connection], T], describe: str) 
 
 
 def plan(
-    postgres_conn_id: str = "replayable_db", model_conn_id: str = "replayable_model"
+    postgres_conn_id: str = LEDGER_CONN_ID, model_conn_id: str = MODEL_CONN_ID
 ) -> list[dict[str, Any]]:
     """Record the run's documents, then map the ones with work left into batches.
 
@@ -49,7 +50,7 @@ def plan(
     Discovering and planning are one task: a run with nothing to do costs as few task
     instances as it can (B1 in bench/).
     """
-    from replayable.specs import spec_hashes
+    from replayable.stages.lineage import spec_hashes
 
     context = get_current_context()
     ti = context["ti"]
@@ -112,7 +113,7 @@ def _record_documents(conn: db.Connection, settings: PipelineSettings, context: 
     return documents
 
 
-def report(postgres_conn_id: str = "replayable_db") -> dict[str, Any]:
+def report(postgres_conn_id: str = LEDGER_CONN_ID) -> dict[str, Any]:
     """Log the run's counts per stage and status; fail the run if any item is left to do."""
     ti = get_current_context()["ti"]
     result = _on_database(
@@ -131,7 +132,7 @@ def report(postgres_conn_id: str = "replayable_db") -> dict[str, Any]:
 
 
 def sweep(
-    postgres_conn_id: str = "replayable_db", model_conn_id: str = "replayable_model"
+    postgres_conn_id: str = LEDGER_CONN_ID, model_conn_id: str = MODEL_CONN_ID
 ) -> list[dict[str, Any]]:
     """Find the failed items runs left behind; return one re-run request per stage.
 
@@ -140,7 +141,7 @@ def sweep(
     against the spec a run with the default settings has now (ADR 0042).
     """
     from replayable import sweeper
-    from replayable.specs import spec_hashes
+    from replayable.stages.lineage import spec_hashes
 
     context = get_current_context()
     ti = context["ti"]

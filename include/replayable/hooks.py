@@ -9,7 +9,7 @@ arguments and asks the hook for a client. The connection holds:
 
 - ``host``: the API root including ``/v1`` (``https://api.openai.com/v1``, Ollama's
   ``http://127.0.0.1:11434/v1``, …), or a bare host with ``port``, ``schema`` and
-  ``extra.base_path`` (see :func:`replayable.model_settings.settings_from_fields`);
+  ``extra.base_path`` (see :func:`replayable.stages.embed.endpoint.settings_from_fields`);
 - ``password``: the API key, if any: sent as a bearer token, never logged or returned;
 - extra fields ``model``, ``dimensions``, ``timeout_s`` and ``max_in_flight`` (the
   provider's budget of concurrent requests, shared by every task and worker).
@@ -37,13 +37,14 @@ from replayable.get_provider_info import (
     HOOK_NAME,
     UI_FIELD_BEHAVIOUR,
 )
-from replayable.model_settings import ModelSettings, settings_from_fields
 from replayable.settings import DEFAULT_MAX_IN_FLIGHT, DEFAULT_MODEL
+from replayable.stages.embed.endpoint import ModelSettings, settings_from_fields
+from replayable.vocabulary import MODEL_CONN_ID
 
 if TYPE_CHECKING:
     from replayable.retry import CallRetry
     from replayable.settings import PipelineSettings
-    from replayable.stages.embed import HttpEmbeddingClient
+    from replayable.stages.embed.client import HttpEmbeddingClient
 
 __all__ = [
     "CONNECTION_FIELDS",
@@ -64,7 +65,7 @@ class EmbeddingsHook(BaseHook):
     """
 
     conn_name_attr = "embeddings_conn_id"
-    default_conn_name = "replayable_model"
+    default_conn_name = MODEL_CONN_ID
     conn_type = CONN_TYPE
     hook_name = HOOK_NAME
 
@@ -105,7 +106,7 @@ class EmbeddingsHook(BaseHook):
         """
         # Imported here: httpx is a task-time need, not a DAG-parse-time one.
         from replayable.retry import CallRetry
-        from replayable.stages.embed import HttpEmbeddingClient
+        from replayable.stages.embed.client import HttpEmbeddingClient
 
         settings = self.get_settings()
         return HttpEmbeddingClient(

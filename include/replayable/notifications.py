@@ -35,12 +35,12 @@ from urllib.parse import urlsplit
 
 from airflow.sdk import BaseHook, BaseNotifier, Context
 
+from replayable.vocabulary import ALERTS_CONN_ID
+
 if TYPE_CHECKING:
     from replayable.retry import CallRetry
 
-__all__ = ["ALERTS_CONN_ID", "WebhookDeliveryError", "WebhookNotifier", "WebhookTarget"]
-
-ALERTS_CONN_ID = "replayable_alerts"
+__all__ = ["WebhookDeliveryError", "WebhookNotifier", "WebhookTarget"]
 
 
 class WebhookDeliveryError(Exception):

@@ -8,6 +8,7 @@ from typing import Any
 
 from airflow.sdk import Param
 
+from replayable.config import SOURCE_ROOTS_ENV
 from replayable.settings import (
     BOUNDS,
     DEFAULT_MAX_IN_FLIGHT,
@@ -17,10 +18,11 @@ from replayable.settings import (
     STAGES,
     PipelineSettings,
 )
-from replayable.sources import ROOTS_ENV
+from replayable.vocabulary import ITEM_STATUSES
 
 _DEFAULTS = PipelineSettings()
-STATUSES = ("pending", "running", "done", "failed", "dead")
+# The name the CLI's and the fuzz tests import; the statuses themselves are the vocabulary's.
+STATUSES = ITEM_STATUSES
 # The end of the text in Python's re (which jsonschema uses) and ECMA-262 alike: Python's `$`
 # also matches before a final newline.
 _END = r"(?![\s\S])"
@@ -69,7 +71,7 @@ def roots_sentence(roots: Sequence[str]) -> str:
     """What a ``source`` must be, naming ``roots`` and how to add one, for people to read."""
     return (
         f"an absolute path or glob inside an allowed source root ({', '.join(roots)}), without "
-        f"'..' or control characters; to allow another folder, add it to {ROOTS_ENV} "
+        f"'..' or control characters; to allow another folder, add it to {SOURCE_ROOTS_ENV} "
         "(separated by ':') where Airflow parses and runs the DAG"
     )
 

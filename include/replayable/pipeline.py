@@ -21,7 +21,8 @@ from typing import Any
 from replayable import config, sources
 from replayable.db import Connection, execute, fetch_all
 from replayable.keys import sha256_bytes, sha256_file
-from replayable.settings import STAGES, PipelineSettings
+from replayable.settings import PipelineSettings
+from replayable.vocabulary import STAGES
 
 log = logging.getLogger(__name__)
 

@@ -24,6 +24,7 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 from replayable import db
 from replayable.hooks import connection_dsn
 from replayable.outbox import PublishLimits, publication_counts, publish
+from replayable.vocabulary import EVENTS_CONN_ID, LEDGER_CONN_ID
 
 DOCUMENTS_READY = Asset(name="replayable_documents_ready", uri="replayable://documents/ready")
 
@@ -61,8 +62,8 @@ class PublishEventsOperator(BaseOperator):
     def __init__(
         self,
         *,
-        postgres_conn_id: str = "replayable_db",
-        events_conn_id: str | None = "replayable_events",
+        postgres_conn_id: str = LEDGER_CONN_ID,
+        events_conn_id: str | None = EVENTS_CONN_ID,
         max_events: int | str = PublishLimits.max_events,
         batch_size: int | str = PublishLimits.batch_size,
         lease_s: float | str = PublishLimits.lease_s,

@@ -52,7 +52,7 @@ from airflow.sdk.bases.sensor import PokeReturnValue
 from airflow.sdk.exceptions import AirflowFailException
 
 from replayable import db
-from replayable.settings import STAGES
+from replayable.vocabulary import LEDGER_CONN_ID, STAGES
 
 __all__ = ["DeadLetterGrowth", "DeadLetterGrowthSensor", "alert"]
 
@@ -130,7 +130,7 @@ class DeadLetterGrowthSensor(SqlSensor):
     def __init__(
         self,
         *,
-        conn_id: str = "replayable_db",
+        conn_id: str = LEDGER_CONN_ID,
         window_minutes: int | str = 60,
         max_new: int | str = 10,
         stage: str | None = None,

@@ -12,9 +12,11 @@ from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
 from typing import Any
 
-from replayable.stages.chunk import ChunkConfig
+from replayable.stages.chunk.chunker import ChunkConfig
 
-STAGES = ("extract", "chunk", "embed")
+# Re-exported: the CLI, the UI, the operator, bench and many tests import it from here.
+from replayable.vocabulary import STAGES as STAGES
+
 DEFAULT_MODEL = "text-embedding-3-small"
 DEFAULT_MAX_IN_FLIGHT = 4
 

@@ -15,7 +15,7 @@ from datetime import datetime
 from typing import Any
 
 from replayable.db import Connection, fetch_all
-from replayable.settings import STAGES
+from replayable.vocabulary import STAGES
 
 
 @dataclass(frozen=True)

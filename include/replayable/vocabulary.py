@@ -19,10 +19,15 @@ OUTBOX_STATUSES = ("pending", "published", "dead")
 # The DAGs this package ships in dags/.
 PIPELINE_DAG_ID = "document_pipeline"
 SWEEPER_DAG_ID = "replayable_sweeper"
+OUTBOX_PUBLISHER_DAG_ID = "outbox_publisher"
+DEAD_LETTER_WATCH_DAG_ID = "dead_letter_watch"
 
 # The Airflow connections the hooks read.
 LEDGER_CONN_ID = "replayable_db"
 MODEL_CONN_ID = "replayable_model"
+# The webhooks: outbox events (replayable.sinks) and dead-letter alerts (notifications).
+EVENTS_CONN_ID = "replayable_events"
+ALERTS_CONN_ID = "replayable_alerts"
 
 # The environment variable the CLI reads for the ledger's libpq URI.
 DATABASE_URL_ENV = "REPLAYABLE_DATABASE_URL"

@@ -7,6 +7,7 @@ from airflow.models import DagBag
 from airflow.sdk.exceptions import ParamValidationError
 
 from conftest import ROOT
+from replayable import vocabulary
 from replayable.settings import BOUNDS, TASK_TIMEOUTS, PipelineSettings
 
 
@@ -25,6 +26,16 @@ def monkeypatch_module():
 def test_every_dag_imports_without_errors(dagbag):
     assert dagbag.import_errors == {}
     assert "document_pipeline" in dagbag.dag_ids
+
+
+def test_the_dags_carry_the_ids_the_vocabulary_defines(dagbag):
+    """The UI, the CLI and the sweeper's trigger name these DAGs by the vocabulary's ids."""
+    assert set(dagbag.dag_ids) == {
+        vocabulary.PIPELINE_DAG_ID,
+        vocabulary.SWEEPER_DAG_ID,
+        vocabulary.OUTBOX_PUBLISHER_DAG_ID,
+        vocabulary.DEAD_LETTER_WATCH_DAG_ID,
+    }
 
 
 def test_pipeline_defaults_validate(dagbag):

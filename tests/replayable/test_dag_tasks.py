@@ -8,7 +8,7 @@ from airflow.sdk.exceptions import AirflowFailException
 from test_operators import flaky_connect
 
 from replayable import dag_tasks, db, pipeline
-from replayable.settings import STAGES
+from replayable.vocabulary import STAGES
 
 REPORT = {
     "run_id": "run-1",

@@ -11,8 +11,9 @@ from replayable import db, keys, pipeline
 from replayable.ledger import Ledger, Outcome, RunContext
 from replayable.pipeline import discover, format_report, plan_batches
 from replayable.retry import Classified, ErrorKind
-from replayable.settings import STAGES, PipelineSettings
-from replayable.specs import spec_hashes
+from replayable.settings import PipelineSettings
+from replayable.stages.lineage import spec_hashes
+from replayable.vocabulary import STAGES
 
 SAMPLES = Path(__file__).resolve().parents[2] / "data" / "samples"
 SETTINGS = PipelineSettings(batch_size=2)
@@ -335,7 +336,7 @@ def test_an_unreadable_document_is_dead_lettered_by_extract_and_counted_in_the_r
     from file_access import finishes
     from replayable import guards
     from replayable.runner import Limits, run_batch
-    from replayable.specs import ExtractSpec
+    from replayable.stages.extract.spec import ExtractSpec
 
     shutil.copy(sorted(SAMPLES.glob("*.pdf"))[0], tmp_path / "x.pdf")
     swap_for_fifo_after_listing(monkeypatch, tmp_path / "x.pdf")

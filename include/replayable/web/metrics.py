@@ -80,7 +80,7 @@ from prometheus_client.metrics_core import (
 from starlette.concurrency import run_in_threadpool
 
 from replayable import db
-from replayable.settings import STAGES
+from replayable.vocabulary import ITEM_STATUSES, OUTBOX_STATUSES, STAGES
 
 __all__ = [
     "LATENCY_BOUNDS_MS",
@@ -100,8 +100,6 @@ TOKEN_VARIABLE = "replayable_metrics_token"  # noqa: S105 - a Variable's name, n
 TOKEN_TTL_S = 30.0  # how long a read of the Variable is trusted
 # header.payload.signature, each base64url: what Airflow's JWTs look like.
 _JWT_SHAPE = re.compile(r"^[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*$")
-ITEM_STATUSES = ("pending", "running", "done", "failed", "dead")
-OUTBOX_STATUSES = ("pending", "published", "dead")
 # replayable.latency_bucket()'s upper bounds (migration 0002); -1 in the counters is +Inf.
 LATENCY_BOUNDS_MS = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000)
 _INF = -1

@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from checks import ledger_metrics, rows
 from conftest import ROOT
 from replayable import db
-from replayable.settings import STAGES
+from replayable.vocabulary import STAGES
 from replayable.web import create_app
 from replayable.web.metrics import LATENCY_BOUNDS_MS, METRIC_NAMES, TOKEN_VARIABLE
 
