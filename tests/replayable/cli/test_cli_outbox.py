@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from publishers import add_events
-from replayable import cli
+from replayable.cli import main
 
 pytestmark = pytest.mark.db
 
@@ -49,7 +49,7 @@ def outbox(conn: Any) -> list[str]:
 
 
 def run_json(capsys: Any, dsn: str, *args: str) -> Any:
-    assert cli.main(["--dsn", dsn, "--json", *args]) == 0
+    assert main(["--dsn", dsn, "--json", *args]) == 0
     return json.loads(capsys.readouterr().out)
 
 
@@ -70,7 +70,7 @@ def test_list_shows_the_backlog_oldest_first(capsys, dsn, outbox):
 
 
 def test_list_renders_a_table(capsys, dsn, outbox):
-    assert cli.main(["--dsn", dsn, "outbox", "list"]) == 0
+    assert main(["--dsn", dsn, "outbox", "list"]) == 0
     out = capsys.readouterr().out
     assert "http_410" in out
     assert "3 pending" in out
@@ -97,10 +97,10 @@ def test_requeue_by_error_class_and_all(capsys, conn, dsn, outbox):
 
 
 def test_requeue_without_a_selection_is_refused(capsys, conn, dsn, outbox):
-    assert cli.main(["--dsn", dsn, "outbox", "requeue"]) == 2
+    assert main(["--dsn", dsn, "outbox", "requeue"]) == 2
     assert "--all" in capsys.readouterr().err
     assert [s for _, s, _ in statuses(conn)].count("dead") == 2
 
 
 def test_requeue_that_matches_nothing_exits_1(capsys, dsn, outbox):
-    assert cli.main(["--dsn", dsn, "outbox", "requeue", "--id", "evt_none"]) == 1
+    assert main(["--dsn", dsn, "outbox", "requeue", "--id", "evt_none"]) == 1
