@@ -1,7 +1,33 @@
-"""The local OpenAI-compatible model server, with fault injection, for demos and tests."""
+"""The local OpenAI-compatible model server, with fault injection, for demos and tests.
+
+This server is for offline demos and tests only. Its vectors are feature hashes of the
+input's words, not semantic embeddings: texts that share words land close together, but
+synonyms, paraphrases and other languages do not. Never use it to judge retrieval quality.
+
+It speaks enough of the OpenAI API (``POST /v1/embeddings``) for the pipeline's provider
+client, binds loopback only, and behaves like a careful paid provider: it charges each
+successful request, remembers it per ``Idempotency-Key`` and can inject faults at runtime
+(error statuses, ``Retry-After``, latency, hangs, poison inputs, lost responses, a
+concurrency limit, slow or padded bodies) so retry and replay behaviour can be exercised
+without a network or a paid account. It also receives "document ready" webhooks, standing
+in for a downstream system.
+
+- :mod:`~devtools.model_server.faults`: the fault config and its JSON keys;
+- :mod:`~devtools.model_server.stats` and :mod:`~devtools.model_server.idempotency`: what
+  ``GET /stats`` counts and the memory of charged responses by ``Idempotency-Key``;
+- :mod:`~devtools.model_server.vectors` and :mod:`~devtools.model_server.errors`: the
+  vectors, the request and response bodies, the error bodies;
+- :mod:`~devtools.model_server.handler` and :mod:`~devtools.model_server.server`: the HTTP
+  endpoints, and the server's state behind them;
+- :mod:`~devtools.model_server.cli`: ``python -m devtools.model_server``;
+- :mod:`~devtools.model_server.process`: :class:`LocalModelServer`, which runs it as a
+  subprocess.
+
+The server itself uses the standard library only, so it starts fast anywhere.
+"""
 
 from __future__ import annotations
 
-from devtools.model_server.server import LocalModelServer
+from devtools.model_server.process import LocalModelServer
 
 __all__ = ["LocalModelServer"]

@@ -4,6 +4,6 @@ from __future__ import annotations
 
 import sys
 
-from devtools.model_server.server import main
+from devtools.model_server.cli import main
 
 sys.exit(main())

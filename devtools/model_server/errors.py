@@ -1,0 +1,44 @@
+"""Error responses in the OpenAI API's shape.
+
+Handlers raise :class:`HttpError`; the handler answers it with :func:`error_body`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+
+def error_body(status: int, message: str, code: str | None = None) -> dict[str, Any]:
+    """The JSON error body OpenAI's clients expect, its ``type`` chosen by ``status``."""
+    if status == 401:
+        kind = "authentication_error"
+    elif status == 403:
+        kind = "permission_error"
+    elif status == 404:
+        kind = "not_found_error"
+    elif status == 429:
+        kind = "rate_limit_error"
+    elif status >= 500:
+        kind = "server_error"
+    else:
+        kind = "invalid_request_error"
+    return {"error": {"message": message, "type": kind, "param": None, "code": code}}
+
+
+class HttpError(Exception):
+    """An error response; ``injected`` marks one caused by the fault config."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        code: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code
+        self.headers = dict(headers or {})

@@ -1,0 +1,252 @@
+"""The fault configuration: what the server injects, parsed and checked from JSON.
+
+Fault config keys (``PUT /faults`` with a JSON object; unknown keys and bad values get 400
+naming the key; every key is optional and the default injects nothing):
+
+- ``status_rates``: ``{"503": 0.3, "429": 0.1}``, the share of ``/v1`` requests failing
+  with each status (at most 1 in total);
+- ``retry_after``: seconds or an HTTP-date sent as ``Retry-After`` on injected 429 and 503
+  responses, webhooks included;
+- ``latency_ms``: delay before a ``/v1`` request is handled;
+- ``hang_rate``, ``hang_s`` (default 600): the share of requests held ``hang_s`` seconds
+  (or until the faults are cleared) before they go on;
+- ``fail_inputs_containing``: ``{"POISON": 400}``, the status for a request with an input
+  containing the substring;
+- ``status_always``: fail every ``/v1`` request with this status;
+- ``seed``: reseed the fault draws, so a config gives the same sequence every time;
+- ``dedupe`` (default true): replay repeated idempotency keys; false charges every
+  repeat, answers no 422, and counts ``would_deduplicate``;
+- ``lose_response_rate``: the share of 200 responses that are dropped after the work is
+  done: the request is charged (or replayed) and its key remembered as usual, then the
+  connection is shut down without a response, so the client sees the server disconnect;
+- ``max_concurrency``: answer 429 at once, with ``Retry-After:
+  concurrency_retry_after`` (seconds, default 1), to an embeddings request that arrives
+  while this many are in flight (null: no limit);
+- ``trickle_bytes_per_s``: send 200 bodies at about this rate, in pieces of a tenth of it
+  (at least one byte), so from 10 bytes/s up a piece arrives every tenth of a second: a
+  per-read timeout does not fire while a deadline on the whole response does (0: at once);
+- ``pad_response_bytes``: add a ``"padding"`` field of this many characters to 200
+  bodies (at most :data:`MAX_PAD_BYTES`), for a client's response-size cap;
+- ``webhook_statuses``: ``[503, 503, 200]``, statuses answered to webhook deliveries one
+  per delivery, in order, before they succeed normally; 4xx/5xx fail the delivery, a 2xx
+  stores it and is the status it and its replays get. Setting the faults restarts the
+  list;
+- ``webhook_status_always``: fail every webhook delivery with this status.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+MAX_PAD_BYTES = 64 * 1024 * 1024
+
+_FAULT_FIELDS = frozenset(
+    {
+        "status_rates",
+        "retry_after",
+        "latency_ms",
+        "hang_rate",
+        "hang_s",
+        "fail_inputs_containing",
+        "status_always",
+        "seed",
+        "dedupe",
+        "lose_response_rate",
+        "max_concurrency",
+        "concurrency_retry_after",
+        "trickle_bytes_per_s",
+        "pad_response_bytes",
+        "webhook_statuses",
+        "webhook_status_always",
+    }
+)
+
+
+def _finite_number(raw: Mapping[str, object], key: str, default: float, low: float) -> float:
+    value = raw.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"{key} must be a finite number")
+    if value < low:
+        raise ValueError(f"{key} must be >= {low}")
+    return float(value)
+
+
+def _probability(value: object, key: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
+        raise ValueError(f"{key} must be a number between 0 and 1")
+    return float(value)
+
+
+def _error_status(value: object, key: str) -> int:
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 400 <= value <= 599:
+        raise ValueError(f"{key} must be an HTTP error status between 400 and 599")
+    return value
+
+
+def _webhook_status(value: object, key: str) -> int:
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or not (200 <= value <= 299 or 400 <= value <= 599)
+    ):
+        raise ValueError(f"{key} must be an HTTP status between 200 and 299 or 400 and 599")
+    return value
+
+
+def _whole_number(raw: Mapping[str, object], key: str, low: int, high: int) -> int | None:
+    value = raw.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ValueError(f"{key} must be an integer between {low} and {high}")
+    return value
+
+
+def seconds_header(value: float) -> str:
+    """Seconds as a header value: ``2`` rather than ``2.0``."""
+    return str(int(value)) if float(value).is_integer() else str(value)
+
+
+@dataclass(frozen=True)
+class FaultConfig:
+    """Faults the server injects, and whether it de-duplicates; the default injects none.
+
+    The module docstring describes each field under its JSON key.
+    """
+
+    status_rates: tuple[tuple[int, float], ...] = ()
+    retry_after: str | int | float | None = None
+    latency_ms: float = 0.0
+    hang_rate: float = 0.0
+    hang_s: float = 600.0
+    fail_inputs_containing: tuple[tuple[str, int], ...] = ()
+    status_always: int | None = None
+    seed: int | None = None
+    dedupe: bool = True
+    lose_response_rate: float = 0.0
+    max_concurrency: int | None = None
+    concurrency_retry_after: float = 1.0
+    trickle_bytes_per_s: float = 0.0
+    pad_response_bytes: int = 0
+    webhook_statuses: tuple[int, ...] = ()
+    webhook_status_always: int | None = None
+
+    @classmethod
+    def from_json(cls, raw: object) -> FaultConfig:
+        """Validate a JSON fault config; raise ``ValueError`` describing the first problem."""
+        if not isinstance(raw, dict):
+            raise ValueError("fault config must be a JSON object")
+        # Unknown keys are usually typos; silently ignoring one would make a test pass for
+        # the wrong reason.
+        unknown = sorted(set(raw) - _FAULT_FIELDS)
+        if unknown:
+            raise ValueError(f"unknown fault config keys: {', '.join(unknown)}")
+
+        rates_raw = raw.get("status_rates") or {}
+        if not isinstance(rates_raw, dict):
+            raise ValueError('status_rates must be an object like {"503": 0.3}')
+        rates = tuple(
+            (
+                _error_status(status, "status_rates key"),
+                _probability(rate, f"status_rates[{status}]"),
+            )
+            for status, rate in rates_raw.items()
+        )
+        if sum(rate for _, rate in rates) > 1 + 1e-9:
+            raise ValueError("status_rates must add up to at most 1")
+
+        retry_after = raw.get("retry_after")
+        if isinstance(retry_after, bool) or not (
+            retry_after is None
+            or (isinstance(retry_after, str) and retry_after.strip())
+            or (isinstance(retry_after, int | float) and 0 <= retry_after < math.inf)
+        ):
+            raise ValueError("retry_after must be seconds (>= 0) or a non-empty HTTP-date string")
+
+        poison_raw = raw.get("fail_inputs_containing") or {}
+        if not isinstance(poison_raw, dict) or not all(poison_raw):
+            raise ValueError('fail_inputs_containing must be an object like {"POISON": 400}')
+        poison = tuple(
+            (str(needle), _error_status(status, f"fail_inputs_containing[{needle}]"))
+            for needle, status in poison_raw.items()
+        )
+
+        status_always = raw.get("status_always")
+        if status_always is not None:
+            status_always = _error_status(status_always, "status_always")
+
+        seed = raw.get("seed")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise ValueError("seed must be an integer")
+
+        dedupe = raw.get("dedupe", True)
+        if not isinstance(dedupe, bool):
+            raise ValueError("dedupe must be true or false")
+
+        webhook_raw = raw.get("webhook_statuses") or []
+        if not isinstance(webhook_raw, list):
+            raise ValueError("webhook_statuses must be a list like [503, 200]")
+        webhook_statuses = tuple(
+            _webhook_status(status, f"webhook_statuses[{index}]")
+            for index, status in enumerate(webhook_raw)
+        )
+
+        webhook_status_always = raw.get("webhook_status_always")
+        if webhook_status_always is not None:
+            webhook_status_always = _error_status(webhook_status_always, "webhook_status_always")
+
+        return cls(
+            status_rates=rates,
+            retry_after=retry_after,
+            latency_ms=_finite_number(raw, "latency_ms", 0.0, 0.0),
+            hang_rate=_probability(raw.get("hang_rate", 0.0), "hang_rate"),
+            hang_s=_finite_number(raw, "hang_s", 600.0, 0.0),
+            fail_inputs_containing=poison,
+            status_always=status_always,
+            seed=seed,
+            dedupe=dedupe,
+            lose_response_rate=_probability(
+                raw.get("lose_response_rate", 0.0), "lose_response_rate"
+            ),
+            max_concurrency=_whole_number(raw, "max_concurrency", 1, 1_000_000),
+            concurrency_retry_after=_finite_number(raw, "concurrency_retry_after", 1.0, 0.0),
+            trickle_bytes_per_s=_finite_number(raw, "trickle_bytes_per_s", 0.0, 0.0),
+            pad_response_bytes=_whole_number(raw, "pad_response_bytes", 0, MAX_PAD_BYTES) or 0,
+            webhook_statuses=webhook_statuses,
+            webhook_status_always=webhook_status_always,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """Return the config as the JSON object ``GET /faults`` shows."""
+        return {
+            "status_rates": {str(status): rate for status, rate in self.status_rates},
+            "retry_after": self.retry_after,
+            "latency_ms": self.latency_ms,
+            "hang_rate": self.hang_rate,
+            "hang_s": self.hang_s,
+            "fail_inputs_containing": dict(self.fail_inputs_containing),
+            "status_always": self.status_always,
+            "seed": self.seed,
+            "dedupe": self.dedupe,
+            "lose_response_rate": self.lose_response_rate,
+            "max_concurrency": self.max_concurrency,
+            "concurrency_retry_after": self.concurrency_retry_after,
+            "trickle_bytes_per_s": self.trickle_bytes_per_s,
+            "pad_response_bytes": self.pad_response_bytes,
+            "webhook_statuses": list(self.webhook_statuses),
+            "webhook_status_always": self.webhook_status_always,
+        }
+
+    def retry_after_header(self) -> str | None:
+        """Return the ``Retry-After`` header value, or None when none is configured."""
+        value = self.retry_after
+        if value is None or isinstance(value, str):
+            return value
+        return seconds_header(value)

@@ -1,0 +1,245 @@
+"""The counters behind ``GET /stats``, with the idempotency and webhook memory.
+
+``GET /stats`` shows the counters since the last reset, as a JSON object:
+
+- ``requests``: ``/v1/embeddings`` requests received; ``succeeded`` + ``failed`` of
+  them have finished, the rest are ``in_flight``;
+- ``succeeded`` = ``charged`` + ``deduplicated``: 200 responses, newly embedded and
+  charged or replayed from an idempotency key;
+- ``failed``: every other response (injected faults, 4xx, 422 key reuse, concurrency
+  429s); ``by_status``: responses per status, lost ones included under ``"200"``;
+- ``inputs_embedded`` and ``input_success_counts`` (sha256 of an input's text -> times it
+  was charged) count charged inputs only;
+- ``idempotency_keys``: each key seen -> how many times a response under it was charged;
+- ``would_deduplicate``: charged requests whose key had been charged before (whatever
+  the body) and was still remembered; non-zero only with ``"dedupe": false``, it is
+  what the keys would have saved;
+- ``lost_responses``: 200 responses dropped instead of sent (``lose_response_rate``);
+- ``rejected_concurrency``: 429s from ``max_concurrency``;
+- ``in_flight``: requests being served now (a live gauge, kept by a reset);
+  ``peak_in_flight``: the most at once since the last reset, limit or not;
+- ``webhooks``: ``received`` = ``stored`` + ``deduplicated`` + ``failed`` webhook
+  deliveries.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from devtools.model_server.idempotency import (
+    IDEMPOTENCY_MAX_BYTES,
+    IDEMPOTENCY_MAX_KEYS,
+    IdempotencyMemory,
+    Remembered,
+)
+
+
+@dataclass
+class Ticket:
+    """An embeddings request's stats generation, and whether the concurrency limit let it in."""
+
+    generation: int
+    admitted: bool
+    ended: bool = False
+
+
+@dataclass(frozen=True)
+class WebhookReply:
+    """The status and body a webhook key was answered with, for its replays."""
+
+    status: int
+    payload: dict[str, Any]
+
+
+class Stats:
+    """Thread-safe counters behind ``GET /stats``, with the idempotency and webhook memory.
+
+    One lock guards all of it, so a charge and the memory that prevents the next one change
+    together. Nothing sleeps or does I/O while holding it.
+    """
+
+    def __init__(
+        self,
+        idempotency_max_keys: int = IDEMPOTENCY_MAX_KEYS,
+        idempotency_max_bytes: int = IDEMPOTENCY_MAX_BYTES,
+    ) -> None:
+        self._lock = threading.Lock()
+        # A reset bumps the generation; requests that began before it are not counted when
+        # they finish, so a request left hanging by one test cannot leak into the next.
+        self._generation = 0
+        self._in_flight = 0
+        self._memory = IdempotencyMemory(idempotency_max_keys, idempotency_max_bytes)
+        self._zero()
+
+    def _zero(self) -> None:
+        self._requests = 0
+        self._succeeded = 0
+        self._charged = 0
+        self._deduplicated = 0
+        self._would_deduplicate = 0
+        self._failed = 0
+        self._lost_responses = 0
+        self._rejected_concurrency = 0
+        self._peak_in_flight = self._in_flight
+        self._by_status: dict[str, int] = {}
+        self._inputs_embedded = 0
+        self._input_success_counts: dict[str, int] = {}
+        self._idempotency_keys: dict[str, int] = {}
+        self._memory.clear()
+        self._webhooks = dict.fromkeys(("received", "stored", "deduplicated", "failed"), 0)
+        self._webhook_events: dict[str, list[dict[str, Any]]] = {}
+        self._webhook_replies: dict[tuple[str, str], WebhookReply] = {}
+
+    def _count_status(self, status: int) -> None:
+        key = str(status)
+        self._by_status[key] = self._by_status.get(key, 0) + 1
+
+    def begin(self, idempotency_key: str | None, max_concurrency: int | None) -> Ticket:
+        """Count a request as started and admit it, unless ``max_concurrency`` are in flight.
+
+        A refused request is counted as a failed 429 here and is never in flight.
+        """
+        with self._lock:
+            self._requests += 1
+            if idempotency_key is not None:
+                self._idempotency_keys.setdefault(idempotency_key, 0)
+            if max_concurrency is not None and self._in_flight >= max_concurrency:
+                self._rejected_concurrency += 1
+                self._failed += 1
+                self._count_status(429)
+                return Ticket(self._generation, admitted=False)
+            self._in_flight += 1
+            self._peak_in_flight = max(self._peak_in_flight, self._in_flight)
+            return Ticket(self._generation, admitted=True)
+
+    def fail(self, ticket: Ticket, status: int) -> None:
+        """Count an error response, unless stats were reset since the request began."""
+        with self._lock:
+            if ticket.generation != self._generation:
+                return
+            self._failed += 1
+            self._count_status(status)
+
+    def settle(
+        self,
+        ticket: Ticket,
+        idempotency_key: str | None,
+        fingerprint: str,
+        input_digests: Sequence[str],
+        body: bytes,
+        *,
+        dedupe: bool,
+        lost: bool,
+    ) -> bytes | None:
+        """Charge a request that embedded its inputs, or replay what its key remembers.
+
+        Return the body to answer with: ``body`` when the request is charged, the first
+        response's body when it is replayed, or None when the key was charged for a request
+        with another fingerprint (the caller answers 422 and counts it with :meth:`fail`).
+        With ``dedupe`` off every request is charged. ``lost`` counts the response as
+        dropped. A request begun before a reset is neither counted nor remembered.
+        """
+        with self._lock:
+            if ticket.generation != self._generation:
+                return body
+            remembered = self._memory.get(idempotency_key) if idempotency_key else None
+            if dedupe and remembered is not None:
+                if remembered.fingerprint != fingerprint:
+                    return None
+                self._deduplicated += 1
+                body = remembered.body
+            else:
+                self._charged += 1
+                self._inputs_embedded += len(input_digests)
+                for digest in input_digests:
+                    self._input_success_counts[digest] = (
+                        self._input_success_counts.get(digest, 0) + 1
+                    )
+                if idempotency_key is not None:
+                    count = self._idempotency_keys.get(idempotency_key, 0)
+                    self._idempotency_keys[idempotency_key] = count + 1
+                    if remembered is None:
+                        self._memory.remember(idempotency_key, Remembered(fingerprint, body))
+                    else:
+                        self._would_deduplicate += 1
+            self._succeeded += 1
+            self._count_status(200)
+            if lost:
+                self._lost_responses += 1
+            return body
+
+    def end(self, ticket: Ticket) -> None:
+        """Count an admitted request as no longer in flight (once; later calls do nothing).
+
+        A request leaves the count when its answer starts going out, as at a provider that
+        limits requests being processed: a client that has read a whole answer may send the
+        next request at once and must find its slot free.
+        """
+        with self._lock:
+            if not ticket.admitted or ticket.ended:
+                return
+            ticket.ended = True
+            self._in_flight -= 1
+
+    def store_webhook(self, name: str, key: str, event: object, status: int) -> WebhookReply:
+        """Store a webhook event under ``(name, key)`` once; return the reply for its key.
+
+        The first delivery with a key is stored and answered ``status``; later ones get the
+        first delivery's reply and are not stored.
+        """
+        received_at = datetime.now(UTC).isoformat().replace("+00:00", "Z")
+        with self._lock:
+            self._webhooks["received"] += 1
+            reply = self._webhook_replies.get((name, key))
+            if reply is not None:
+                self._webhooks["deduplicated"] += 1
+                return reply
+            events = self._webhook_events.setdefault(name, [])
+            events.append({"key": key, "body": event, "received_at": received_at})
+            payload = {"ok": True, "name": name, "key": key, "event": len(events)}
+            reply = self._webhook_replies[(name, key)] = WebhookReply(status, payload)
+            self._webhooks["stored"] += 1
+            return reply
+
+    def fail_webhook(self) -> None:
+        """Count a webhook delivery that got an error response."""
+        with self._lock:
+            self._webhooks["received"] += 1
+            self._webhooks["failed"] += 1
+
+    def webhook_events(self, name: str) -> list[dict[str, Any]]:
+        """Return the events stored for webhook ``name``, in arrival order."""
+        with self._lock:
+            # Stored events are never changed, so a shallow copy is a consistent snapshot.
+            return list(self._webhook_events.get(name, ()))
+
+    def reset(self) -> None:
+        """Zero every counter except the live ``in_flight`` gauge and forget all memory."""
+        with self._lock:
+            self._generation += 1
+            self._zero()
+
+    def snapshot(self) -> dict[str, Any]:
+        """Return the counters as the JSON object ``GET /stats`` shows."""
+        with self._lock:
+            return {
+                "requests": self._requests,
+                "succeeded": self._succeeded,
+                "charged": self._charged,
+                "deduplicated": self._deduplicated,
+                "would_deduplicate": self._would_deduplicate,
+                "failed": self._failed,
+                "lost_responses": self._lost_responses,
+                "rejected_concurrency": self._rejected_concurrency,
+                "by_status": dict(self._by_status),
+                "inputs_embedded": self._inputs_embedded,
+                "input_success_counts": dict(self._input_success_counts),
+                "idempotency_keys": dict(self._idempotency_keys),
+                "in_flight": self._in_flight,
+                "peak_in_flight": self._peak_in_flight,
+                "webhooks": dict(self._webhooks),
+            }
