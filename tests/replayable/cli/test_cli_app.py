@@ -1,5 +1,6 @@
 """The command as a whole: where it finds the database, --json anywhere, exit codes."""
 
+import ast
 import json
 import os
 import subprocess
@@ -67,3 +68,32 @@ def test_python_m_replayable_runs_the_cli(ledger, dsn):
     )
     assert done.returncode == 0, done.stderr
     assert "Items by stage (all runs)" in done.stdout
+
+
+def _queries_run_in(path: Path) -> list[str]:
+    """The query names ``path`` hands to ``db.fetch_all``, ``db.execute`` or ``db.sql``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+            continue
+        position = {"fetch_all": 1, "execute": 1, "sql": 0}.get(node.func.attr)
+        if position is None or len(node.args) <= position:
+            continue
+        name = node.args[position]
+        found.append(name.value if isinstance(name, ast.Constant) else f"<{ast.unparse(name)}>")
+    return found
+
+
+def test_the_cli_reads_the_ledger_only_through_views():
+    """Its one query of its own is the outbox requeue, the command's one write (ADR 0093)."""
+    package = ROOT / "include" / "replayable" / "cli"
+    queries = {
+        str(path.relative_to(package)): names
+        for path in sorted(package.rglob("*.py"))
+        if (names := _queries_run_in(path))
+    }
+    # rerun prints the text of the count query that views runs.
+    assert queries == {
+        "commands/outbox.py": ["outbox/requeue"],
+        "commands/rerun.py": ["<views.RERUN_COUNT>"],
+    }
