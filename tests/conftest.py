@@ -19,14 +19,17 @@ import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
-from devtools.model_server import LocalModelServer
 
 from devtools import devenv
+from devtools.model_server import LocalModelServer
 from replayable import db, sources
 from strict_skips import pytest_runtest_makereport  # noqa: F401  # REPLAYABLE_STRICT=1
+
+if TYPE_CHECKING:
+    from in_process import PipelineInProcess
 
 # Airflow reads its home when first imported: keep the tests' own Airflow out of ~/airflow.
 os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="replayable-airflow-"))
@@ -84,7 +87,9 @@ def session_orphans(started: float) -> list[Any]:
 
 
 # Fixtures that reach a real Postgres: a test using one is in the `db` tier.
-_DB_FIXTURES = frozenset({"conn", "dsn", "services", "database", "airflow_env", "run_dag"})
+_DB_FIXTURES = frozenset(
+    {"conn", "dsn", "services", "database", "airflow_env", "run_dag", "run_in_process"}
+)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -253,6 +258,28 @@ class DagRunner:
         report["_returncode"] = done.returncode
         report["_log"] = str(log_path)
         return report
+
+
+@pytest.fixture
+def run_in_process(
+    services: devenv.Services,
+    state_dir: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    conn: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> PipelineInProcess:
+    """document_pipeline's tasks run in this process (tests/in_process.py), on an empty ledger.
+
+    Only Airflow's connections and the source roots come from the environment the real
+    Airflow gets; no Airflow metadata database or process is involved.
+    """
+    from in_process import PipelineInProcess
+
+    for key, value in devenv.airflow_env(services, state_dir).items():
+        if key.startswith("AIRFLOW_CONN_"):
+            monkeypatch.setenv(key, value)
+    monkeypatch.setenv(sources.ROOTS_ENV, str(tmp_path_factory.getbasetemp()))
+    return PipelineInProcess(monkeypatch)
 
 
 @pytest.fixture

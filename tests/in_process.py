@@ -1,0 +1,147 @@
+"""document_pipeline in this process: plan, each batch's stages through ``execute``, report.
+
+What the library does with faults, bad files and re-run selection does not need Airflow's
+scheduler or a cold ``airflow dags test`` (about 10 s of imports and parsing per run) to be
+seen: the DAG's own task callables and operators run here, in the order and with the trigger
+rules and retries the DAG gives them. What only Airflow can show (mapping, clearing one map
+index, the scheduler, the UI and API, the cluster) stays in tests/e2e/.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from airflow.sdk.definitions.param import ParamsDict
+from airflow.sdk.definitions.retry_policy import RetryAction
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+
+from checks import SAMPLES
+from replayable import IdempotentStageOperator, dag_tasks, pipeline_params, sources
+from replayable.vocabulary import PIPELINE_DAG_ID, STAGES
+
+# The DAG's own settings (dags/document_pipeline.py): four retries per batch task.
+RETRIES = 4
+_RUNS = itertools.count(1)
+
+
+@dataclass
+class Outcome:
+    """How one task of the run ended: ``success``, ``skipped`` or ``failed`` after ``tries``."""
+
+    state: str
+    tries: int
+    error: BaseException | None = None
+
+
+@dataclass
+class PipelineInProcess:
+    """Runs document_pipeline's tasks in this process and returns the run's report.
+
+    The report is the one the report task writes (``pipeline.build_report``), with
+    ``_failed`` (the run would have failed: a batch task or the report failed) and
+    ``_tasks`` (each task's :class:`Outcome`, by ``(task_id, map_index)``).
+
+    :param user: the user who triggers the runs, as the API records it.
+    """
+
+    monkeypatch: pytest.MonkeyPatch
+    user: str | None = "tester"
+    tasks: dict[tuple[str, int], Outcome] = field(default_factory=dict)
+
+    def __call__(self, conf: dict[str, Any]) -> dict[str, Any]:
+        run_id = f"manual__in-process-{next(_RUNS)}"
+        dag_run = SimpleNamespace(conf=conf, triggering_user_name=self.user, run_type="manual")
+        params = ParamsDict(pipeline_params(str(SAMPLES), sources.allowed_roots()))
+        params.update(conf)
+        settings = params.validate()
+        self.tasks = {}
+
+        def context(task_id: str, map_index: int = -1, try_number: int = 1) -> dict[str, Any]:
+            ti = SimpleNamespace(
+                dag_id=PIPELINE_DAG_ID,
+                run_id=run_id,
+                task_id=task_id,
+                map_index=map_index,
+                try_number=try_number,
+            )
+            return {"ti": ti, "params": settings, "dag_run": dag_run}
+
+        failed = False
+        current = context("plan")
+        self.monkeypatch.setattr(dag_tasks, "get_current_context", lambda: current)
+        try:
+            batches = dag_tasks.plan()
+        except AirflowFailException as error:
+            self.tasks["plan", -1] = Outcome("failed", 1, error)
+            batches, failed = [], True
+        for map_index, batch in enumerate(batches):
+            upstream = "success"
+            for stage in STAGES:
+                task_id = f"batch.{stage}"
+                # trigger_rule none_failed for chunk and embed: a skipped stage lets the
+                # next one run, a failed one does not (it is upstream_failed).
+                if upstream == "failed":
+                    self.tasks[task_id, map_index] = Outcome("upstream_failed", 0)
+                    continue
+                operator = IdempotentStageOperator(
+                    task_id=stage, stage=stage, batch=batch, settings=settings
+                )
+                outcome = self._run_with_retries(
+                    operator, lambda tries, t=task_id, m=map_index: context(t, m, tries)
+                )
+                self.tasks[task_id, map_index] = outcome
+                if outcome.state == "failed":
+                    upstream, failed = "failed", True
+        current = context("report")
+        try:
+            report = dag_tasks.report()
+        except AirflowFailException as error:
+            self.tasks["report", -1] = Outcome("failed", 1, error)
+            failed = True
+            report = self._saved_report(run_id)
+        report["_failed"] = failed
+        report["_tasks"] = self.tasks
+        return report
+
+    @staticmethod
+    def _run_with_retries(operator: IdempotentStageOperator, context: Any) -> Outcome:
+        """``execute`` until it succeeds, is skipped, or its retry policy or tries run out.
+
+        The waits between tries are not taken: a failed item is ``failed``, not leased, so
+        the next try takes it at once; the delays themselves are the policy's tests' concern.
+        """
+        for try_number in range(1, RETRIES + 2):
+            try:
+                operator.execute(context(try_number))
+            except AirflowSkipException:
+                return Outcome("skipped", try_number)
+            except Exception as error:
+                decision = operator.retry_policy.evaluate(error, try_number, RETRIES + 1)
+                if decision.action == RetryAction.FAIL or try_number == RETRIES + 1:
+                    return Outcome("failed", try_number, error)
+                continue
+            return Outcome("success", try_number)
+        raise AssertionError("unreachable")
+
+    @staticmethod
+    def _saved_report(run_id: str) -> dict[str, Any]:
+        """The report the failed report task saved before it failed the run."""
+        from replayable import db
+        from replayable.hooks import connection_dsn
+        from replayable.vocabulary import LEDGER_CONN_ID
+
+        conn = db.connect(connection_dsn(LEDGER_CONN_ID))
+        try:
+            with conn.cursor() as cur:
+                cur.execute(
+                    "SELECT report FROM replayable.run_reports WHERE dag_id = %s AND run_id = %s",
+                    (PIPELINE_DAG_ID, run_id),
+                )
+                (report,) = cur.fetchone()
+        finally:
+            conn.close()
+        return dict(report)
