@@ -280,8 +280,10 @@ def redrive_scope(
 
 
 def count_rerun_documents(conn: db.Connection, params: dict[str, Any]) -> int:
-    """How many documents a re-run with ``params`` (:func:`replayable.pipeline.rerun_params`)
-    would select now; nothing is recorded."""
+    """How many documents a re-run would select now; nothing is recorded.
+
+    ``params`` are the values :func:`replayable.pipeline.rerun_params` binds for a conf.
+    """
     return int(db.fetch_all(conn, RERUN_COUNT, params)[0]["matched"])
 
 
