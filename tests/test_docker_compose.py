@@ -365,7 +365,7 @@ def test_replayable_db_connection_is_the_replayable_database_of_the_postgres_ser
 
 def test_the_ui_connects_as_its_own_role_from_the_api_server_only() -> None:
     """The UI plugin runs in the API server; it uses replayable_ui_db when that exists."""
-    from replayable.web.app import UI_DSN_CONN_ID
+    from replayable.web.database import UI_DSN_CONN_ID
 
     variable = f"AIRFLOW_CONN_{UI_DSN_CONN_ID.upper()}"
     conn = json.loads(env_of("airflow-apiserver")[variable])

@@ -15,7 +15,13 @@ import psycopg2.errors
 import psycopg2.extensions
 import pytest
 from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
-from test_app import _as, _letter, auth_manager, ledger, make_app  # noqa: F401 - fixtures
+from ui_fixtures import (  # noqa: F401 - fixtures
+    _as,
+    _letter,
+    auth_manager_fixture,
+    ledger_fixture,
+    make_app_fixture,
+)
 
 from conftest import ROOT
 
@@ -48,10 +54,10 @@ def ui_dsn(dsn: str, conn: Any) -> Iterator[str]:
 
 
 def test_the_ui_works_with_the_least_privilege_role(
-    make_app: Any,  # noqa: F811
+    make_app: Any,
     ui_dsn: str,
     conn: Any,
-    ledger: dict[str, int],  # noqa: F811
+    ledger: dict[str, int],
 ) -> None:
     app = make_app(lambda: ui_dsn)
     client = _as(app, SimpleAuthManagerUser(username="olga", role="OP"))

@@ -1,0 +1,65 @@
+"""The UI's JSON API under ``api/``: the pages' data, for scripts and other tools.
+
+Each list route takes the same filters as its page (:mod:`.filters`) and returns the model
+the page renders (:mod:`.models`), with full errors, tracebacks and histories.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from replayable.web.database import ReadConn
+from replayable.web.filters import FailedQuery, LetterId, LetterQuery
+from replayable.web.models import (
+    ANY_ROUTE,
+    ONE,
+    PAGED,
+    DeadLetter,
+    DeadLetterList,
+    FailedList,
+    LettersPerHour,
+    Summary,
+)
+from replayable.web.reads import dead_letter, dead_letters, failed_items, letters_per_hour, summary
+
+router = APIRouter(responses=ANY_ROUTE)
+
+
+@router.get("/api/summary")
+def summary_api(conn: ReadConn) -> Summary:
+    """The overview as JSON."""
+    return summary(conn)
+
+
+# Before /api/dead-letters/{letter_id}, which would otherwise take "per-hour" for an id.
+@router.get("/api/dead-letters/per-hour")
+def letters_per_hour_api(conn: ReadConn) -> LettersPerHour:
+    """The overview's chart as JSON: letters created per hour over the last 48 hours (UTC)."""
+    return letters_per_hour(conn)
+
+
+@router.get("/api/failed", responses=PAGED)
+def failed_api(conn: ReadConn, filters: FailedQuery) -> FailedList:
+    """The failed list as JSON; ``next_after`` is the cursor of the next page."""
+    return failed_items(conn, filters.stage, filters.error_classes, filters.limit, filters.after)
+
+
+@router.get("/api/dead-letters", responses=PAGED)
+def dead_letters_api(conn: ReadConn, filters: LetterQuery) -> DeadLetterList:
+    """The dead-letter list as JSON, with full errors, tracebacks and histories."""
+    return dead_letters(
+        conn,
+        filters.stage,
+        filters.status,
+        filters.limit,
+        filters.after,
+        error_classes=filters.error_classes,
+        since=filters.since,
+        until=filters.until,
+    )
+
+
+@router.get("/api/dead-letters/{letter_id}", responses=ONE)
+def dead_letter_api(conn: ReadConn, letter_id: LetterId) -> DeadLetter:
+    """One dead letter as JSON, with its history."""
+    return dead_letter(conn, letter_id)

@@ -1,0 +1,227 @@
+"""The UI's data shapes: what the JSON API returns and the pages render, and its refusals.
+
+Each model is a response schema of the API (``api/...``); the pages render the same objects,
+so a page and its JSON twin cannot disagree. :data:`ANY_ROUTE` and its kin document every
+refusal a route can answer with, for clients and the schema fuzzer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, computed_field
+
+from replayable import airflow_http
+
+
+class StageSummary(BaseModel):
+    """Items of one stage by their current status, and its open dead letters."""
+
+    stage: str
+    pending: int = 0
+    running: int = 0
+    done: int = 0
+    failed: int = 0
+    dead: int = 0
+    total: int = 0
+    open_dead_letters: int = 0
+
+
+class OutboxSummary(BaseModel):
+    """The event outbox (ADR 0072): events waiting (the backlog), published and dead.
+
+    ``oldest_pending_age_s`` is how long the oldest waiting event has waited (None: none).
+    """
+
+    pending: int = 0
+    published: int = 0
+    dead: int = 0
+    oldest_pending_age_s: float | None = None
+
+    @computed_field  # type: ignore[prop-decorator]  # pydantic's documented pattern
+    @property
+    def oldest_wait(self) -> str | None:
+        """The oldest wait for people: "2 h 5 min", "12 min"."""
+        if self.oldest_pending_age_s is None:
+            return None
+        minutes = int(self.oldest_pending_age_s // 60)
+        return f"{minutes // 60} h {minutes % 60} min" if minutes >= 60 else f"{minutes} min"
+
+
+class Summary(BaseModel):
+    """Every stage (in pipeline order, empty ones too), the open dead letters in all, and
+    the outbox."""
+
+    stages: list[StageSummary]
+    open_dead_letters: int
+    outbox: OutboxSummary = OutboxSummary()
+
+
+class AirflowLinks(BaseModel):
+    """Where a row's work happened in Airflow's UI, relative to Airflow's base URL (ADR 0060).
+
+    ``run`` is the DAG run, ``task_instance`` the ``batch.<stage>`` task instance (its details)
+    and ``log`` its log, of the recorded try when there is one.
+    """
+
+    run: str
+    task_instance: str
+    log: str
+
+
+def _links(
+    dag_id: str | None,
+    run_id: str | None,
+    stage: str,
+    map_index: int | None,
+    try_number: int | None,
+) -> AirflowLinks | None:
+    found = airflow_http.task_links(
+        dag_id=dag_id, run_id=run_id, stage=stage, map_index=map_index, try_number=try_number
+    )
+    return AirflowLinks(**dataclasses.asdict(found)) if found else None
+
+
+class FailedItem(BaseModel):
+    """An item whose current status in a stage is failed."""
+
+    stage: str
+    item_key: str
+    doc_id: str
+    uri: str | None
+    attempts: int
+    error_class: str | None
+    last_error: str | None
+    code_version: str
+    dag_id: str | None
+    run_id: str | None
+    map_index: int | None
+    try_number: int | None = None
+    updated_at: datetime
+
+    @computed_field  # type: ignore[prop-decorator]  # pydantic's documented pattern
+    @property
+    def links(self) -> AirflowLinks | None:
+        """The item's last task try in Airflow's UI."""
+        return _links(self.dag_id, self.run_id, self.stage, self.map_index, self.try_number)
+
+
+class FailedList(BaseModel):
+    """Failed items, newest first; ``matched`` counts them all, ``items`` up to the limit.
+
+    ``next_after`` is the keyset cursor of the next page (pass it as ``after``), if any.
+    """
+
+    matched: int
+    items: list[FailedItem]
+    next_after: str | None = None
+
+
+class LetterChange(BaseModel):
+    """One change to a dead letter: who, when, and what the letter became."""
+
+    at: datetime
+    actor: str
+    action: str
+    status: str
+    owner: str | None
+    note: str | None
+    resolution: str | None
+
+
+class DeadLetter(BaseModel):
+    """One row of the dead-letter queue, with its full error, its resolution and history."""
+
+    id: int
+    stage: str
+    item_key: str
+    doc_id: str
+    uri: str | None
+    error_class: str
+    error_kind: str
+    error: str
+    traceback: str | None
+    attempts: int
+    code_version: str
+    dag_id: str | None
+    run_id: str | None
+    map_index: int | None
+    try_number: int | None = None
+    status: str
+    owner: str | None
+    note: str | None
+    created_at: datetime
+    resolved_at: datetime | None
+    resolved_by: str | None
+    resolution: str | None = None
+    history: list[LetterChange] = []
+
+    @computed_field  # type: ignore[prop-decorator]  # pydantic's documented pattern
+    @property
+    def links(self) -> AirflowLinks | None:
+        """The task try that dead-lettered the item, in Airflow's UI."""
+        return _links(self.dag_id, self.run_id, self.stage, self.map_index, self.try_number)
+
+
+class DeadLetterList(BaseModel):
+    """Dead letters, newest first; ``matched`` counts them all; ``next_after`` pages on."""
+
+    matched: int
+    dead_letters: list[DeadLetter]
+    next_after: str | None = None
+
+
+class HourCount(BaseModel):
+    """Dead letters created in the hour that starts at ``hour`` (UTC)."""
+
+    hour: datetime
+    created: int
+
+
+class LettersPerHour(BaseModel):
+    """Dead letters created per hour over the last ``hours`` hours, the current hour last."""
+
+    hours: int
+    per_hour: list[HourCount]
+    total: int
+    peak: int
+
+
+class RedriveRun(BaseModel):
+    """One redrive run asked of Airflow: a stage's letters, and the run or Airflow's answer."""
+
+    stage: str
+    letters: int
+    documents: int
+    conf: dict[str, Any]
+    run_id: str | None = None
+    run_link: str | None = None  # relative to Airflow's base URL
+    refused: str | None = None
+
+
+class Problem(BaseModel):
+    """Why a request was refused."""
+
+    detail: str
+
+
+# Documented so that clients (and the schema fuzzer) know every answer a route can give.
+Responses = dict[int | str, dict[str, Any]]
+
+
+def problem(description: str) -> dict[str, Any]:
+    """A documented refusal: ``description``, with a :class:`Problem` as its JSON body."""
+    # Inline and always JSON: with `model`, FastAPI would document a page's refusals as HTML.
+    schema = {**Problem.model_json_schema(), "additionalProperties": False}
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+ANY_ROUTE: Responses = {
+    401: problem("Not logged in to Airflow"),
+    403: problem("Not allowed (role), or a cross-origin post"),
+    503: problem("The database is unavailable, busy, or the query took too long"),
+}
+PAGED: Responses = {400: problem("`after` is not a page cursor")}
+ONE: Responses = {404: problem("No such dead letter")}

@@ -1,0 +1,64 @@
+"""The UI's HTML pages: the overview, the failed list, the dead-letter list and one letter.
+
+Each list page takes its filters from :mod:`.filters`, the same declaration as its JSON twin
+in :mod:`.api`, and renders the same model. Pages only read, in a read-only transaction; the
+forms on them post to :mod:`.actions`.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from fastapi.responses import HTMLResponse
+
+from replayable.web.charts import chart_bars
+from replayable.web.database import ReadConn
+from replayable.web.filters import FailedQuery, LetterFilters, LetterId, LetterQuery, next_query
+from replayable.web.models import ANY_ROUTE, ONE, PAGED
+from replayable.web.reads import dead_letter, dead_letters, failed_items, letters_per_hour, summary
+from replayable.web.render import page
+
+router = APIRouter(responses=ANY_ROUTE)
+
+
+@router.get("/", response_class=HTMLResponse)
+def overview_page(conn: ReadConn) -> HTMLResponse:
+    """Per stage, items by current status; open dead letters; letters created per hour."""
+    chart = letters_per_hour(conn)
+    return page("overview.html", summary=summary(conn), chart=chart, bars=chart_bars(chart))
+
+
+@router.get("/failed", response_class=HTMLResponse, responses=PAGED)
+def failed_page(conn: ReadConn, filters: FailedQuery) -> HTMLResponse:
+    """Items whose current status is failed, filtered by stage and error class."""
+    data = failed_items(conn, filters.stage, filters.error_classes, filters.limit, filters.after)
+    shown = filters.shown()
+    return page("failed.html", data=data, filters=shown, next_query=next_query(shown, data))
+
+
+@router.get("/dead-letters", response_class=HTMLResponse, responses=PAGED)
+def dead_letters_page(conn: ReadConn, filters: LetterQuery) -> HTMLResponse:
+    """The dead-letter queue (open letters unless asked otherwise), each row expandable.
+
+    Filters: stage, status, error class and when the letter was created (``since``
+    inclusive, ``until`` exclusive; a time without a zone is UTC). Open letters can be ticked
+    and redriven, or every open letter the filters match.
+    """
+    data = dead_letters(
+        conn,
+        filters.stage,
+        filters.status,
+        filters.limit,
+        filters.after,
+        error_classes=filters.error_classes,
+        since=filters.since,
+        until=filters.until,
+    )
+    shown = filters.shown()
+    return page("dead_letters.html", data=data, filters=shown, next_query=next_query(shown, data))
+
+
+@router.get("/dead-letters/{letter_id}", response_class=HTMLResponse, responses=ONE)
+def dead_letter_page(conn: ReadConn, letter_id: LetterId) -> HTMLResponse:
+    """One dead letter: its full error, its resolution and every change made to it."""
+    letter = dead_letter(conn, letter_id)
+    return page("dead_letter.html", root="../", dl=letter, filters=LetterFilters().shown())

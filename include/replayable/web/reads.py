@@ -1,0 +1,177 @@
+"""The UI's reads of the ledger: the overview, the failed list and the dead-letter queue.
+
+Each read returns the model (:mod:`.models`) that the JSON API returns and the pages render.
+Lists are keyset-paged: a page's last row makes the cursor (``after``) of the next one, so a
+page costs the same at any depth. Every SQL value is bound; the queries live in
+``sql/queries/views/`` and are the ones the CLI reads.
+"""
+
+from __future__ import annotations
+
+import base64
+from datetime import datetime
+from http import HTTPStatus
+from typing import Any
+
+from fastapi import HTTPException
+
+from replayable import db
+from replayable.vocabulary import STAGES
+from replayable.web.charts import CHART_HOURS
+from replayable.web.models import (
+    DeadLetter,
+    DeadLetterList,
+    FailedItem,
+    FailedList,
+    HourCount,
+    LetterChange,
+    LettersPerHour,
+    OutboxSummary,
+    StageSummary,
+    Summary,
+)
+
+
+def summary(conn: db.Connection) -> Summary:
+    """Items per stage by current status (the CLI's ``status`` queries), open dead letters."""
+    params = {"run_id": None, "stages": list(STAGES)}
+    counts = {row["stage"]: row for row in db.fetch_all(conn, "views/status_stages", params)}
+    dead = {row["stage"]: row for row in db.fetch_all(conn, "views/status_dead_letters", params)}
+    stages = [
+        StageSummary(
+            **counts.get(stage, {"stage": stage}),
+            open_dead_letters=dead.get(stage, {}).get("n_open", 0),
+        )
+        for stage in [*STAGES, *sorted({*counts, *dead} - set(STAGES))]
+    ]
+    return Summary(
+        stages=stages,
+        open_dead_letters=sum(s.open_dead_letters for s in stages),
+        outbox=outbox_summary(conn),
+    )
+
+
+def outbox_summary(conn: db.Connection) -> OutboxSummary:
+    """The outbox's counts (the metrics' counters) and its oldest pending event's age."""
+    counts = {row["status"]: int(row["n"]) for row in db.fetch_all(conn, "metrics/outbox")}
+    oldest = db.fetch_all(conn, "outbox/oldest_pending")
+    return OutboxSummary(
+        pending=counts.get("pending", 0),
+        published=counts.get("published", 0),
+        dead=counts.get("dead", 0),
+        oldest_pending_age_s=float(oldest[0]["age_s"]) if oldest else None,
+    )
+
+
+def failed_items(
+    conn: db.Connection,
+    stage: str | None,
+    error_classes: list[str] | None,
+    limit: int,
+    after: str | None = None,
+) -> FailedList:
+    """Items whose current status is failed, newest first, one keyset page at a time."""
+    at, after_stage, after_doc = _cursor(after, 3) if after else (None, None, None)
+    rows = db.fetch_all(
+        conn,
+        "views/failed_items",
+        {
+            "stage": stage,
+            "error_classes": error_classes,
+            "limit": limit,
+            "after_updated_at": at,
+            "after_stage": after_stage,
+            "after_doc_id": after_doc,
+        },
+    )
+    matched = _matched(rows)
+    items = [FailedItem(**row) for row in rows]
+    last = items[-1] if len(items) == limit else None
+    next_after = None
+    if last is not None:
+        next_after = _make_cursor(last.updated_at.isoformat(), last.stage, last.doc_id)
+    return FailedList(matched=matched, items=items, next_after=next_after)
+
+
+def dead_letters(
+    conn: db.Connection,
+    stage: str | None,
+    letter_status: str,
+    limit: int,
+    after: str | None = None,
+    *,
+    error_classes: list[str] | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+) -> DeadLetterList:
+    """Dead letters with ``letter_status`` ("all" for any), newest first, one page at a time."""
+    at, after_id = _cursor(after, 2) if after else (None, None)
+    params = {
+        "stage": stage,
+        "status": None if letter_status == "all" else letter_status,
+        "error_classes": error_classes,
+        "since": since,
+        "until": until,
+        "limit": limit,
+        "after_created_at": at,
+        "after_id": int(after_id) if after_id is not None else None,
+    }
+    rows = db.fetch_all(conn, "views/list_dead_letters", params)
+    matched = _matched(rows)
+    letters = _with_history(conn, rows)
+    last = letters[-1] if len(letters) == limit else None
+    next_after = _make_cursor(last.created_at.isoformat(), str(last.id)) if last else None
+    return DeadLetterList(matched=matched, dead_letters=letters, next_after=next_after)
+
+
+def dead_letter(conn: db.Connection, letter_id: int) -> DeadLetter:
+    """One dead letter with its history; 404 if there is none with ``letter_id``."""
+    rows = db.fetch_all(conn, "views/dead_letter", {"id": letter_id})
+    if not rows:
+        raise HTTPException(HTTPStatus.NOT_FOUND, f"no dead letter {letter_id}")
+    return _with_history(conn, rows)[0]
+
+
+def letters_per_hour(conn: db.Connection, hours: int = CHART_HOURS) -> LettersPerHour:
+    """Dead letters created in each of the last ``hours`` hours (UTC), zeros included."""
+    rows = db.fetch_all(conn, "views/dead_letters_per_hour", {"hours": hours})
+    per_hour = [HourCount(hour=row["hour"], created=int(row["created"])) for row in rows]
+    counts = [h.created for h in per_hour]
+    return LettersPerHour(
+        hours=hours, per_hour=per_hour, total=sum(counts), peak=max(counts, default=0)
+    )
+
+
+def _with_history(conn: db.Connection, rows: list[dict[str, Any]]) -> list[DeadLetter]:
+    """Letters from ``rows``, each with its changes, read in one query for all of them."""
+    changes: dict[int, list[LetterChange]] = {}
+    if rows:
+        ids = [row["id"] for row in rows]
+        for change in db.fetch_all(conn, "views/dead_letter_history", {"ids": ids}):
+            changes.setdefault(change.pop("letter_id"), []).append(LetterChange(**change))
+    return [DeadLetter(**row, history=changes.get(row["id"], [])) for row in rows]
+
+
+def _make_cursor(*parts: str) -> str:
+    return base64.urlsafe_b64encode("\x00".join(parts).encode()).decode().rstrip("=")
+
+
+def _cursor(value: str, parts: int) -> tuple[str, ...]:
+    """Decode a keyset cursor made by :func:`_make_cursor`; 400 if it is not one."""
+    try:
+        padded = value + "=" * (-len(value) % 4)
+        fields = tuple(base64.urlsafe_b64decode(padded.encode()).decode().split("\x00"))
+        if len(fields) != parts:
+            raise ValueError(f"expected {parts} fields")
+        datetime.fromisoformat(fields[0])
+        if parts == 2 and not 0 < int(fields[1]) < 2**63:
+            raise ValueError("not a letter id")
+    except ValueError as err:
+        raise HTTPException(HTTPStatus.BAD_REQUEST, f"after: not a page cursor ({err})") from err
+    return fields
+
+
+def _matched(rows: list[dict[str, Any]]) -> int:
+    """Take the window count off every row; it is the same on each."""
+    counts = [int(row.pop("matched")) for row in rows]
+    return counts[0] if counts else 0
