@@ -10,7 +10,10 @@ from __future__ import annotations
 from airflow.sdk import Param, dag
 
 from replayable import PublishEventsOperator
+from replayable.outbox import PublishLimits
 from replayable.vocabulary import OUTBOX_PUBLISHER_DAG_ID
+
+DEFAULTS = PublishLimits()
 
 
 @dag(
@@ -19,10 +22,10 @@ from replayable.vocabulary import OUTBOX_PUBLISHER_DAG_ID
     catchup=False,
     max_active_runs=1,
     params={
-        "max_events": Param(10_000, type="integer", minimum=1, maximum=1_000_000),
-        "batch_size": Param(50, type="integer", minimum=1, maximum=1000),
-        "lease_s": Param(300, type="number", minimum=60, maximum=3600),
-        "max_attempts": Param(8, type="integer", minimum=1, maximum=20),
+        "max_events": Param(DEFAULTS.max_events, type="integer", minimum=1, maximum=1_000_000),
+        "batch_size": Param(DEFAULTS.claim_size, type="integer", minimum=1, maximum=1000),
+        "lease_s": Param(DEFAULTS.lease_s, type="number", minimum=60, maximum=3600),
+        "max_attempts": Param(DEFAULTS.max_attempts, type="integer", minimum=1, maximum=20),
     },
     render_template_as_native_obj=True,
     tags=["replayable"],

@@ -48,7 +48,7 @@ def _publish_then_die(dsn: str, url: str, lease_s: float) -> None:
             if sent == KILL_AFTER:
                 os.kill(os.getpid(), signal.SIGKILL)
 
-    limits = PublishLimits(batch_size=KILL_AFTER, lease_s=lease_s)
+    limits = PublishLimits(claim_size=KILL_AFTER, lease_s=lease_s)
     with Dying(WebhookSettings(url, timeout_s=1.0, retry=CallRetry(max_attempts=1))) as hook:
         publish(db.Database(dsn), hook, owner="doomed", publication="doomed", limits=limits)
 

@@ -22,6 +22,7 @@ import psycopg2.errors
 
 from replayable.db import Connection, Database, fetch_all, fetch_script
 from replayable.retry import Classified
+from replayable.vocabulary import ITEM_LEASE_S, ITEM_MAX_ATTEMPTS
 
 # How often a claim that lost a race for a document's current row is tried again.
 _CLAIM_RACE_RETRIES = 5
@@ -89,8 +90,8 @@ class Ledger:
     config_hash: str
     spec_hash: str
     ctx: RunContext
-    lease_s: float = 300.0
-    max_attempts: int = 3
+    lease_s: float = ITEM_LEASE_S
+    max_attempts: int = ITEM_MAX_ATTEMPTS
     # The versions a ``document.ready`` event names when an item ends done here: set for a
     # document's last stage only; None announces nothing.
     announce_ready: Mapping[str, Any] | None = None

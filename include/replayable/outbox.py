@@ -83,7 +83,9 @@ class Sink(Protocol):
 class PublishLimits:
     """How much one publisher does per call, and how failed deliveries are retried."""
 
-    batch_size: int = 50  # events claimed per round trip
+    # Events claimed per round trip: outbox_publisher's `batch_size` param, not a run's.
+    claim_size: int = 50
+    # How long a claim on events lasts: not the item lease of stage_runs (ADR 0098).
     lease_s: float = 300.0
     max_attempts: int = 8
     max_events: int = 10_000  # claimed per call at most
@@ -97,13 +99,13 @@ class PublishLimits:
 
     def __post_init__(self) -> None:
         if (
-            self.batch_size < 1
+            self.claim_size < 1
             or self.max_events < 1
             or self.max_attempts < 1
             or self.systemic_after < 1
         ):
             raise ValueError(
-                "batch_size, max_events, max_attempts and systemic_after must be at least 1"
+                "claim_size, max_events, max_attempts and systemic_after must be at least 1"
             )
         if self.lease_s <= 0:
             raise ValueError(f"lease_s must be positive, got {self.lease_s}")
@@ -246,7 +248,7 @@ def publish(
         if not call.may_start():
             result.out_of_time = True
             break
-        limit = min(limits.batch_size, limits.max_events - result.claimed)
+        limit = min(limits.claim_size, limits.max_events - result.claimed)
         claimed = call.round(limit, due_by)
         if claimed is None:
             break

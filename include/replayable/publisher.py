@@ -43,7 +43,7 @@ class PublishEventsOperator(BaseOperator):
     :param events_conn_id: Airflow connection of the webhook (see ``replayable.sinks``);
         None publishes to the asset only, marking events published as they are claimed.
     :param max_events: events claimed at most by one run of the task.
-    :param batch_size: events claimed per round trip.
+    :param batch_size: events claimed per round trip (``PublishLimits.claim_size``).
     :param lease_s: how long a claim lasts; longer than one delivery with its retries.
     :param max_attempts: deliveries per event before it is dead-lettered.
     :param max_s: the time budget of one run: no delivery starts that could end past it;
@@ -65,7 +65,7 @@ class PublishEventsOperator(BaseOperator):
         postgres_conn_id: str = LEDGER_CONN_ID,
         events_conn_id: str | None = EVENTS_CONN_ID,
         max_events: int | str = PublishLimits.max_events,
-        batch_size: int | str = PublishLimits.batch_size,
+        batch_size: int | str = PublishLimits.claim_size,
         lease_s: float | str = PublishLimits.lease_s,
         max_attempts: int | str = PublishLimits.max_attempts,
         max_s: float | str = PublishLimits.max_s,
@@ -84,16 +84,17 @@ class PublishEventsOperator(BaseOperator):
     def limits(self) -> PublishLimits:
         """The rendered arguments as limits; a bad value raises naming it."""
         values: dict[str, Any] = {}
-        for name, kind in (
-            ("max_events", int),
-            ("batch_size", int),
-            ("lease_s", float),
-            ("max_attempts", int),
-            ("max_s", float),
+        # The argument keeps the DAG param's name; the limits call it what it counts.
+        for name, field_name, kind in (
+            ("max_events", "max_events", int),
+            ("batch_size", "claim_size", int),
+            ("lease_s", "lease_s", float),
+            ("max_attempts", "max_attempts", int),
+            ("max_s", "max_s", float),
         ):
             raw = getattr(self, name)
             try:
-                values[name] = kind(raw)
+                values[field_name] = kind(raw)
             except (TypeError, ValueError):
                 raise ValueError(f"{name}: expected a number, got {raw!r}") from None
         timeout = self.execution_timeout
@@ -103,7 +104,11 @@ class PublishEventsOperator(BaseOperator):
                 f"max_s ({values['max_s']:g} s) must be shorter than the task's "
                 f"execution_timeout ({timeout.total_seconds():g} s)"
             )
-        return PublishLimits(**values)
+        try:
+            return PublishLimits(**values)
+        except ValueError as error:
+            # Name the argument the DAG author passed, not the limits' field behind it.
+            raise ValueError(str(error).replace("claim_size", "batch_size")) from None
 
     def _has_connection(self, conn_id: str) -> bool:
         """Whether ``conn_id`` is defined; without it, events go out as asset events only."""

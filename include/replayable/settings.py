@@ -13,6 +13,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from replayable.stages.chunk.chunker import ChunkConfig
+from replayable.vocabulary import ITEM_LEASE_S, ITEM_MAX_ATTEMPTS
 
 # Re-exported: the CLI, the UI, the operator, bench and many tests import it from here.
 from replayable.vocabulary import STAGES as STAGES
@@ -81,8 +82,8 @@ class PipelineSettings:
     max_chunks_per_doc: int = 50_000
     item_timeout_s: float = 60.0
     memory_mb: int = 1024
-    max_attempts: int = 3
-    lease_s: float = 600.0
+    max_attempts: int = ITEM_MAX_ATTEMPTS
+    lease_s: float = ITEM_LEASE_S
     max_retry_after_s: float = 300.0
     rerun: Mapping[str, Any] | None = None
     redrive: Mapping[str, Any] | None = None

@@ -1,7 +1,8 @@
 """The names every layer shares, defined once: stages, statuses, DAG and connection ids.
 
 Nothing here imports Airflow or the database, so the CLI, the UI, the metrics, the DAG files
-and the SQL-facing code all read the same words from one place.
+and the SQL-facing code all read the same words from one place. The few defaults that more
+than one layer states (the two leases, an item's attempt cap) are defined here too.
 """
 
 from __future__ import annotations
@@ -31,3 +32,12 @@ ALERTS_CONN_ID = "replayable_alerts"
 
 # The environment variable the CLI reads for the ledger's libpq URI.
 DATABASE_URL_ENV = "REPLAYABLE_DATABASE_URL"
+
+# ---- defaults more than one layer states (ADR 0098) ----------------------------------------
+
+# How long a claim on an item in stage_runs lasts: the `lease_s` param of document_pipeline,
+# and the ledger's own default. (An outbox event's claim is another lease, with its default
+# in replayable.outbox.PublishLimits.)
+ITEM_LEASE_S = 600.0
+# Attempts an item gets in a stage before it is dead-lettered (the `max_attempts` param).
+ITEM_MAX_ATTEMPTS = 3

@@ -5,6 +5,7 @@ from airflow.models import DagBag
 
 from conftest import ROOT
 from replayable import DOCUMENTS_READY
+from replayable.outbox import PublishLimits
 
 
 @pytest.fixture(scope="module")
@@ -37,3 +38,12 @@ def test_the_sweeper_is_hourly_and_triggers_the_pipeline_per_stage(dagbag):
     assert trigger.partial_kwargs["trigger_dag_id"] == "document_pipeline"
     assert trigger.partial_kwargs["skip_when_already_exists"] is True
     assert trigger.upstream_task_ids == {"sweep"}
+
+
+def test_the_publisher_dag_defaults_are_the_outbox_limits_defaults(dagbag):
+    """The event lease and claim size are stated once; the DAG's params show those values."""
+    params = dagbag.dags["outbox_publisher"].params
+    limits = PublishLimits()
+    assert params["lease_s"] == limits.lease_s and params["batch_size"] == limits.claim_size
+    assert params["max_events"] == limits.max_events
+    assert params["max_attempts"] == limits.max_attempts

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.db
 ROUNDS_DOWN = 20
 ROUND_MIN = 10  # outbox_publisher's schedule: one round every 10 minutes
 EVENTS = 30
-LIMITS = PublishLimits(batch_size=10, lease_s=30.0, max_attempts=3, backoff_base_s=0.0)
+LIMITS = PublishLimits(claim_size=10, lease_s=30.0, max_attempts=3, backoff_base_s=0.0)
 BACKLOG = "ReplayableOutboxBacklog"
 
 

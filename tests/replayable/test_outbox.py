@@ -19,9 +19,10 @@ from replayable.outbox import Event, PublishLimits, publish
 from replayable.retry import CallRetry, Classified, ErrorKind
 from replayable.runner import Limits, run_batch
 from replayable.sinks import WebhookSettings, WebhookSink
-from replayable.specs import ChunkSpec, EmbedSpec
-from replayable.stages.chunk import ChunkConfig
-from replayable.stages.embed import HttpEmbeddingClient
+from replayable.stages.chunk.chunker import ChunkConfig
+from replayable.stages.chunk.spec import ChunkSpec
+from replayable.stages.embed.client import HttpEmbeddingClient
+from replayable.stages.embed.spec import EmbedSpec
 
 pytestmark = pytest.mark.db
 
@@ -29,7 +30,7 @@ DOCS = [f"{i:x}" * 64 for i in range(1, 5)]
 VERSIONS = {"stage": "embed", "code_version": "1.0", "model": "m"}
 HOOK = "outbox-test"
 FAST = CallRetry(max_attempts=3, max_total_s=5.0, base_s=0.01, cap_s=0.05)
-LIMITS = PublishLimits(batch_size=5, lease_s=30.0, max_attempts=3, backoff_base_s=0.01)
+LIMITS = PublishLimits(claim_size=5, lease_s=30.0, max_attempts=3, backoff_base_s=0.01)
 
 
 @pytest.fixture
@@ -286,7 +287,7 @@ def test_a_400_dead_letters_the_event_with_its_error(conn, database, model, sink
 def test_retryable_failures_end_dead_at_the_attempt_cap(conn, database, model, sink):
     add_events(conn, 1)
     model.set_faults(webhook_status_always=503)
-    limits = PublishLimits(batch_size=5, lease_s=30.0, max_attempts=2, backoff_base_s=0.01)
+    limits = PublishLimits(claim_size=5, lease_s=30.0, max_attempts=2, backoff_base_s=0.01)
     first = publish(database, sink, owner="p1", publication="pub", limits=limits)
     assert (first.retrying, first.errors) == (1, {"http_503": 1})
     assert rows(conn, "SELECT status, attempts FROM replayable.outbox") == [("pending", 1)]
@@ -349,7 +350,7 @@ class SlowSink:
 def test_two_publishers_at_once_never_send_the_same_event(conn, dsn, model, sink):
     ids = add_events(conn, 40)
     log: list[tuple[str, str, float, float]] = []
-    limits = PublishLimits(batch_size=3, lease_s=30.0)
+    limits = PublishLimits(claim_size=3, lease_s=30.0)
 
     def publisher(name: str) -> None:
         database = db.Database(dsn)
@@ -446,7 +447,7 @@ def test_failures_in_a_row_stop_publishing_and_spend_no_attempt(conn, database, 
     # systemic_after deliveries, each with its own tries, then nothing more was sent.
     assert model.stats()["webhooks"]["received"] == 5 * FAST.max_attempts
     assert result.systemic is not None and result.systemic.error_class == "receiver_unavailable"
-    assert (result.released, result.retrying, result.dead) == (LIMITS.batch_size, 0, 0)
+    assert (result.released, result.retrying, result.dead) == (LIMITS.claim_size, 0, 0)
     assert rows(
         conn, "SELECT DISTINCT error_class FROM replayable.outbox WHERE error_class IS NOT NULL"
     ) == [("http_503",)]
@@ -457,7 +458,7 @@ def test_a_success_between_failures_starts_the_count_again(conn, database, model
     fail = [503] * FAST.max_attempts  # one delivery's tries
     # fail, fail, ok, fail, fail, ok: never systemic_after (3) in a row.
     model.set_faults(webhook_statuses=[*fail, *fail, 200, *fail, *fail, 200])
-    limits = PublishLimits(batch_size=6, lease_s=30.0, max_attempts=3, systemic_after=3)
+    limits = PublishLimits(claim_size=6, lease_s=30.0, max_attempts=3, systemic_after=3)
     result = publish(database, sink, owner="p1", publication="pub", limits=limits)
     assert result.systemic is None
     assert (result.published, result.retrying) == (2, 4)
@@ -468,7 +469,7 @@ def test_twenty_rounds_of_outage_dead_letter_no_event_and_the_backlog_drains_aft
 ):
     add_events(conn, 12)
     # Backoff 0: every failed event is due again at the next round, as after a long outage.
-    limits = PublishLimits(batch_size=5, lease_s=30.0, max_attempts=3, backoff_base_s=0.0)
+    limits = PublishLimits(claim_size=5, lease_s=30.0, max_attempts=3, backoff_base_s=0.0)
     model.set_faults(webhook_status_always=503)
     for _ in range(20):
         publish(database, sink, owner="p1", publication="down", limits=limits)
@@ -532,7 +533,7 @@ def test_publish_starts_no_delivery_that_could_end_past_its_time_budget(
 ):
     add_events(conn, 10)
     clocked = ClockedSink(sink, step_s=10.0)
-    limits = PublishLimits(batch_size=5, lease_s=300.0, max_s=35.0)
+    limits = PublishLimits(claim_size=5, lease_s=300.0, max_s=35.0)
     result = publish(
         database, clocked, owner="p1", publication="pub", limits=limits, clock=clocked.clock
     )

@@ -1,7 +1,10 @@
 """The run settings: conf keys are checked by name, and every limit is bounded."""
 
+import dataclasses
+
 import pytest
 
+from replayable.ledger import Ledger
 from replayable.settings import BOUNDS, PipelineSettings, check_conf_keys
 
 
@@ -79,3 +82,11 @@ def test_a_text_or_chunk_limit_outside_its_bounds_is_refused_naming_it(name):
 def test_text_and_chunk_limits_reach_the_settings_from_the_params():
     settings = PipelineSettings.from_params({"max_text_chars": 1234, "max_chunks_per_doc": 56})
     assert (settings.max_text_chars, settings.max_chunks_per_doc) == (1234, 56)
+
+
+def test_a_run_and_a_bare_ledger_lease_items_for_as_long_and_cap_attempts_alike():
+    """The item lease (600 s) and attempt cap (3) have one default, not one per module."""
+    ledger = {f.name: f.default for f in dataclasses.fields(Ledger)}
+    settings = PipelineSettings()
+    assert (ledger["lease_s"], ledger["max_attempts"]) == (settings.lease_s, settings.max_attempts)
+    assert (settings.lease_s, settings.max_attempts) == (600.0, 3)
