@@ -19,7 +19,9 @@ The connection type ``replayable_embeddings`` and its form fields are declared i
 a connection of any other type (``http`` in the dev environment) works all the same.
 
 :func:`model_choice` resolves a run's model and budget from that connection and the run's
-params; :func:`connection_dsn` turns the ledger's Postgres connection into a libpq DSN.
+params; :func:`connection_dsn` turns the ledger's Postgres connection into a libpq DSN, and
+:func:`url_from_fields` is how the fields of an HTTP connection (the model's, the events' and
+the alerts' webhooks) name a URL (ADR 0098).
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ __all__ = [
     "ModelChoice",
     "connection_dsn",
     "model_choice",
+    "url_from_fields",
 ]
 
 log = logging.getLogger(__name__)
@@ -227,3 +230,17 @@ def connection_dsn(conn_id: str) -> str:
         "dbname": conn.schema,
     }
     return str(psycopg2.extensions.make_dsn(**{k: v for k, v in options.items() if v}))
+
+
+def url_from_fields(host: str, port: int | None, schema: str | None, path: str) -> str:
+    """The URL an HTTP connection's fields name; ``host`` must be set (callers say why not).
+
+    A ``host`` that is a URL (``http://`` or ``https://``) is the URL itself and the other
+    fields are ignored; else ``schema`` gives the scheme (``https`` unless it says ``http``),
+    ``port`` joins the host, and ``path`` follows as given.
+    """
+    if host.startswith(("http://", "https://")):
+        return host
+    scheme = schema if schema in ("http", "https") else "https"
+    netloc = f"{host}:{port}" if port else host
+    return f"{scheme}://{netloc}{path}"

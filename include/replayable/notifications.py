@@ -35,6 +35,7 @@ from urllib.parse import urlsplit
 
 from airflow.sdk import BaseHook, BaseNotifier, Context
 
+from replayable.hooks import url_from_fields
 from replayable.vocabulary import ALERTS_CONN_ID
 
 if TYPE_CHECKING:
@@ -76,12 +77,7 @@ class WebhookTarget:
                 "the alerts connection has no host: set it to the webhook's URL, e.g. "
                 "https://hooks.example.com/replayable"
             )
-        if host.startswith(("http://", "https://")):
-            url = host
-        else:
-            scheme = schema if schema in ("http", "https") else "https"
-            netloc = f"{host}:{port}" if port else host
-            url = f"{scheme}://{netloc}/{str(extra.get('path', '')).lstrip('/')}"
+        url = url_from_fields(host, port, schema, "/" + str(extra.get("path", "")).lstrip("/"))
         timeout_s = float(extra.get("timeout_s", 10.0))
         if not timeout_s > 0:
             raise ValueError(f"the alerts connection's timeout_s must be > 0, got {timeout_s}")

@@ -30,6 +30,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from replayable.hooks import url_from_fields
 from replayable.outbox import Event
 from replayable.retry import CallRetry, call_with_retries
 
@@ -79,12 +80,7 @@ def webhook_settings(
             "the events connection has no host: set it to the webhook URL, e.g. "
             "https://hooks.example.com/replayable"
         )
-    if host.startswith(("http://", "https://")):
-        url = host
-    else:
-        scheme = schema if schema in ("http", "https") else "https"
-        netloc = f"{host}:{port}" if port else host
-        url = f"{scheme}://{netloc}/{str(extra.get('path', '')).lstrip('/')}"
+    url = url_from_fields(host, port, schema, "/" + str(extra.get("path", "")).lstrip("/"))
     defaults = WebhookSettings(url)
     retry = CallRetry(
         max_attempts=int(extra.get("max_attempts", defaults.retry.max_attempts)),
