@@ -112,14 +112,15 @@ class EmbeddingsHook(BaseHook):
         from replayable.stages.embed.client import HttpEmbeddingClient
 
         settings = self.get_settings()
+        chosen_model, chosen_dimensions = _model_of(model, dimensions, settings)
         return HttpEmbeddingClient(
             base_url=settings.base_url,
-            model=model or settings.model or DEFAULT_MODEL,
+            model=chosen_model,
             api_key=settings.api_key,
-            dimensions=dimensions or settings.dimensions,
+            dimensions=chosen_dimensions,
             timeout_s=settings.timeout_s,
             retry=retry or CallRetry(),
-            max_connections=max_in_flight or settings.max_in_flight or DEFAULT_MAX_IN_FLIGHT,
+            max_connections=max_in_flight or _shared_in_flight(settings),
         )
 
     def get_conn(self) -> HttpEmbeddingClient:
@@ -174,6 +175,22 @@ class ModelChoice:
     shared_rps: float | None = None
 
 
+def _model_of(
+    model: str | None, dimensions: int | None, provider: ModelSettings
+) -> tuple[str, int | None]:
+    """The one fallback chain of a model and its dimensions: asked, else the connection's.
+
+    The model then falls back to ``DEFAULT_MODEL``. It feeds the embed keys, so the plan
+    (through :func:`model_choice`) and the client must resolve it the same way.
+    """
+    return model or provider.model or DEFAULT_MODEL, dimensions or provider.dimensions
+
+
+def _shared_in_flight(provider: ModelSettings) -> int:
+    """The requests in flight the connection allows every run together (ADR 0086)."""
+    return provider.max_in_flight or DEFAULT_MAX_IN_FLIGHT
+
+
 def _tighter(asked: float | None, allowed: float | None) -> float | None:
     """The lower of a run's ask and the connection's limit; None where neither limits."""
     if asked is None:
@@ -190,7 +207,7 @@ def model_choice(settings: PipelineSettings, conn: str | EmbeddingsHook) -> Mode
     """
     hook = conn if isinstance(conn, EmbeddingsHook) else EmbeddingsHook(conn)
     provider = hook.get_settings()
-    shared_in_flight = provider.max_in_flight or DEFAULT_MAX_IN_FLIGHT
+    shared_in_flight = _shared_in_flight(provider)
     in_flight = int(_tighter(settings.max_in_flight, shared_in_flight) or shared_in_flight)
     rps = _tighter(settings.max_rps, provider.max_rps)
     for name, asked, allowed in (
@@ -206,10 +223,11 @@ def model_choice(settings: PipelineSettings, conn: str | EmbeddingsHook) -> Mode
                 allowed,
                 allowed,
             )
+    model, dimensions = _model_of(settings.model, settings.dimensions, provider)
     return ModelChoice(
         provider=provider,
-        model=settings.model or provider.model or DEFAULT_MODEL,
-        dimensions=settings.dimensions or provider.dimensions,
+        model=model,
+        dimensions=dimensions,
         max_in_flight=in_flight,
         max_rps=rps,
         shared_in_flight=shared_in_flight,

@@ -16,7 +16,7 @@ from conftest import ROOT
 from devtools.model_server import LocalModelServer
 from replayable.get_provider_info import get_provider_info
 from replayable.hooks import EmbeddingsHook, model_choice, url_from_fields
-from replayable.settings import PipelineSettings
+from replayable.settings import DEFAULT_MODEL, PipelineSettings
 
 SECRET = "sk-test-secret-key"  # noqa: S105 - a test value
 AIRFLOW = Path(sys.modules["airflow"].__file__ or "").parent
@@ -86,6 +86,20 @@ def test_the_operator_resolves_its_model_through_the_hook(monkeypatch) -> None:
     params = PipelineSettings.from_params({"model": "m-param", "max_in_flight": 2})
     choice = model_choice(params, EmbeddingsHook("emb_choice"))
     assert (choice.model, choice.max_in_flight) == ("m-param", 2)
+
+
+@pytest.mark.parametrize("extra", [{}, {"model": "m-conn", "dimensions": 12}])
+def test_the_plan_and_the_client_resolve_the_same_model(monkeypatch, extra) -> None:
+    """The embed keys come from model_choice, the requests from the client: they agree."""
+    use_connection(monkeypatch, "emb_same", host="http://127.0.0.1:9/v1", extra=extra)
+    hook = EmbeddingsHook("emb_same")
+    choice = model_choice(PipelineSettings.from_params({}), hook)
+    client = hook.get_conn()
+    try:
+        assert (client.model, client.dimensions) == (choice.model, choice.dimensions)
+        assert client.model == extra.get("model", DEFAULT_MODEL)
+    finally:
+        client.close()
 
 
 def test_the_hook_has_the_providers_hook_shape() -> None:
