@@ -18,7 +18,7 @@ from harness import Row, Samples, StatementCounter, Target, services, timed
 from replayable import db
 from replayable.keys import sha256_bytes
 from replayable.ledger import RunContext
-from replayable.runner import BatchIO, Limits, WorkItem, run_batch
+from replayable.runner import BatchIO, Limits, StageSpec, WorkItem, run_batch
 
 BATCH = 500
 REPEATS = 5
@@ -26,7 +26,7 @@ ROUND_TRIPS = Target("≤ 3", at_most=3)
 THROUGHPUT = Target("≥ 0.5", at_least=0.5)
 
 
-class _NoWork:
+class _NoWork(StageSpec):
     """A stage whose items need no work: only the ledger's own cost is left."""
 
     name = "bench"

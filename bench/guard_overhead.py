@@ -33,7 +33,7 @@ from typing import Any
 from harness import BenchError, Row, Samples, Target, timed
 
 from replayable.guards import GuardedPool
-from replayable.stages.extract import Extraction, extract_file
+from replayable.stages.extract.pdf import Extraction, extract_file
 
 CORPUS_SCRIPT = Path(__file__).resolve().parents[1] / "tests" / "corpus.py"
 TIMEOUT_S = 60.0

@@ -22,7 +22,7 @@ from harness import Row, Samples, Target, services
 from replayable import db, pipeline, views
 from replayable.cli.commands import failures, status
 from replayable.settings import STAGES, PipelineSettings
-from replayable.specs import spec_hashes
+from replayable.stages.lineage import spec_hashes
 
 DOCUMENTS = 1_000_000
 LETTERS = 50_000

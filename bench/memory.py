@@ -30,14 +30,16 @@ SMALL = 100 * 2**10
 # Runs one extract batch the way IdempotentStageOperator does, in a process of its own.
 _TASK = """
 import json, sys
-from replayable import db, guards, specs
+from replayable import db, guards
 from replayable.ledger import RunContext
 from replayable.runner import Limits, run_batch
+from replayable.stages.extract.spec import ExtractSpec
+from replayable.stages.lineage import default_workers
 dsn, ids = sys.argv[1], json.loads(sys.argv[2])
 with guards.GuardedPool(timeout_s=120, memory_mb=1024,
-                        workers=specs.default_workers(len(ids))) as pool:
+                        workers=default_workers(len(ids))) as pool:
     result = run_batch(
-        specs.ExtractSpec(pool=pool, max_bytes=2**30),
+        ExtractSpec(pool=pool, max_bytes=2**30),
         ids,
         connect=lambda: db.Database(dsn),
         ctx=RunContext(owner="bench-memory", run_id="memory"),
@@ -49,7 +51,7 @@ print(json.dumps({"done": len(result.done), "failed": len(result.failed)}))
 # The memory one document needs: the peak RSS while extracting it, less the RSS before.
 _ONE = """
 import psutil, resource, sys
-from replayable.stages.extract import extract_file
+from replayable.stages.extract.pdf import extract_file
 import pypdf  # noqa: F401 - loaded before the baseline, as in a warm worker
 before = psutil.Process().memory_info().rss
 extract_file(sys.argv[1])

@@ -30,9 +30,10 @@ from replayable.budget import RequestBudget
 from replayable.ledger import RunContext
 from replayable.runner import run_batch
 from replayable.settings import PipelineSettings
-from replayable.specs import ChunkSpec, EmbedSpec
 from replayable.stages import extract
-from replayable.stages.embed import HttpEmbeddingClient
+from replayable.stages.chunk.spec import ChunkSpec
+from replayable.stages.embed.client import HttpEmbeddingClient
+from replayable.stages.embed.spec import EmbedSpec
 
 C = 4
 LATENCY_MS = 100

@@ -31,7 +31,7 @@ from harness import BenchError, Row, Samples, Target, count_rows, empty_ledger, 
 
 from replayable import sources
 from replayable.settings import DEFAULT_MAX_IN_FLIGHT, PipelineSettings
-from replayable.stages.extract import extract_file
+from replayable.stages.extract.pdf import extract_file
 
 DOCUMENTS = 1000
 PER_DOC_DOCUMENTS = 600

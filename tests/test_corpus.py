@@ -200,7 +200,7 @@ def test_small_documents_are_one_page_and_every_fourth_shares_its_first_chunk(
     tmp_path: Path,
 ) -> None:
     """The small corpus is cheap to extract and gives shared chunks something to share."""
-    from replayable.stages.chunk import ChunkConfig, chunk_text
+    from replayable.stages.chunk.chunker import ChunkConfig, chunk_text
 
     paths = corpus.write_small_corpus(tmp_path, 8)
     assert digests(corpus.write_small_corpus(tmp_path / "again", 8)) == digests(paths)

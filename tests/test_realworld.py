@@ -10,7 +10,7 @@ import pytest
 import corpus
 import realworld
 from replayable.retry import ErrorKind, ItemError
-from replayable.stages.extract import extract_file
+from replayable.stages.extract.pdf import extract_file
 
 pytestmark = pytest.mark.realworld
 

@@ -14,13 +14,14 @@ from airflow.sdk import BaseOperator, Context
 from airflow.sdk.definitions.retry_policy import RetryDecision, RetryPolicy
 from airflow.sdk.exceptions import AirflowSkipException
 
-from replayable import db, deadline
+from replayable import db
 from replayable.context import triggered_by
 from replayable.hooks import EmbeddingsHook, connection_dsn, model_choice
 from replayable.ledger import Revival, RunContext
 from replayable.retry import CallRetry, Classified
-from replayable.runner import BatchResult, Limits, StageSpec, run_batch
-from replayable.settings import STAGES, PipelineSettings
+from replayable.runner import DEADLINE, BatchResult, Limits, StageSpec, run_batch
+from replayable.settings import PipelineSettings
+from replayable.vocabulary import LEDGER_CONN_ID, MODEL_CONN_ID, STAGES
 
 # Added to the longest healthy call before a request's transaction counts as abandoned, for a
 # worker that is only slow (short of CPU, pausing for garbage collection).
@@ -141,8 +142,8 @@ class IdempotentStageOperator(BaseOperator):
         stage: str,
         batch: Mapping[str, Any] | Sequence[str] | str,
         settings: Mapping[str, Any] | str = "{{ params }}",
-        postgres_conn_id: str = "replayable_db",
-        model_conn_id: str = "replayable_model",
+        postgres_conn_id: str = LEDGER_CONN_ID,
+        model_conn_id: str = MODEL_CONN_ID,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("retry_policy", BatchRetryPolicy())
@@ -196,9 +197,10 @@ class IdempotentStageOperator(BaseOperator):
         )
         dsn = connection_dsn(self.postgres_conn_id)
         doc_ids = self.doc_ids(dsn, ti.dag_id, ti.run_id)
-        seconds = settings.batch_deadline_s(len(doc_ids))
         limits = Limits(
-            lease_s=settings.lease_s, max_attempts=settings.max_attempts, deadline_s=seconds
+            lease_s=settings.lease_s,
+            max_attempts=settings.max_attempts,
+            deadline_s=settings.batch_deadline_s(len(doc_ids)),
         )
         revive = None
         if self.stage == settings.first_stage and (settings.revives_dead or settings.redrive):
@@ -208,9 +210,7 @@ class IdempotentStageOperator(BaseOperator):
             return db.Database(dsn)
 
         with ExitStack() as stack:
-            spec = deadline.DeadlineSpec(
-                self._spec(settings, stack, connect, len(doc_ids), ti.run_id), seconds
-            )
+            spec = self._spec(settings, stack, connect, len(doc_ids), ti.run_id)
             result = run_batch(
                 spec, doc_ids, connect=connect, ctx=ctx, limits=limits, revive=revive
             )
@@ -227,7 +227,10 @@ class IdempotentStageOperator(BaseOperator):
         # Imported here: pypdf and the process pool are task-time needs, not parse-time ones.
         from replayable import guards, sources
         from replayable.budget import RequestBudget
-        from replayable.specs import ChunkSpec, EmbedSpec, ExtractSpec, default_workers
+        from replayable.stages.chunk.spec import ChunkSpec
+        from replayable.stages.embed.spec import EmbedSpec
+        from replayable.stages.extract.spec import ExtractSpec
+        from replayable.stages.lineage import default_workers
 
         if self.stage == "extract":
             pool = stack.enter_context(
@@ -308,7 +311,7 @@ class IdempotentStageOperator(BaseOperator):
                 ", ".join(d[:12] for d in result.dead[:20]),
             )
         systemic = result.systemic
-        if systemic is not None and systemic.error_class == deadline.ERROR_CLASS:
+        if systemic is not None and systemic.error_class == DEADLINE:
             # The deadline came as the last items finished: nothing was released.
             systemic = systemic if result.failed else None
         if systemic is not None:

@@ -13,10 +13,11 @@ from replayable.budget import RequestBudget
 from replayable.keys import sha256_bytes
 from replayable.ledger import Ledger, RunContext
 from replayable.retry import CallRetry
-from replayable.runner import Limits, WorkItem, run_batch
-from replayable.specs import ChunkSpec, EmbedSpec
-from replayable.stages.chunk import ChunkConfig
-from replayable.stages.embed import HttpEmbeddingClient
+from replayable.runner import Limits, StageSpec, WorkItem, run_batch
+from replayable.stages.chunk.chunker import ChunkConfig
+from replayable.stages.chunk.spec import ChunkSpec
+from replayable.stages.embed.client import HttpEmbeddingClient
+from replayable.stages.embed.spec import EmbedSpec
 
 pytestmark = pytest.mark.db
 
@@ -501,7 +502,7 @@ def test_a_frozen_worker_holds_shared_chunks_no_longer_than_its_longest_call(con
     assert missing == 0
 
 
-class _SlowSpec:
+class _SlowSpec(StageSpec):
     """A stage whose items take longer than the lease."""
 
     name = "slow"
@@ -619,7 +620,7 @@ def test_the_lease_keeper_survives_a_dropped_connection(conn, dsn):
 
 def _stage(name: str, dsn: str, pool):
     """The real extract or chunk stage; chunk reads each document's text on its own."""
-    from replayable.specs import ExtractSpec
+    from replayable.stages.extract.spec import ExtractSpec
 
     if name == "extract":
         return ExtractSpec(pool=pool, max_bytes=2**20)
@@ -638,7 +639,7 @@ def _stall_after_one_item(name: str, dsn: str, doc_ids, lease_s: float, folder: 
     from pathlib import Path
 
     from replayable import guards
-    from replayable.stages import chunk
+    from replayable.stages.chunk import chunker
 
     out = Path(folder)
     logging.basicConfig(filename=out / "log", level=logging.WARNING)
@@ -673,7 +674,7 @@ def _stall_after_one_item(name: str, dsn: str, doc_ids, lease_s: float, folder: 
         if name == "extract":
             pool.run = gated(pool.run)
         else:
-            chunk.chunk_text = gated(chunk.chunk_text)
+            chunker.chunk_text = gated(chunker.chunk_text)
         result = run_batch(
             spec,
             doc_ids,
@@ -878,7 +879,7 @@ def test_extract_refuses_a_file_swapped_for_a_link_out_of_the_roots(conn, dsn, t
     and then replaced by a symlink to a file outside ends dead as outside_roots, unread."""
     import corpus
     from replayable import guards
-    from replayable.specs import ExtractSpec
+    from replayable.stages.extract.spec import ExtractSpec
 
     root, outside = tmp_path / "root", tmp_path / "outside"
     root.mkdir()

@@ -11,7 +11,7 @@ from test_runner import CHUNKS, connect_to, embed_spec, run
 
 from replayable import db
 from replayable.keys import sha256_bytes
-from replayable.specs import ChunkSpec
+from replayable.stages.chunk.spec import ChunkSpec
 
 pytestmark = pytest.mark.db
 

@@ -13,8 +13,9 @@ import pytest
 from replayable import db, pipeline
 from replayable.ledger import Ledger, Outcome, Revival, RunContext
 from replayable.retry import Classified, ErrorKind
+from replayable.runner import StageSpec
 from replayable.settings import PipelineSettings
-from replayable.specs import spec_hashes
+from replayable.stages.lineage import spec_hashes
 
 pytestmark = pytest.mark.db
 
@@ -252,7 +253,7 @@ class TaskKilled(BaseException):
     """Stands in for SIGKILL of the task process: nothing after it runs, nothing is flushed."""
 
 
-class KillsOn:
+class KillsOn(StageSpec):
     """A stage that kills its task whenever it starts the poison document."""
 
     name = "extract"

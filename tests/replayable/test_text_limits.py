@@ -14,18 +14,19 @@ from replayable.keys import sha256_bytes
 from replayable.ledger import RunContext
 from replayable.retry import ErrorKind, ItemError
 from replayable.runner import Limits, run_batch
-from replayable.specs import ChunkSpec
-from replayable.stages import chunk, extract
+from replayable.stages.chunk import chunker
+from replayable.stages.chunk.spec import ChunkSpec
+from replayable.stages.extract import pdf
 
 PARAGRAPHS = [f"Paragraph {i} of a long report about oversized text layers." * 4 for i in range(60)]
 
 
 def test_extraction_stops_at_max_text_chars_as_oversize_text():
     data = pdf_bytes(PARAGRAPHS)
-    full = extract.extract_pdf(data)
+    full = pdf.extract_pdf(data)
     assert len(full.text) > 2000
     with pytest.raises(ItemError) as raised:
-        extract.extract_pdf(data, max_text_chars=1000)
+        pdf.extract_pdf(data, max_text_chars=1000)
     assert raised.value.error_class == "oversize_text"
     assert raised.value.kind is ErrorKind.TERMINAL
     assert "1000" in str(raised.value)
@@ -33,8 +34,8 @@ def test_extraction_stops_at_max_text_chars_as_oversize_text():
 
 def test_a_text_within_the_limit_is_extracted_whole():
     data = pdf_bytes(PARAGRAPHS)
-    full = extract.extract_pdf(data)
-    assert extract.extract_pdf(data, max_text_chars=len(full.text) + 10).text == full.text
+    full = pdf.extract_pdf(data)
+    assert pdf.extract_pdf(data, max_text_chars=len(full.text) + 10).text == full.text
 
 
 def test_the_limit_holds_inside_the_guarded_worker(tmp_path):
@@ -45,16 +46,16 @@ def test_the_limit_holds_inside_the_guarded_worker(tmp_path):
         guards.GuardedPool(timeout_s=30, memory_mb=512, workers=1) as pool,
         pytest.raises(ItemError) as raised,
     ):
-        pool.run(extract.extract_file, str(path), None, 500)
+        pool.run(pdf.extract_file, str(path), None, 500)
     assert raised.value.error_class == "oversize_text"
 
 
 def test_chunking_stops_past_max_chunks_as_oversize_text():
     text = " ".join(f"word{i}" for i in range(5000))
-    config = chunk.ChunkConfig(size=100, overlap=10)
-    assert len(chunk.chunk_text(text, config)) > 10
+    config = chunker.ChunkConfig(size=100, overlap=10)
+    assert len(chunker.chunk_text(text, config)) > 10
     with pytest.raises(ItemError) as raised:
-        chunk.chunk_text(text, config, max_chunks=10)
+        chunker.chunk_text(text, config, max_chunks=10)
     assert raised.value.error_class == "oversize_text"
 
 
@@ -87,7 +88,7 @@ def test_the_chunk_stage_dead_letters_a_stored_text_over_the_limit_without_readi
 
     monkeypatch.setattr(ChunkSpec, "_texts", recording)
     spec = ChunkSpec(
-        config=chunk.ChunkConfig(size=100, overlap=10),
+        config=chunker.ChunkConfig(size=100, overlap=10),
         connect=lambda: db.Database(dsn),
         max_text_chars=5000,
     )
@@ -107,7 +108,7 @@ def test_the_chunk_stage_dead_letters_a_stored_text_over_the_limit_without_readi
 def test_the_chunk_stage_dead_letters_a_document_with_too_many_chunks(conn, dsn):
     (doc,) = seed(conn, [" ".join(f"word{i}" for i in range(3000))])
     spec = ChunkSpec(
-        config=chunk.ChunkConfig(size=100, overlap=10),
+        config=chunker.ChunkConfig(size=100, overlap=10),
         connect=lambda: db.Database(dsn),
         max_chunks_per_doc=20,
     )

@@ -1,1 +1,7 @@
-"""Stage functions: plain, typed, and free of Airflow imports so that they test by calling."""
+"""The pipeline's stages, one folder each: ``extract``, ``chunk`` and ``embed``.
+
+A stage's folder holds its work as plain typed functions without Airflow (``extract.pdf``,
+``chunk.chunker``, ``embed.client``), its :class:`~replayable.runner.StageSpec` (``spec``:
+keys, inputs, outputs) and, in its ``__init__``, its code version. What the stages share,
+the lineage a spec hash is made of, lives in :mod:`replayable.stages.lineage`.
+"""

@@ -10,7 +10,7 @@ import pytest
 from devtools.model_server import LocalModelServer
 
 from replayable.retry import CallRetry, ErrorKind, ItemError
-from replayable.stages.embed import CallRecord, HttpEmbeddingClient
+from replayable.stages.embed.client import CallRecord, HttpEmbeddingClient
 
 FAST = CallRetry(max_attempts=6, base_s=0.01, cap_s=0.05, max_total_s=30)
 

@@ -1,4 +1,4 @@
-"""DeadlineSpec: past the run's deadline a batch stops and gives its unfinished items back."""
+"""Limits.deadline_s: past the run's deadline a batch stops and gives its unfinished items back."""
 
 import threading
 import time
@@ -7,15 +7,14 @@ import pytest
 from test_runner import count, run, seed_documents
 
 from replayable import db
-from replayable.deadline import ERROR_CLASS, DeadlineSpec
 from replayable.keys import config_hash
 from replayable.ledger import Ledger, RunContext
-from replayable.runner import Limits, WorkItem, spec_hash
+from replayable.runner import DEADLINE, Limits, StageSpec, WorkItem, spec_hash
 
 pytestmark = pytest.mark.db
 
 
-class _OneSecondEach:
+class _OneSecondEach(StageSpec):
     """A stage that takes a second per item and starts none once the batch is stopping."""
 
     name = "slow"
@@ -46,9 +45,9 @@ def test_past_the_deadline_the_batch_stops_and_releases_what_is_left(conn, dsn):
     doc_ids = seed_documents(conn, 5)
     stage = _OneSecondEach()
     started = time.monotonic()
-    result = run(DeadlineSpec(stage, 1.5), dsn, doc_ids)
+    result = run(stage, dsn, doc_ids, deadline_s=1.5)
     assert time.monotonic() - started < 4  # not the five seconds the whole batch needs
-    assert result.systemic is not None and result.systemic.error_class == ERROR_CLASS
+    assert result.systemic is not None and result.systemic.error_class == DEADLINE
     assert len(stage.started) == 2 and sorted(result.done) == sorted(stage.started)
     assert sorted(result.failed) == sorted(set(doc_ids) - set(stage.started))
     # Released, not failed: no attempt spent and no dead letter.
@@ -59,26 +58,27 @@ def test_past_the_deadline_the_batch_stops_and_releases_what_is_left(conn, dsn):
 
 def test_a_batch_within_its_deadline_is_untouched(conn, dsn):
     doc_ids = seed_documents(conn, 2)
-    result = run(DeadlineSpec(_OneSecondEach(), 30), dsn, doc_ids)
+    result = run(_OneSecondEach(), dsn, doc_ids, deadline_s=30)
     assert result.systemic is None and sorted(result.done) == doc_ids
 
 
 def test_a_deadline_must_be_positive():
-    with pytest.raises(ValueError, match="seconds"):
-        DeadlineSpec(_OneSecondEach(), 0)
+    with pytest.raises(ValueError, match="deadline_s"):
+        Limits(deadline_s=0)
 
 
-def test_the_deadline_keeps_the_wrapped_stage_announcing_ready_documents():
-    """A stage's last_stage flag survives the wrapper, or no document.ready would be written."""
+def test_a_stage_with_a_deadline_keeps_announcing_ready_documents():
+    """The last_stage flag is the spec's own, or no document.ready would be written."""
     from replayable.runner import ready_versions
 
-    class Last:
+    class Last(StageSpec):
         name, code_version, last_stage = "embed", "1", True
 
         def lineage(self):
             return {}
 
-    assert ready_versions(DeadlineSpec(Last(), 60)) == {"stage": "embed", "code_version": "1"}
+    assert ready_versions(Last()) == {"stage": "embed", "code_version": "1"}
+    assert ready_versions(_OneSecondEach()) is None
 
 
 def test_waiting_for_another_runs_leases_ends_at_this_runs_deadline(conn, dsn):
@@ -98,7 +98,7 @@ def test_waiting_for_another_runs_leases_ends_at_this_runs_deadline(conn, dsn):
     other.claim([(f"slow-{d}", d) for d in doc_ids])
     results = []
     waiter = threading.Thread(
-        target=lambda: results.append(run(DeadlineSpec(stage, 1.0), dsn, doc_ids, deadline_s=1.0)),
+        target=lambda: results.append(run(stage, dsn, doc_ids, deadline_s=1.0)),
         daemon=True,
     )
     waiter.start()
@@ -106,7 +106,7 @@ def test_waiting_for_another_runs_leases_ends_at_this_runs_deadline(conn, dsn):
     other.db.close()
     assert results, "the batch waited past its deadline for another run's leases"
     (result,) = results
-    assert result.systemic is not None and result.systemic.error_class == ERROR_CLASS
+    assert result.systemic is not None and result.systemic.error_class == DEADLINE
     assert stage.started == [] and result.done == []
     # The other run's leases are untouched: its items are still its own.
     held = "SELECT count(*) FROM replayable.stage_runs WHERE lease_owner = 'other-run'"

@@ -1,261 +1,32 @@
-"""The pipeline's stages as :class:`~replayable.runner.StageSpec`: keys, inputs, outputs.
+"""The embed stage as a :class:`~replayable.runner.StageSpec`: keys, input and output.
 
-Each spec says what an item's key is made of, where its input and output live, and how a
-batch of claimed items is processed; the stage functions in ``replayable.stages`` do the
-work. Keys:
-
-- extract: document bytes (doc_id) + extractor version;
-- chunk: the document, extractor version and text hash + chunker version, size, overlap;
-- embed: the document and its chunk ids + embedder version, model and dimensions.
-
-So re-extracted text that is identical keys to the chunks and embeddings that exist. Every
-key names its document: two files with the same text share their chunks and vectors (paid
-once, by content address and chunk lock), but each is its own item in every stage, with its
-own outcome and its own ``document.ready`` (ADR 0085).
+An item is one document's chunks, keyed by the document and its chunk ids plus the embedder
+version, model and dimensions; its outputs are ``embeddings`` rows, one per chunk and model,
+shared by every document with that chunk, and a ``model_calls`` row per billable request.
+A batch packs the chunks no document has embedded yet into requests and sends them through
+:class:`~replayable.stages.embed.client.HttpEmbeddingClient` (or any
+:class:`~replayable.stages.embed.client.EmbeddingProvider`).
 """
 
 from __future__ import annotations
 
-import functools
-import logging
-import os
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from replayable import guards, sources
 from replayable.budget import RequestBudget
 from replayable.db import Connection, Database, execute, execute_values, fetch_all
 from replayable.keys import item_key, sha256_bytes
 from replayable.retry import Classified, ErrorKind, ItemError, classify
-from replayable.runner import BatchIO, WorkItem, Write, spec_hash_of
-from replayable.stages import chunk, embed, extract
-
-log = logging.getLogger(__name__)
-
-
-def chunk_lineage(config: chunk.ChunkConfig, extractor_version: str) -> dict[str, Any]:
-    return {"size": config.size, "overlap": config.overlap, "extractor": extractor_version}
-
-
-def embed_lineage(
-    model: str, dimensions: int | None, chunker_key: str, extractor_version: str
-) -> dict[str, Any]:
-    return {
-        "model": model,
-        "dimensions": dimensions,
-        "chunker": chunker_key,
-        "extractor": extractor_version,
-    }
-
-
-def spec_hashes(config: chunk.ChunkConfig, model: str, dimensions: int | None) -> dict[str, str]:
-    """Each stage's spec hash for a run's settings, without building the stages."""
-    return {
-        "extract": spec_hash_of("extract", extract.VERSION, {}),
-        "chunk": spec_hash_of("chunk", chunk.VERSION, chunk_lineage(config, extract.VERSION)),
-        "embed": spec_hash_of(
-            "embed",
-            embed.VERSION,
-            embed_lineage(model, dimensions, config.key, extract.VERSION),
-        ),
-    }
-
-
-@dataclass
-class ExtractSpec:
-    """Extract text from each document's PDF on a pool of guarded worker processes."""
-
-    pool: guards.GuardedPool
-    max_bytes: int
-    roots: Sequence[str] | None = None
-    code_version: str = extract.VERSION
-    name: str = "extract"
-    # Checked page by page in the worker: a larger text layer ends ``oversize_text``.
-    max_text_chars: int | None = None
-
-    def key_config(self) -> dict[str, Any]:
-        return {}
-
-    def lineage(self) -> dict[str, Any]:
-        return {}
-
-    def plan(self, conn: Connection, doc_ids: Sequence[str]) -> list[WorkItem]:
-        rows = fetch_all(conn, "stages/documents_by_id", {"doc_ids": list(doc_ids)})
-        cfg = self.key_config()
-        return [
-            WorkItem(
-                row["doc_id"],
-                item_key(self.name, self.code_version, cfg, [row["doc_id"]]),
-                row["uri"],
-            )
-            for row in rows
-        ]
-
-    def process(self, items: Sequence[WorkItem], io: BatchIO) -> None:
-        # One thread per guarded worker keeps every worker busy; the threads only wait.
-        with ThreadPoolExecutor(self.pool.workers, thread_name_prefix="extract") as threads:
-            for _ in threads.map(lambda item: self._one(item, io), items):
-                pass
-
-    def _one(self, item: WorkItem, io: BatchIO) -> None:
-        if io.stopping:
-            return  # the runner releases it, its attempt unspent
-        try:
-            if not io.holds(item):
-                raise ItemError("lease_lost", "another worker took the item over")
-            path = str(item.payload)
-            if self.roots is not None:
-                sources.check_inside(path, self.roots)
-            # Size comes from stat, before a single byte is read.
-            guards.check_size(path, self.max_bytes)
-            result = self.pool.run(extract.extract_file, path, item.doc_id, self.max_text_chars)
-        except Exception as error:
-            io.failed(item, error)
-            return
-        row = (
-            item.doc_id,
-            self.code_version,
-            result.page_count,
-            result.text,
-            sha256_bytes(result.text.encode()),
-            result.removed_chars,
-        )
-        io.done(item, [Write("stages/insert_extraction", [row], size=len(result.text))])
-
-
-@dataclass
-class ChunkSpec:
-    """Split each document's extracted text into content-addressed chunks."""
-
-    config: chunk.ChunkConfig
-    connect: Callable[[], Database]
-    extractor_version: str = extract.VERSION
-    code_version: str = chunk.VERSION
-    name: str = "chunk"
-    group_bytes: int = 16 * 2**20
-    # Terminal limits (ADR 0087): a stored text over max_text_chars is never read into the
-    # task process; a text that makes more chunks than max_chunks_per_doc is not stored.
-    max_text_chars: int | None = None
-    max_chunks_per_doc: int | None = None
-
-    def key_config(self) -> dict[str, Any]:
-        return {"size": self.config.size, "overlap": self.config.overlap}
-
-    def lineage(self) -> dict[str, Any]:
-        return chunk_lineage(self.config, self.extractor_version)
-
-    def plan(self, conn: Connection, doc_ids: Sequence[str]) -> list[WorkItem]:
-        rows = fetch_all(
-            conn,
-            "stages/extractions_for",
-            {
-                "doc_ids": list(doc_ids),
-                "extractor_version": self.extractor_version,
-                "max_text_chars": self.max_text_chars,
-            },
-        )
-        cfg = self.key_config()
-        # The extractor version is part of the key because doc_chunks rows are filed under
-        # it; the chunk ids themselves are content addresses, shared across versions.
-        return [
-            WorkItem(
-                row["doc_id"],
-                item_key(
-                    self.name,
-                    self.code_version,
-                    cfg,
-                    [row["doc_id"], self.extractor_version, row["text_sha256"]],
-                ),
-                (int(row["text_bytes"]), row["text_chars"]),
-            )
-            for row in rows
-        ]
-
-    def process(self, items: Sequence[WorkItem], io: BatchIO) -> None:
-        limit = self.max_text_chars
-        fitting = []
-        for item in items:
-            chars = item.payload[1]
-            if limit is not None and chars is not None and chars > limit:
-                error = ItemError(
-                    "oversize_text",
-                    f"the stored text has {chars} characters, over max_text_chars ({limit})",
-                )
-                io.failed(item, error)
-            else:
-                fitting.append(item)
-        database = self.connect()
-        try:
-            for group in _groups_by_size(fitting, self.group_bytes):
-                texts = database.transaction(
-                    functools.partial(self._texts, group=group), describe="chunk: read texts"
-                )
-                for item in group:
-                    self._one(item, texts.get(item.doc_id, ""), io)
-        finally:
-            database.close()
-
-    def _texts(self, conn: Connection, *, group: Sequence[WorkItem]) -> dict[str, str]:
-        params = {
-            "doc_ids": [item.doc_id for item in group],
-            "extractor_version": self.extractor_version,
-        }
-        return {
-            row["doc_id"]: row["text"] for row in fetch_all(conn, "stages/extraction_texts", params)
-        }
-
-    def _one(self, item: WorkItem, text: str, io: BatchIO) -> None:
-        try:
-            if not io.holds(item):
-                raise ItemError("lease_lost", "another worker took the item over")
-            chunks = chunk.chunk_text(text, self.config, self.max_chunks_per_doc)
-            if not chunks:
-                raise ItemError("empty_text", "the extracted text has no words")
-        except Exception as error:
-            io.failed(item, error)
-            return
-        io.done(
-            item,
-            [
-                Write(
-                    "stages/insert_chunks",
-                    [(c.chunk_id, c.text) for c in chunks],
-                    size=sum(len(c.text) for c in chunks),
-                ),
-                Write(
-                    "stages/insert_doc_chunks",
-                    [
-                        (
-                            item.doc_id,
-                            self.extractor_version,
-                            self.config.key,
-                            c.ordinal,
-                            c.chunk_id,
-                        )
-                        for c in chunks
-                    ],
-                ),
-            ],
-        )
-
-
-def _groups_by_size(items: Sequence[WorkItem], limit: int) -> Iterator[list[WorkItem]]:
-    group: list[WorkItem] = []
-    size = 0
-    for item in items:
-        text_bytes = int(item.payload[0] or 0)
-        if group and size + text_bytes > limit:
-            yield group
-            group, size = [], 0
-        group.append(item)
-        size += text_bytes
-    if group:
-        yield group
+from replayable.runner import BatchIO, StageSpec, WorkItem
+from replayable.stages import extract
+from replayable.stages.embed import VERSION
+from replayable.stages.embed.client import CallRecord, EmbeddingProvider, EmbeddingResult
+from replayable.stages.lineage import embed_lineage
 
 
 @dataclass
@@ -269,7 +40,7 @@ class _Request:
 
 
 @dataclass
-class EmbedSpec:
+class EmbedSpec(StageSpec):
     """Embed the batch's chunks that no document has embedded yet under this model.
 
     Chunks of all the batch's documents are packed into full requests (``inputs_per_call``),
@@ -289,7 +60,7 @@ class EmbedSpec:
     # that a replayed request carries the key of the one in flight at the kill (ADR 0084).
     start_takeovers_together: ClassVar[bool] = True
 
-    provider: embed.EmbeddingProvider
+    provider: EmbeddingProvider
     model: str
     chunker_key: str
     connect: Callable[[], Database]
@@ -299,7 +70,7 @@ class EmbedSpec:
     inputs_per_call: int = 32
     max_in_flight: int = 4
     extractor_version: str = extract.VERSION
-    code_version: str = embed.VERSION
+    code_version: str = VERSION
     name: str = "embed"
     wait_for_peer_s: float = 300.0
     peer_poll_s: float = 0.5
@@ -367,7 +138,7 @@ class _EmbedBatch:
         self._databases: list[Database] = []
         # Responses that came back but are not stored yet, by request: kept across a lost
         # database connection so that storing them again never pays again.
-        self._answered: dict[str, tuple[embed.EmbeddingResult, list[embed.CallRecord]]] = {}
+        self._answered: dict[str, tuple[EmbeddingResult, list[CallRecord]]] = {}
 
     def run(self) -> None:
         # One pool for every round: each thread keeps its one connection while the batch
@@ -563,7 +334,7 @@ class _EmbedBatch:
                 return
             ids = [row["chunk_id"] for row in todo]
             key = _request_key(spec, ids)
-            calls: list[embed.CallRecord] = []
+            calls: list[CallRecord] = []
             try:
                 result = spec.provider.embed(
                     [row["text"] for row in todo],
@@ -594,9 +365,7 @@ class _EmbedBatch:
         request.stored = ids
         self._answered.pop(key, None)
 
-    def _record(
-        self, conn: Connection, chunk_ids: list[str], calls: list[embed.CallRecord]
-    ) -> None:
+    def _record(self, conn: Connection, chunk_ids: list[str], calls: list[CallRecord]) -> None:
         """Store each call with the items whose inputs it carried (each chunk counted once)."""
         share: dict[str, int] = defaultdict(int)
         for cid in chunk_ids:
@@ -647,8 +416,3 @@ def _request_key(spec: EmbedSpec, chunk_ids: Sequence[str]) -> str:
 
 def _vector_literal(vector: Sequence[float]) -> str:
     return "[" + ",".join(repr(float(x)) for x in vector) + "]"
-
-
-def default_workers(batch_size: int) -> int:
-    """Guarded extraction workers for a batch: one per core, never more than its documents."""
-    return max(1, min(os.cpu_count() or 1, batch_size))

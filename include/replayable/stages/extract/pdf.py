@@ -1,7 +1,8 @@
-"""Extract text from a PDF with pypdf.
+"""Extract text from a PDF with pypdf: the extract stage's work.
 
 Runs inside a guarded worker process (see ``replayable.guards``): it is the stage that
 parses untrusted bytes, so a stall or a blow-up here must cost one item, not the batch.
+The stage's code version is ``replayable.stages.extract.VERSION``.
 """
 
 from __future__ import annotations
@@ -25,10 +26,6 @@ from pypdf.errors import (
 )
 
 from replayable.retry import ErrorKind, ItemError
-
-# Sanitising left this at 1.0: it only alters text that Postgres refused before, so no
-# stored extraction changes; documents that died on such text come back with a redrive.
-VERSION = "1.0"
 
 # Inputs at least this large are followed by a garbage collection (see _page_texts).
 _COLLECT_AFTER_BYTES = 4 * 2**20

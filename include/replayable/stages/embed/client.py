@@ -1,7 +1,7 @@
 """Embed chunk texts through an OpenAI-compatible ``/v1/embeddings`` endpoint.
 
 The provider is a small Protocol; :class:`HttpEmbeddingClient` implements it over httpx.
-Which endpoint and key are used is decided in one place, ``replayable.model_settings``.
+Which endpoint and key are used is decided in one place, ``replayable.stages.embed.endpoint``.
 Every HTTP request is reported to ``on_call`` so that billable calls are counted.
 """
 
@@ -19,8 +19,6 @@ from typing import Any, Protocol
 import httpx
 
 from replayable.retry import CallRetry, ErrorKind, ItemError, call_with_retries, classify
-
-VERSION = "1.0"
 
 # A response is refused past a size that every legitimate answer fits (ADR 0078): a float
 # prints in at most 24 characters ("-2.2250738585072014e-308"), and providers that indent

@@ -9,9 +9,9 @@ import pytest
 import corpus
 from replayable import db
 from replayable.retry import ErrorKind, ItemError
-from replayable.stages.extract import extract_file, extract_pdf, sanitize_text
+from replayable.stages.extract.pdf import extract_file, extract_pdf, sanitize_text
 
-SAMPLES = Path(__file__).resolve().parents[3] / "data" / "samples"
+SAMPLES = Path(__file__).resolve().parents[4] / "data" / "samples"
 
 
 def _text_pdf(shown: bytes, to_unicode: Mapping[int, str] | None = None) -> bytes:

@@ -2,7 +2,7 @@ import itertools
 
 import pytest
 
-from replayable.stages.chunk import ChunkConfig, chunk_id, chunk_text
+from replayable.stages.chunk.chunker import ChunkConfig, chunk_id, chunk_text
 
 TEXT = " ".join(f"word{i}" for i in range(2000))
 

@@ -1,4 +1,4 @@
-"""Split text into overlapping, content-addressed chunks.
+"""Split text into overlapping, content-addressed chunks: the chunk stage's work.
 
 Deterministic: the same text, version and config give the same chunks, so identical
 re-extracted text maps onto chunks (and embeddings) that already exist.
@@ -11,8 +11,7 @@ from dataclasses import dataclass
 
 from replayable.keys import sha256_bytes
 from replayable.retry import ItemError
-
-VERSION = "1.0"
+from replayable.stages.chunk import VERSION
 
 _SPACE = re.compile(r"\s+")
 

@@ -17,9 +17,10 @@ from replayable.keys import sha256_bytes
 from replayable.ledger import RunContext
 from replayable.retry import CallRetry
 from replayable.runner import Limits, run_batch
-from replayable.specs import ChunkSpec, EmbedSpec
-from replayable.stages.chunk import ChunkConfig
-from replayable.stages.embed import HttpEmbeddingClient
+from replayable.stages.chunk.chunker import ChunkConfig
+from replayable.stages.chunk.spec import ChunkSpec
+from replayable.stages.embed.client import HttpEmbeddingClient
+from replayable.stages.embed.spec import EmbedSpec
 
 pytestmark = pytest.mark.db
 

@@ -1,0 +1,10 @@
+"""The embed stage: vectors for each document's chunks from an OpenAI-compatible endpoint.
+
+``endpoint`` decides which endpoint and key a model connection names, ``client`` is the HTTP
+client, and ``spec`` packs, sends and stores a batch's requests. The package itself imports
+none of them, so reading :data:`VERSION` stays cheap.
+"""
+
+from __future__ import annotations
+
+VERSION = "1.0"

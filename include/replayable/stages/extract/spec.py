@@ -1,0 +1,83 @@
+"""The extract stage as a :class:`~replayable.runner.StageSpec`: keys, input and output.
+
+An item is one document, keyed by its bytes (doc_id) and the extractor version; its input is
+the file discover recorded, its output one ``extractions`` row. Each file is checked (roots,
+size) before a byte is read, then parsed by :func:`~replayable.stages.extract.pdf.extract_file`
+on a pool of guarded worker processes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from replayable import guards, sources
+from replayable.db import Connection, fetch_all
+from replayable.keys import item_key, sha256_bytes
+from replayable.retry import ItemError
+from replayable.runner import BatchIO, StageSpec, WorkItem, Write
+from replayable.stages.extract import VERSION, pdf
+
+
+@dataclass
+class ExtractSpec(StageSpec):
+    """Extract text from each document's PDF on a pool of guarded worker processes."""
+
+    pool: guards.GuardedPool
+    max_bytes: int
+    roots: Sequence[str] | None = None
+    code_version: str = VERSION
+    name: str = "extract"
+    # Checked page by page in the worker: a larger text layer ends ``oversize_text``.
+    max_text_chars: int | None = None
+
+    def key_config(self) -> dict[str, Any]:
+        return {}
+
+    def lineage(self) -> dict[str, Any]:
+        return {}
+
+    def plan(self, conn: Connection, doc_ids: Sequence[str]) -> list[WorkItem]:
+        rows = fetch_all(conn, "stages/documents_by_id", {"doc_ids": list(doc_ids)})
+        cfg = self.key_config()
+        return [
+            WorkItem(
+                row["doc_id"],
+                item_key(self.name, self.code_version, cfg, [row["doc_id"]]),
+                row["uri"],
+            )
+            for row in rows
+        ]
+
+    def process(self, items: Sequence[WorkItem], io: BatchIO) -> None:
+        # One thread per guarded worker keeps every worker busy; the threads only wait.
+        with ThreadPoolExecutor(self.pool.workers, thread_name_prefix="extract") as threads:
+            for _ in threads.map(lambda item: self._one(item, io), items):
+                pass
+
+    def _one(self, item: WorkItem, io: BatchIO) -> None:
+        if io.stopping:
+            return  # the runner releases it, its attempt unspent
+        try:
+            if not io.holds(item):
+                raise ItemError("lease_lost", "another worker took the item over")
+            path = str(item.payload)
+            if self.roots is not None:
+                sources.check_inside(path, self.roots)
+            # Size comes from stat, before a single byte is read.
+            guards.check_size(path, self.max_bytes)
+            result = self.pool.run(pdf.extract_file, path, item.doc_id, self.max_text_chars)
+        except Exception as error:
+            io.failed(item, error)
+            return
+        row = (
+            item.doc_id,
+            self.code_version,
+            result.page_count,
+            result.text,
+            sha256_bytes(result.text.encode()),
+            result.removed_chars,
+        )
+        io.done(item, [Write("stages/insert_extraction", [row], size=len(result.text))])

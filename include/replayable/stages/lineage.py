@@ -1,0 +1,61 @@
+"""What the stages share: the lineage each stage's spec hash is made of, and pool sizing.
+
+A stage's spec hash names its code version and the config of every stage whose output it
+reads (its lineage), so that a planner can tell which documents are done under the settings
+of a run without building the stages. Keys:
+
+- extract: document bytes (doc_id) + extractor version;
+- chunk: the document, extractor version and text hash + chunker version, size, overlap;
+- embed: the document and its chunk ids + embedder version, model and dimensions.
+
+So re-extracted text that is identical keys to the chunks and embeddings that exist. Every
+key names its document: two files with the same text share their chunks and vectors (paid
+once, by content address and chunk lock), but each is its own item in every stage, with its
+own outcome and its own ``document.ready`` (ADR 0085).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+from replayable.runner import spec_hash_of
+from replayable.stages import chunk, embed, extract
+
+if TYPE_CHECKING:
+    from replayable.stages.chunk.chunker import ChunkConfig
+
+
+def chunk_lineage(config: ChunkConfig, extractor_version: str) -> dict[str, Any]:
+    """The chunk stage's lineage: its size and overlap, and the extractor it reads from."""
+    return {"size": config.size, "overlap": config.overlap, "extractor": extractor_version}
+
+
+def embed_lineage(
+    model: str, dimensions: int | None, chunker_key: str, extractor_version: str
+) -> dict[str, Any]:
+    """The embed stage's lineage: its model and dimensions, and the chunker and extractor."""
+    return {
+        "model": model,
+        "dimensions": dimensions,
+        "chunker": chunker_key,
+        "extractor": extractor_version,
+    }
+
+
+def spec_hashes(config: ChunkConfig, model: str, dimensions: int | None) -> dict[str, str]:
+    """Each stage's spec hash for a run's settings, without building the stages."""
+    return {
+        "extract": spec_hash_of("extract", extract.VERSION, {}),
+        "chunk": spec_hash_of("chunk", chunk.VERSION, chunk_lineage(config, extract.VERSION)),
+        "embed": spec_hash_of(
+            "embed",
+            embed.VERSION,
+            embed_lineage(model, dimensions, config.key, extract.VERSION),
+        ),
+    }
+
+
+def default_workers(batch_size: int) -> int:
+    """Guarded extraction workers for a batch: one per core, never more than its documents."""
+    return max(1, min(os.cpu_count() or 1, batch_size))
