@@ -404,7 +404,7 @@ def test_workers_die_with_the_process_that_owns_the_pool(tmp_path: Path) -> None
     )
     marker = tmp_path / "started"
     marker.mkdir()
-    include = Path(__file__).resolve().parents[2] / "include"
+    include = Path(__file__).resolve().parents[3] / "include"
     owner = subprocess.Popen(
         [sys.executable, str(tmp_path / "owner.py"), str(marker)],
         env={**os.environ, "PYTHONPATH": f"{include}{os.pathsep}{tmp_path}"},
@@ -544,7 +544,7 @@ def test_workers_do_not_rerun_the_callers_main_script(tmp_path: Path) -> None:
         "with GuardedPool(timeout_s=20, memory_mb=None) as pool:\n"
         "    print('worker pid differs:', pool.run(os.getpid) != os.getpid())\n"
     )
-    include = Path(__file__).resolve().parents[2] / "include"
+    include = Path(__file__).resolve().parents[3] / "include"
     done = subprocess.run(
         [sys.executable, str(script)],
         env={**os.environ, "PYTHONPATH": str(include)},
@@ -587,7 +587,7 @@ def test_a_task_forked_from_a_celery_pool_process_can_start_guarded_workers() ->
     In a new interpreter, as a Celery worker is: this one may already run a forkserver.
     """
     pytest.importorskip("billiard")
-    include = str(Path(__file__).resolve().parents[2] / "include")
+    include = str(Path(__file__).resolve().parents[3] / "include")
     done = subprocess.run(
         [sys.executable, "-c", CELERY_LIKE_WORKER],
         env={**os.environ, "PYTHONPATH": include},

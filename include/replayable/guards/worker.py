@@ -1,0 +1,240 @@
+"""The worker side of a guarded pool: what each worker process sets up, and how it runs an item.
+
+Run once per worker (:func:`init_worker`): the parent-death signal, no core dumps, the CPU
+limit's hard bound, malloc tuned so that the address space tracks live data, RLIMIT_AS, and
+a thread that samples the address space while an item runs. Run per item (:func:`run_item`):
+the CPU limit armed for the item and lifted after it, and whatever the item raises made fit
+to reach the caller. See :mod:`replayable.guards` for why each is needed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import faulthandler
+import math
+import os
+import pickle
+import resource
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from multiprocessing import forkserver
+from typing import Any, Final, TypeVar
+
+from replayable.guards.errors import GuardError, RemoteError
+
+T = TypeVar("T")
+
+_SAMPLE_INTERVAL_S: Final = 0.01
+# Address-space samples are kept per worker pid modulo this; pids are verified on read.
+USAGE_SLOTS: Final = 4096
+_SAMPLER_STACK_BYTES: Final = 256 * 1024
+# mallopt parameter numbers from glibc's <malloc.h>.
+_M_MMAP_THRESHOLD: Final = -3
+_M_ARENA_MAX: Final = -8
+# From <linux/prctl.h>.
+_PR_SET_PDEATHSIG: Final = 1
+
+
+# Set while an item runs. Samples matter only when a worker dies running an item, so the
+# sampler waits on this between items and an idle worker costs no CPU.
+_item_running = threading.Event()
+# This worker's (pid, address-space bytes) pair in the shared array, set by _init_worker.
+_usage: Any = None
+_usage_slot = 0
+
+
+def _sample_address_space(usage: Any, slot: int) -> None:
+    """While an item runs, keep writing this process's address-space size into ``usage``."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    try:
+        fd = os.open("/proc/self/statm", os.O_RDONLY)
+    except OSError:
+        return  # no procfs: deaths near the limit are then reported as plain crashes
+    while True:
+        _item_running.wait()
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            usage[slot + 1] = int(os.pread(fd, 128, 0).split()[0]) * page
+        time.sleep(_SAMPLE_INTERVAL_S)
+
+
+def _start_sampling() -> None:
+    """Wake the sampler for an item, forgetting the last item's sample."""
+    if _usage is not None:
+        _usage[_usage_slot + 1] = 0
+        _item_running.set()
+
+
+def _tune_malloc() -> None:
+    """Make glibc's malloc give freed memory back, so the address space tracks live data."""
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return  # not glibc: nothing to tune
+    # A second thread would get its own arena, reserving 64 MiB of address space that
+    # RLIMIT_AS counts although it is never used.
+    mallopt(_M_ARENA_MAX, 1)
+    # A fixed threshold turns off glibc's adaptive one, which after the first large free
+    # serves big blocks from the heap and keeps them there: after one memory-hungry item
+    # the worker would stay near its limit for every item after it.
+    mallopt(_M_MMAP_THRESHOLD, 128 * 1024)
+
+
+def _die_with_owner() -> None:
+    """Have the kernel SIGKILL this worker when the task process that owns its pool dies.
+
+    See the module docstring: the death signal follows the forkserver, and closing the
+    inherited end of its alive pipe makes the forkserver follow the task process.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    parent = os.getppid()
+    status = libc.prctl(
+        ctypes.c_int(_PR_SET_PDEATHSIG),
+        ctypes.c_ulong(signal.SIGKILL),
+        ctypes.c_ulong(0),
+        ctypes.c_ulong(0),
+        ctypes.c_ulong(0),
+    )
+    if status != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"prctl(PR_SET_PDEATHSIG): {os.strerror(errno)}")
+    if os.getppid() != parent:
+        # The forkserver died before the signal was set, so it will never come.
+        os.kill(os.getpid(), signal.SIGKILL)
+    # Only now: until this worker lets go of the pipe, the forkserver cannot exit, so it
+    # cannot die before the signal above is in place.
+    server = forkserver._forkserver
+    alive_fd = getattr(server, "_forkserver_alive_fd", None)
+    if isinstance(alive_fd, int):
+        os.close(alive_fd)
+        # Were this worker ever to start processes with forkserver, it would start its own.
+        server._forkserver_alive_fd = None  # type: ignore[attr-defined]  # private, untyped
+
+
+# The CPU allowance of one item and the inherited hard RLIMIT_CPU, set by _init_worker.
+_cpu_budget_s = 0
+_cpu_hard_limit = resource.RLIM_INFINITY
+
+
+def _arm_cpu_limit() -> None:
+    """Have the kernel send SIGXCPU once this worker has used its item's CPU allowance."""
+    soft = math.ceil(time.process_time()) + _cpu_budget_s
+    if _cpu_hard_limit != resource.RLIM_INFINITY:
+        # SIGXCPU must come first: at the hard limit the kernel sends SIGKILL instead.
+        soft = max(0, min(soft, _cpu_hard_limit - 1))
+    resource.setrlimit(resource.RLIMIT_CPU, (soft, _cpu_hard_limit))
+
+
+def _lift_cpu_limit() -> None:
+    """Lift the soft CPU limit between items; the limit counts a process's whole life."""
+    resource.setrlimit(resource.RLIMIT_CPU, (_cpu_hard_limit, _cpu_hard_limit))
+
+
+def init_worker(limit_bytes: int | None, usage: Any, cpu_budget_s: int) -> None:
+    """Set up the worker's guards and start sampling its address space; runs once per worker."""
+    global _cpu_budget_s, _cpu_hard_limit, _usage, _usage_slot
+    # A segfaulting item then leaves a Python traceback in the task log, not just "-11".
+    faulthandler.enable()
+    _die_with_owner()
+    _soft, hard = resource.getrlimit(resource.RLIMIT_CORE)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, hard))
+    # Ending the process is SIGXCPU's default action; make sure nothing inherited changed it.
+    signal.signal(signal.SIGXCPU, signal.SIG_DFL)
+    _cpu_budget_s = cpu_budget_s
+    _cpu_hard_limit = resource.getrlimit(resource.RLIMIT_CPU)[1]
+    if limit_bytes is None:
+        return
+    _tune_malloc()
+    if usage is not None:
+        slot = 2 * (os.getpid() % USAGE_SLOTS)
+        usage[slot] = os.getpid()
+        usage[slot + 1] = 0
+        _usage, _usage_slot = usage, slot
+        # A small stack: the default 8 MiB reservation would count against RLIMIT_AS.
+        previous = threading.stack_size(_SAMPLER_STACK_BYTES)
+        try:
+            threading.Thread(
+                target=_sample_address_space, args=(usage, slot), name="guard-sampler", daemon=True
+            ).start()
+        finally:
+            threading.stack_size(previous)
+    _soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    if hard != resource.RLIM_INFINITY:
+        limit_bytes = min(limit_bytes, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, hard))
+
+
+def _caused_by_memory_error(error: BaseException) -> bool:
+    """Return whether a MemoryError is in ``error``'s cause/context chain."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        if isinstance(current, MemoryError):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def _survives_pickling(error: BaseException) -> bool:
+    """Return whether ``error`` can be pickled here and rebuilt in the caller."""
+    try:
+        pickle.loads(pickle.dumps(error))  # noqa: S301  # our own bytes, made one line above
+    except Exception:
+        return False
+    return True
+
+
+def _release_frames(error: BaseException) -> None:
+    """Drop the local variables of the frames in ``error``'s tracebacks, keeping the lines.
+
+    pebble holds the last result, exception included, until the next item finishes; the
+    frames would otherwise keep whatever the failed item had allocated alive meanwhile.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        traceback.clear_frames(current.__traceback__)
+        current = current.__cause__ or current.__context__
+
+
+def run_item(fn: Callable[..., T], args: tuple[Any, ...]) -> T:
+    """Run ``fn(*args)`` in the worker under its CPU limit; make sure what it raises gets back."""
+    _arm_cpu_limit()
+    _start_sampling()
+    try:
+        return fn(*args)
+    except BaseException as error:
+        _release_frames(error)
+        replacement = _transportable(error)
+        if replacement is error:
+            raise
+        # The remote traceback text that reaches the caller then still shows the original.
+        raise replacement from error
+    finally:
+        _item_running.clear()
+        _lift_cpu_limit()
+
+
+def _transportable(error: BaseException) -> BaseException:
+    """Return what to raise in the caller's place for ``error`` raised by an item."""
+    if isinstance(error, MemoryError):
+        return error
+    if isinstance(error, Exception):
+        # Libraries that catch Exception may turn a MemoryError into some other error.
+        if _caused_by_memory_error(error):
+            return MemoryError(f"{type(error).__name__} after MemoryError: {error}")
+        if not _survives_pickling(error):
+            # The caller could not unpickle it, and pebble would then declare the whole
+            # pool broken; send something that keeps the pool alive and the message.
+            return RemoteError(f"{type(error).__module__}.{type(error).__qualname__}", str(error))
+        return error
+    # SystemExit, KeyboardInterrupt and the like must not end the caller's process.
+    return GuardError("crash", f"worker raised {type(error).__name__}: {error}")
