@@ -21,10 +21,10 @@ from collections.abc import Awaitable, Callable
 import psycopg2.errors
 from airflow.api_fastapi.auth.managers.models.resource_details import AccessView
 from airflow.api_fastapi.core_api.security import requires_access_view
-from airflow.configuration import conf
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import Response
 
+from replayable import config
 from replayable.web import actions, api, pages
 from replayable.web.database import default_dsn, schema_missing, too_slow
 from replayable.web.metrics import router as metrics_router
@@ -65,9 +65,8 @@ def create_app(
     )
     app.state.pool = ConnectionPool(
         dsn_provider or default_dsn,
-        size=pool_size or conf.getint("replayable", "ui_pool_size", fallback=4),
-        statement_timeout_s=statement_timeout_s
-        or conf.getfloat("replayable", "ui_statement_timeout_s", fallback=5.0),
+        size=pool_size or config.ui_pool_size(),
+        statement_timeout_s=statement_timeout_s or config.ui_statement_timeout_s(),
     )
     app.state.airflow_api_url = airflow_api_url
     # In this order, as one router served them before the split: the schema lists them so.

@@ -1,22 +1,24 @@
 """The UI's reads of the ledger: the overview, the failed list and the dead-letter queue.
 
-Each read returns the model (:mod:`.models`) that the JSON API returns and the pages render.
-Lists are keyset-paged: a page's last row makes the cursor (``after``) of the next one, so a
-page costs the same at any depth. Every SQL value is bound; the queries live in
-``sql/queries/views/`` and are the ones the CLI reads.
+The reads the CLI makes too come from :mod:`replayable.views`, the one read model of the
+ledger; here they become the models (:mod:`.models`) that the JSON API returns and the pages
+render. Lists are keyset-paged: a page's last row makes the cursor (``after``) of the next
+one, an opaque string here, so a page costs the same at any depth. The reads only the UI
+makes (one letter, the letters' histories, the chart) run their own queries from
+``sql/queries/views/``, every value bound.
 """
 
 from __future__ import annotations
 
 import base64
+import dataclasses
 from datetime import datetime
 from http import HTTPStatus
 from typing import Any
 
 from fastapi import HTTPException
 
-from replayable import db
-from replayable.vocabulary import STAGES
+from replayable import db, views
 from replayable.web.charts import CHART_HOURS
 from replayable.web.models import (
     DeadLetter,
@@ -33,16 +35,19 @@ from replayable.web.models import (
 
 
 def summary(conn: db.Connection) -> Summary:
-    """Items per stage by current status (the CLI's ``status`` queries), open dead letters."""
-    params = {"run_id": None, "stages": list(STAGES)}
-    counts = {row["stage"]: row for row in db.fetch_all(conn, "views/status_stages", params)}
-    dead = {row["stage"]: row for row in db.fetch_all(conn, "views/status_dead_letters", params)}
+    """Items per stage by current status (the CLI's ``status`` reads), open dead letters."""
     stages = [
         StageSummary(
-            **counts.get(stage, {"stage": stage}),
-            open_dead_letters=dead.get(stage, {}).get("n_open", 0),
+            stage=found.stage,
+            pending=found.pending,
+            running=found.running,
+            done=found.done,
+            failed=found.failed,
+            dead=found.dead,
+            total=found.total,
+            open_dead_letters=found.open_dead_letters,
         )
-        for stage in [*STAGES, *sorted({*counts, *dead} - set(STAGES))]
+        for found in views.stage_status(conn, with_model_calls=False)
     ]
     return Summary(
         stages=stages,
@@ -53,14 +58,8 @@ def summary(conn: db.Connection) -> Summary:
 
 def outbox_summary(conn: db.Connection) -> OutboxSummary:
     """The outbox's counts (the metrics' counters) and its oldest pending event's age."""
-    counts = {row["status"]: int(row["n"]) for row in db.fetch_all(conn, "metrics/outbox")}
-    oldest = db.fetch_all(conn, "outbox/oldest_pending")
-    return OutboxSummary(
-        pending=counts.get("pending", 0),
-        published=counts.get("published", 0),
-        dead=counts.get("dead", 0),
-        oldest_pending_age_s=float(oldest[0]["age_s"]) if oldest else None,
-    )
+    counts = views.outbox_counts(conn)
+    return OutboxSummary(**dataclasses.asdict(counts))
 
 
 def failed_items(
@@ -71,26 +70,20 @@ def failed_items(
     after: str | None = None,
 ) -> FailedList:
     """Items whose current status is failed, newest first, one keyset page at a time."""
-    at, after_stage, after_doc = _cursor(after, 3) if after else (None, None, None)
-    rows = db.fetch_all(
+    cursor = _cursor(after, 3) if after else None
+    page = views.failed_items(
         conn,
-        "views/failed_items",
-        {
-            "stage": stage,
-            "error_classes": error_classes,
-            "limit": limit,
-            "after_updated_at": at,
-            "after_stage": after_stage,
-            "after_doc_id": after_doc,
-        },
+        stage=stage,
+        error_classes=error_classes,
+        limit=limit,
+        after=(cursor[0], cursor[1], cursor[2]) if cursor else None,
     )
-    matched = _matched(rows)
-    items = [FailedItem(**row) for row in rows]
+    items = [FailedItem(**row) for row in page.rows]
     last = items[-1] if len(items) == limit else None
     next_after = None
     if last is not None:
         next_after = _make_cursor(last.updated_at.isoformat(), last.stage, last.doc_id)
-    return FailedList(matched=matched, items=items, next_after=next_after)
+    return FailedList(matched=page.matched, items=items, next_after=next_after)
 
 
 def dead_letters(
@@ -105,23 +98,21 @@ def dead_letters(
     until: datetime | None = None,
 ) -> DeadLetterList:
     """Dead letters with ``letter_status`` ("all" for any), newest first, one page at a time."""
-    at, after_id = _cursor(after, 2) if after else (None, None)
-    params = {
-        "stage": stage,
-        "status": None if letter_status == "all" else letter_status,
-        "error_classes": error_classes,
-        "since": since,
-        "until": until,
-        "limit": limit,
-        "after_created_at": at,
-        "after_id": int(after_id) if after_id is not None else None,
-    }
-    rows = db.fetch_all(conn, "views/list_dead_letters", params)
-    matched = _matched(rows)
-    letters = _with_history(conn, rows)
+    cursor = _cursor(after, 2) if after else None
+    page = views.dead_letters(
+        conn,
+        stage=stage,
+        status=letter_status,
+        error_classes=error_classes,
+        since=since,
+        until=until,
+        limit=limit,
+        after=(cursor[0], int(cursor[1])) if cursor else None,
+    )
+    letters = _with_history(conn, page.rows)
     last = letters[-1] if len(letters) == limit else None
     next_after = _make_cursor(last.created_at.isoformat(), str(last.id)) if last else None
-    return DeadLetterList(matched=matched, dead_letters=letters, next_after=next_after)
+    return DeadLetterList(matched=page.matched, dead_letters=letters, next_after=next_after)
 
 
 def dead_letter(conn: db.Connection, letter_id: int) -> DeadLetter:
@@ -169,9 +160,3 @@ def _cursor(value: str, parts: int) -> tuple[str, ...]:
     except ValueError as err:
         raise HTTPException(HTTPStatus.BAD_REQUEST, f"after: not a page cursor ({err})") from err
     return fields
-
-
-def _matched(rows: list[dict[str, Any]]) -> int:
-    """Take the window count off every row; it is the same on each."""
-    counts = [int(row.pop("matched")) for row in rows]
-    return counts[0] if counts else 0

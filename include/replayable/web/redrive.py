@@ -14,10 +14,9 @@ from http import HTTPStatus
 from typing import Any
 
 import httpx
-from airflow.configuration import conf
 from fastapi import HTTPException, Request
 
-from replayable import airflow_http, db
+from replayable import airflow_http, config, db, views
 from replayable.vocabulary import PIPELINE_DAG_ID
 from replayable.web.models import RedriveRun
 
@@ -43,34 +42,30 @@ def plan_redrive(
     matches. Only reads: :func:`ask_airflow` then triggers the runs, with the connection
     given back (ADR 0073).
     """
-    params = {
-        "ids": ids,
-        "stage": stage,
-        "error_classes": error_classes,
-        "since": since,
-        "until": until,
-    }
-    scopes = db.fetch_all(conn, "plan/redrive_scope", params)
+    scopes = views.redrive_scope(
+        conn, ids=ids, stage=stage, error_classes=error_classes, since=since, until=until
+    )
     if not scopes:
         raise HTTPException(HTTPStatus.CONFLICT, "No open dead letter matches: nothing to redrive.")
     runs: list[RedriveRun] = []
     for scope in scopes:
-        selection: dict[str, Any] = {"stage": scope["stage"]}
+        selection: dict[str, Any] = {"stage": scope.stage}
         if ids is not None:
-            selection["ids"] = [int(i) for i in scope["ids"]]
+            selection["ids"] = scope.ids
         else:
             if error_classes:
                 selection["error_class"] = error_classes
             if since is not None:
                 selection["since"] = since.isoformat()
-            as_of: datetime = scope["as_of"]
-            selection["until"] = (as_of if until is None else min(until, as_of)).isoformat()
+            selection["until"] = (
+                scope.as_of if until is None else min(until, scope.as_of)
+            ).isoformat()
         selection.update(reason=reason, by=by)
         runs.append(
             RedriveRun(
-                stage=scope["stage"],
-                letters=int(scope["letters"]),
-                documents=int(scope["documents"]),
+                stage=scope.stage,
+                letters=scope.letters,
+                documents=scope.documents,
                 conf={"redrive": selection},
             )
         )
@@ -134,11 +129,7 @@ def airflow_api_root(request: Request) -> str:
     ``[api] base_url``; with none of them, the address this request arrived at (the API
     server's own socket, not the Host header a client sent).
     """
-    configured = (
-        request.app.state.airflow_api_url
-        or conf.get("replayable", "airflow_api_url", fallback=None)
-        or conf.get("api", "base_url", fallback=None)
-    )
+    configured = request.app.state.airflow_api_url or config.airflow_api_url()
     if configured:
         return str(configured).rstrip("/")
     server = request.scope.get("server")
@@ -148,5 +139,5 @@ def airflow_api_root(request: Request) -> str:
             "This API server's own address is unknown; set [replayable] airflow_api_url.",
         )
     host = f"[{server[0]}]" if ":" in server[0] else server[0]
-    scheme = "https" if conf.get("api", "ssl_cert", fallback="") else "http"
+    scheme = "https" if config.api_serves_https() else "http"
     return f"{scheme}://{host}:{server[1]}"

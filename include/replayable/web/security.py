@@ -29,10 +29,10 @@ from airflow.api_fastapi.auth.managers.models.resource_details import (
     DagDetails,
 )
 from airflow.api_fastapi.core_api.security import GetUserDep, bearer_scheme
-from airflow.configuration import conf
 from fastapi import Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials
 
+from replayable import config
 from replayable.vocabulary import PIPELINE_DAG_ID
 
 # No script at all: an injected tag cannot run even if escaping were ever lost. Framing is
@@ -67,9 +67,7 @@ def _origin(url: str) -> tuple[str, str, int] | None:
 def _allowed_origins(request: Request) -> set[tuple[str, str, int]]:
     own = _origin(f"{request.url.scheme}://{request.headers.get('host', '')}")
     allowed = {own} if own else set()
-    if (base_url := conf.get("api", "base_url", fallback=None)) and (
-        configured := _origin(base_url)
-    ):
+    if (base_url := config.api_base_url()) and (configured := _origin(base_url)):
         allowed.add(configured)
     return allowed
 
@@ -94,7 +92,7 @@ def require_same_origin(request: Request, bearer: Bearer) -> None:
 
 def _dag_details() -> DagDetails:
     team = None
-    if conf.getboolean("core", "multi_team", fallback=False):
+    if config.multi_team():
         # Only multi-team deployments tie a DAG to a team; the lookup needs the metadata DB.
         from airflow.models.dag import DagModel
 

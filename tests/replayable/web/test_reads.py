@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 import pytest
 from fastapi.testclient import TestClient
 from ui_fixtures import (  # noqa: F401 - fixtures
@@ -13,7 +16,10 @@ from ui_fixtures import (  # noqa: F401 - fixtures
     ledger_fixture,
 )
 
+from conftest import ROOT
 from replayable.vocabulary import STAGES
+
+WEB = ROOT / "include" / "replayable" / "web"
 
 
 def test_overview_counts_items_by_current_status_per_stage(
@@ -121,3 +127,37 @@ def test_a_bad_cursor_is_refused_naming_it(
 ) -> None:
     response = client.get(f"/replayable/api/dead-letters?after={cursor}")
     assert response.status_code == 400 and "after" in response.text
+
+
+def _queries_run_in(path: Path) -> list[str]:
+    """The query names ``path`` hands to ``db.fetch_all``, ``db.execute`` or ``db.sql``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+            continue
+        position = {"fetch_all": 1, "execute": 1, "sql": 0}.get(node.func.attr)
+        if position is None or len(node.args) <= position:
+            continue
+        name = node.args[position]
+        found.append(name.value if isinstance(name, ast.Constant) else f"<{ast.unparse(name)}>")
+    return found
+
+
+def test_the_ui_reads_what_the_cli_reads_too_through_views() -> None:
+    """Status, failed items, dead letters, redrive scope and outbox come from views (ADR 0093);
+    the UI's own queries are the reads only it makes and its writes."""
+    views = set(_queries_run_in(ROOT / "include" / "replayable" / "views.py"))
+    queries = {
+        path.name: set(names)
+        for path in sorted(WEB.glob("*.py"))
+        if path.name != "metrics.py" and (names := _queries_run_in(path))
+    }
+    assert queries == {
+        "actions.py": {"<query>", "views/dead_letter_status"},  # ignore, assign; why refused
+        "reads.py": {
+            "views/dead_letter",
+            "views/dead_letters_per_hour",
+            "views/dead_letter_history",
+        },
+    }
+    assert not views & set().union(*queries.values())
