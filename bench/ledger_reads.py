@@ -54,8 +54,8 @@ def load(dsn: str, documents: int, letters: int) -> float:
 
 def reads() -> dict[str, Read]:
     """Every read a person (UI, CLI) or a sensor makes, by name."""
-    from replayable.web import app as web
     from replayable.web import metrics
+    from replayable.web import reads as web
 
     def failed_page_two(conn: db.Connection) -> Any:
         first = web.failed_items(conn, None, None, 100)
