@@ -33,9 +33,9 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from airflow.sdk import BaseHook, BaseNotifier, Context
+from airflow.sdk import BaseNotifier, Context
 
-from replayable.hooks import url_from_fields
+from replayable.hooks.webhook import connection_fields, url_from_fields
 from replayable.vocabulary import ALERTS_CONN_ID
 
 if TYPE_CHECKING:
@@ -174,10 +174,7 @@ class WebhookNotifier(BaseNotifier):
         return "replayable-alert-" + hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:40]
 
     def notify(self, context: Context) -> None:
-        conn = BaseHook.get_connection(self.conn_id)
-        target = WebhookTarget.from_fields(
-            conn.host, conn.port, conn.schema, conn.password, conn.extra_dejson
-        )
+        target = WebhookTarget.from_fields(*connection_fields(self.conn_id))
         from replayable.retry import CallRetry
 
         body = self.payload(context)

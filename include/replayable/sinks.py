@@ -30,7 +30,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from replayable.hooks import url_from_fields
+from replayable.hooks.webhook import connection_fields, url_from_fields
 from replayable.outbox import Event
 from replayable.retry import CallRetry, call_with_retries
 
@@ -100,11 +100,8 @@ def webhook_settings(
 
 
 def webhook_settings_from_connection(conn_id: str) -> WebhookSettings:
-    """Read the Airflow connection ``conn_id`` (an Airflow import, so only called in tasks)."""
-    from airflow.sdk import BaseHook
-
-    conn = BaseHook.get_connection(conn_id)
-    return webhook_settings(conn.host, conn.port, conn.schema, conn.password, conn.extra_dejson)
+    """Read the Airflow connection ``conn_id`` (through its hook, so only called in tasks)."""
+    return webhook_settings(*connection_fields(conn_id))
 
 
 class WebhookSink:

@@ -1,7 +1,4 @@
-"""The model and ledger connections: the embeddings provider's and the replayable database's.
-
-Operators, tasks and the UI ask this module for what those connections hold; they do not
-read the connections themselves, nor import each other for it (ADR 0090).
+"""The model connection: ``EmbeddingsHook``, and the model and budget a run chooses from it.
 
 ``EmbeddingsHook`` has the shape of the providers' hooks (``PostgresHook``, ``HttpHook``):
 the hook owns the connection (``replayable_model`` by default), the operator owns its
@@ -19,9 +16,7 @@ The connection type ``replayable_embeddings`` and its form fields are declared i
 a connection of any other type (``http`` in the dev environment) works all the same.
 
 :func:`model_choice` resolves a run's model and budget from that connection and the run's
-params; :func:`connection_dsn` turns the ledger's Postgres connection into a libpq DSN, and
-:func:`url_from_fields` is how the fields of an HTTP connection (the model's, the events' and
-the alerts' webhooks) name a URL (ADR 0098).
+params; the hook's client falls back to a model by the same chain.
 """
 
 from __future__ import annotations
@@ -33,12 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseHook
 
-from replayable.get_provider_info import (
-    CONN_TYPE,
-    CONNECTION_FIELDS,
-    HOOK_NAME,
-    UI_FIELD_BEHAVIOUR,
-)
+from replayable.get_provider_info import CONN_TYPE, HOOK_NAME, UI_FIELD_BEHAVIOUR
 from replayable.settings import DEFAULT_MAX_IN_FLIGHT, DEFAULT_MODEL
 from replayable.stages.embed.endpoint import ModelSettings, settings_from_fields
 from replayable.vocabulary import MODEL_CONN_ID
@@ -48,15 +38,7 @@ if TYPE_CHECKING:
     from replayable.settings import PipelineSettings
     from replayable.stages.embed.client import HttpEmbeddingClient
 
-__all__ = [
-    "CONNECTION_FIELDS",
-    "UI_FIELD_BEHAVIOUR",
-    "EmbeddingsHook",
-    "ModelChoice",
-    "connection_dsn",
-    "model_choice",
-    "url_from_fields",
-]
+__all__ = ["EmbeddingsHook", "ModelChoice", "model_choice"]
 
 log = logging.getLogger(__name__)
 
@@ -233,32 +215,3 @@ def model_choice(settings: PipelineSettings, conn: str | EmbeddingsHook) -> Mode
         shared_in_flight=shared_in_flight,
         shared_rps=provider.max_rps,
     )
-
-
-def connection_dsn(conn_id: str) -> str:
-    """Turn the Airflow Postgres connection ``conn_id`` into a libpq DSN."""
-    import psycopg2.extensions
-
-    conn = BaseHook.get_connection(conn_id)
-    options = {
-        "host": conn.host,
-        "port": conn.port,
-        "user": conn.login,
-        "password": conn.password,
-        "dbname": conn.schema,
-    }
-    return str(psycopg2.extensions.make_dsn(**{k: v for k, v in options.items() if v}))
-
-
-def url_from_fields(host: str, port: int | None, schema: str | None, path: str) -> str:
-    """The URL an HTTP connection's fields name; ``host`` must be set (callers say why not).
-
-    A ``host`` that is a URL (``http://`` or ``https://``) is the URL itself and the other
-    fields are ignored; else ``schema`` gives the scheme (``https`` unless it says ``http``),
-    ``port`` joins the host, and ``path`` follows as given.
-    """
-    if host.startswith(("http://", "https://")):
-        return host
-    scheme = schema if schema in ("http", "https") else "https"
-    netloc = f"{host}:{port}" if port else host
-    return f"{scheme}://{netloc}{path}"

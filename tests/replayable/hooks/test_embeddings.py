@@ -15,7 +15,7 @@ import pytest
 from conftest import ROOT
 from devtools.model_server import LocalModelServer
 from replayable.get_provider_info import get_provider_info
-from replayable.hooks import EmbeddingsHook, model_choice, url_from_fields
+from replayable.hooks import EmbeddingsHook, model_choice
 from replayable.settings import DEFAULT_MODEL, PipelineSettings
 
 SECRET = "sk-test-secret-key"  # noqa: S105 - a test value
@@ -155,17 +155,3 @@ def test_an_installed_entry_point_registers_the_connection_form(tmp_path: Path) 
     ]
     assert seen["behaviour"]["hidden_fields"] == ["login", "schema", "port"]
     assert seen["notifier"]
-
-
-@pytest.mark.parametrize(
-    ("host", "port", "schema", "path", "url"),
-    [
-        ("https://h.example/x/", 9, "http", "/ignored", "https://h.example/x/"),
-        ("h.example", None, None, "/hook", "https://h.example/hook"),
-        ("h.example", 8080, "http", "/v1", "http://h.example:8080/v1"),
-        ("h.example", 443, "ftp", "", "https://h.example:443"),
-    ],
-)
-def test_a_connections_fields_name_one_url(host, port, schema, path, url):
-    """A URL host wins; else https unless the schema says http, the port, then the path."""
-    assert url_from_fields(host, port, schema, path) == url
