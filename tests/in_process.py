@@ -1,4 +1,4 @@
-"""document_pipeline in this process: plan, each batch's stages through ``execute``, report.
+"""document_pipeline in this process: plan, each batch's stages, report and publish.
 
 What the library does with faults, bad files and re-run selection does not need Airflow's
 scheduler or a cold ``airflow dags test`` (about 10 s of imports and parsing per run) to be
@@ -10,6 +10,7 @@ index, the scheduler, the UI and API, the cluster) stays in tests/e2e/.
 from __future__ import annotations
 
 import itertools
+from collections import defaultdict
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -20,7 +21,13 @@ from airflow.sdk.definitions.retry_policy import RetryAction
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from checks import SAMPLES
-from replayable import IdempotentStageOperator, dag_tasks, pipeline_params, sources
+from replayable import (
+    IdempotentStageOperator,
+    PublishEventsOperator,
+    dag_tasks,
+    pipeline_params,
+    sources,
+)
 from replayable.vocabulary import PIPELINE_DAG_ID, STAGES
 
 # The DAG's own settings (dags/document_pipeline.py): four retries per batch task.
@@ -103,6 +110,17 @@ class PipelineInProcess:
             self.tasks["report", -1] = Outcome("failed", 1, error)
             failed = True
             report = self._saved_report(run_id)
+        # The teardown runs however the run went; the run's state stays the report's verdict.
+        current = context("publish")
+        publisher = PublishEventsOperator(task_id="publish")
+        outlets: dict[Any, Any] = defaultdict(SimpleNamespace)
+        try:
+            publisher.execute({**current, "outlet_events": outlets})
+            self.tasks["publish", -1] = Outcome("success", 1)
+        except AirflowSkipException:
+            self.tasks["publish", -1] = Outcome("skipped", 1)
+        except Exception as error:
+            self.tasks["publish", -1] = Outcome("failed", 1, error)
         report["_failed"] = failed
         report["_tasks"] = self.tasks
         return report
