@@ -22,7 +22,7 @@ from airflow.sdk import Asset, BaseOperator, Context
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from replayable import db
-from replayable.hooks import connection_dsn
+from replayable.hooks import connection_dsn, connection_fields
 from replayable.outbox import PublishLimits, publication_counts, publish
 from replayable.vocabulary import EVENTS_CONN_ID, LEDGER_CONN_ID
 
@@ -112,11 +112,10 @@ class PublishEventsOperator(BaseOperator):
 
     def _has_connection(self, conn_id: str) -> bool:
         """Whether ``conn_id`` is defined; without it, events go out as asset events only."""
-        from airflow.sdk import BaseHook
         from airflow.sdk.exceptions import AirflowNotFoundException
 
         try:
-            BaseHook.get_connection(conn_id)
+            connection_fields(conn_id)
         except AirflowNotFoundException:
             self.log.warning("no connection %r: events are published as asset events only", conn_id)
             return False
