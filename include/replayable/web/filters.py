@@ -18,6 +18,7 @@ from urllib.parse import urlencode
 from fastapi import Depends, Form, Path, Query
 from pydantic import AfterValidator, BeforeValidator, StringConstraints
 
+from replayable import views
 from replayable.web.models import DeadLetterList, FailedList
 
 Stage = Literal["extract", "chunk", "embed"]  # replayable.vocabulary.STAGES; a test checks
@@ -65,7 +66,7 @@ def error_classes(values: list[str] | None) -> list[str] | None:
     """The distinct classes asked for (repeated or comma-separated), or None for any."""
     parts = (part.strip() for value in values or [] for part in value.split(","))
     # The filter form's empty text box submits "": that means any class, not class "".
-    return list(dict.fromkeys(p for p in parts if p)) or None
+    return views.unique(p for p in parts if p)
 
 
 def filter_time(moment: datetime | None) -> str:
