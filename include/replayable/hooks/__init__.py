@@ -16,7 +16,7 @@ from __future__ import annotations
 from replayable.get_provider_info import CONNECTION_FIELDS, UI_FIELD_BEHAVIOUR
 from replayable.hooks.embeddings import EmbeddingsHook, ModelChoice, model_choice
 from replayable.hooks.ledger import connection_dsn
-from replayable.hooks.webhook import ConnectionFields, connection_fields, url_from_fields
+from replayable.hooks.webhook import ConnectionFields, connection_fields
 
 __all__ = [
     "CONNECTION_FIELDS",
@@ -27,5 +27,4 @@ __all__ = [
     "connection_dsn",
     "connection_fields",
     "model_choice",
-    "url_from_fields",
 ]

@@ -1,26 +1,11 @@
-"""HTTP connections: the URL their fields name, and a webhook connection's fields."""
+"""A webhook connection's fields, read through the hook."""
 
 from __future__ import annotations
 
 import json
 
-import pytest
-
-from replayable.hooks.webhook import ConnectionFields, connection_fields, url_from_fields
-
-
-@pytest.mark.parametrize(
-    ("host", "port", "schema", "path", "url"),
-    [
-        ("https://h.example/x/", 9, "http", "/ignored", "https://h.example/x/"),
-        ("h.example", None, None, "/hook", "https://h.example/hook"),
-        ("h.example", 8080, "http", "/v1", "http://h.example:8080/v1"),
-        ("h.example", 443, "ftp", "", "https://h.example:443"),
-    ],
-)
-def test_a_connections_fields_name_one_url(host, port, schema, path, url):
-    """A URL host wins; else https unless the schema says http, the port, then the path."""
-    assert url_from_fields(host, port, schema, path) == url
+from replayable.endpoints import url_from_fields
+from replayable.hooks.webhook import ConnectionFields, connection_fields
 
 
 def test_a_webhook_connections_fields_are_read_through_the_hook(monkeypatch):

@@ -18,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from replayable.endpoints import url_from_fields
+
 
 @dataclass(frozen=True)
 class ModelSettings:
@@ -45,12 +47,7 @@ def settings_from_fields(
             "the model connection has no host: set it to the API root, e.g. "
             "http://127.0.0.1:8765/v1"
         )
-    if host.startswith(("http://", "https://")):
-        base_url = host.rstrip("/")
-    else:
-        scheme = schema if schema in ("http", "https") else "https"
-        netloc = f"{host}:{port}" if port else host
-        base_url = f"{scheme}://{netloc}{extra.get('base_path', '/v1')}".rstrip("/")
+    base_url = url_from_fields(host, port, schema, extra.get("base_path", "/v1")).rstrip("/")
     dimensions = extra.get("dimensions")
     return ModelSettings(
         base_url=base_url,
