@@ -221,7 +221,7 @@ class IdempotentStageOperator(BaseOperator):
         settings: PipelineSettings,
         stack: ExitStack,
         connect: Callable[[], db.Database],
-        batch_size: int,
+        documents: int,
         run_id: str,
     ) -> StageSpec:
         # Imported here: pypdf and the process pool are task-time needs, not parse-time ones.
@@ -237,7 +237,7 @@ class IdempotentStageOperator(BaseOperator):
                 guards.GuardedPool(
                     timeout_s=settings.item_timeout_s,
                     memory_mb=settings.memory_mb,
-                    workers=default_workers(batch_size),
+                    workers=default_workers(documents),
                 )
             )
             return ExtractSpec(

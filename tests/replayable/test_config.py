@@ -110,19 +110,13 @@ def _settings_readers(path: Path) -> list[int]:
     return found
 
 
-# The CLI is being split into a folder and may still read some settings itself; an entry
-# goes when its modules read through config.py (the UI's do).
-_NOT_YET = ("cli.py", "cli/")
-
-
 def test_no_other_module_reads_the_environment_or_airflow_options():
     readers = {
         str(path.relative_to(PACKAGE)): lines
         for path in sorted(PACKAGE.rglob("*.py"))
         if path.name != "config.py" and (lines := _settings_readers(path))
     }
-    offenders = {name: lines for name, lines in readers.items() if not name.startswith(_NOT_YET)}
-    assert not offenders, f"read settings through replayable.config: {offenders}"
+    assert not readers, f"read settings through replayable.config: {readers}"
 
 
 def test_the_settings_walk_finds_a_reader(tmp_path):

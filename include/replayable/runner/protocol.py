@@ -14,6 +14,7 @@ from typing import Any, ClassVar, Protocol
 from replayable.db import Connection
 from replayable.keys import config_hash
 from replayable.retry import Classified
+from replayable.vocabulary import ITEM_LEASE_S, ITEM_MAX_ATTEMPTS
 
 # The error class of a batch stopped at its run's deadline (``Limits.deadline_s``): its
 # unfinished items are released, and the task fails retryably (ADR 0012).
@@ -112,8 +113,8 @@ class StageSpec(Protocol):
 class Limits:
     """Per-batch bounds: lease length, attempt cap, polling, and how outcomes are flushed."""
 
-    lease_s: float = 300.0
-    max_attempts: int = 3
+    lease_s: float = ITEM_LEASE_S
+    max_attempts: int = ITEM_MAX_ATTEMPTS
     wait_poll_s: float = 1.0
     # Outcomes are written when 1,000 are pending, or 32 MiB of output, or 2 s after the
     # first: the time bound caps the work a killed task loses, the others the size of one

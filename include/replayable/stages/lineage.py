@@ -56,6 +56,6 @@ def spec_hashes(config: ChunkConfig, model: str, dimensions: int | None) -> dict
     }
 
 
-def default_workers(batch_size: int) -> int:
+def default_workers(documents: int) -> int:
     """Guarded extraction workers for a batch: one per core, never more than its documents."""
-    return max(1, min(os.cpu_count() or 1, batch_size))
+    return max(1, min(os.cpu_count() or 1, documents))
