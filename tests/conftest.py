@@ -31,6 +31,9 @@ from strict_skips import pytest_runtest_makereport  # noqa: F401  # REPLAYABLE_S
 if TYPE_CHECKING:
     from in_process import PipelineInProcess
 
+# The session's one running Airflow, for the e2e modules that need one (shared_airflow).
+pytest_plugins = ["shared_airflow"]
+
 # Airflow reads its home when first imported: keep the tests' own Airflow out of ~/airflow.
 os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="replayable-airflow-"))
 os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"

@@ -1,38 +1,30 @@
-"""Against a running Airflow (`airflow standalone`): trigger with conf, clear a failed map index."""
+"""Against the session's running Airflow: trigger with conf, clear a failed map index."""
 
 from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from devtools import devenv
 
 import corpus
 from checks import assert_nothing_lost, rows, subset
-from replayable import sources
+from replayable.vocabulary import PIPELINE_DAG_ID
+from shared_airflow import SharedAirflow
 
 pytestmark = pytest.mark.e2e
-DAG = devenv.DAG_ID
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+DAG = PIPELINE_DAG_ID
 
 
 class Airflow:
-    """A REST client for the running Airflow, logged in as the standalone admin."""
+    """A REST client for the running Airflow, logged in as its admin."""
 
     def __init__(self, url: str, token: str) -> None:
         self.http = httpx.Client(
@@ -57,31 +49,12 @@ class Airflow:
         return list(found.json()["task_instances"])
 
 
-@pytest.fixture(scope="module")
-def airflow(services: devenv.Services, state_dir: Path, tmp_path_factory) -> Iterator[Airflow]:
-    port = _free_port()
-    env = devenv.airflow_env(services, state_dir, api_port=port)
-    env[sources.ROOTS_ENV] = str(tmp_path_factory.getbasetemp())
-    devenv.migrate_airflow(env)
-    log = tmp_path_factory.mktemp("standalone") / "standalone.log"
-    proc = devenv.start_standalone(env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 180
-        assert devenv.wait_until_up(url, proc, timeout_s=180), f"airflow did not come up; see {log}"
-        password = devenv.admin_password(env)
-        token = httpx.post(
-            f"{url}/auth/token", json={"username": "admin", "password": password}
-        ).json()["access_token"]
-        client = Airflow(url, token)
-        while client.http.get(f"/dags/{DAG}").status_code != 200:
-            assert time.monotonic() < deadline, f"the DAG was never parsed; see {log}"
-            time.sleep(1)
-        client.env = env  # type: ignore[attr-defined]
-        yield client
-    finally:
-        devenv.stop_tree(proc.pid, timeout_s=30)
-        proc.wait(timeout=10)
+@pytest.fixture
+def airflow(scheduling: SharedAirflow) -> Airflow:
+    """The session's Airflow (tests/shared_airflow.py), scheduling for this test."""
+    client = Airflow(scheduling.url, scheduling.token())
+    client.env = scheduling.env  # type: ignore[attr-defined]
+    return client
 
 
 def test_the_api_refuses_anonymous_requests(airflow):

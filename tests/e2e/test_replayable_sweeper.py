@@ -1,4 +1,4 @@
-"""Stragglers and dead letters on a running Airflow (API server, scheduler, DAG processor).
+"""Stragglers and dead letters on the session's running Airflow (tests/shared_airflow.py).
 
 The sweeper re-runs failed items by itself; a person redrives dead letters from the UI, and
 the run that starts finishes them.
@@ -6,30 +6,21 @@ the run that starts finishes them.
 
 from __future__ import annotations
 
-import socket
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from devtools import devenv
 
 import corpus
 from checks import rows, subset
-from replayable import sources
+from replayable.vocabulary import PIPELINE_DAG_ID, SWEEPER_DAG_ID
+from shared_airflow import SharedAirflow
 
 pytestmark = pytest.mark.e2e
 
-PIPELINE = "document_pipeline"
-SWEEPER = "replayable_sweeper"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+PIPELINE = PIPELINE_DAG_ID
+SWEEPER = SWEEPER_DAG_ID
 
 
 class Api:
@@ -74,23 +65,10 @@ class Api:
         return {(t["task_id"], t["map_index"]): t["state"] for t in found["task_instances"]}
 
 
-@pytest.fixture(scope="module")
-def airflow(
-    services: devenv.Services, state_dir: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Api]:
-    env = devenv.airflow_env(services, state_dir, api_port=_free_port())
-    env[sources.ROOTS_ENV] = str(tmp_path_factory.getbasetemp())
-    # A sweep's triggers wait for their re-runs in the triggerer (ADR 0076).
-    components = (*devenv.AirflowProcesses.DEFAULT, "triggerer")
-    logs = tmp_path_factory.mktemp("airflow-logs")
-    with devenv.AirflowProcesses(env, logs, components) as procs:
-        api = Api(procs.url, procs.token())
-        deadline = time.monotonic() + 180
-        for dag_id in (PIPELINE, SWEEPER):
-            while api.http.get(f"/dags/{dag_id}").status_code != 200:
-                assert time.monotonic() < deadline, f"{dag_id} was never parsed"
-                time.sleep(1)
-        yield api
+@pytest.fixture
+def airflow(scheduling: SharedAirflow) -> Api:
+    """The session's Airflow (tests/shared_airflow.py), scheduling for this test."""
+    return Api(scheduling.url, scheduling.token())
 
 
 def embed_status(conn: Any) -> list[tuple[str, int]]:

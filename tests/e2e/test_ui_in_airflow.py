@@ -1,13 +1,13 @@
 """The UI plugin inside a running Airflow: real tokens per role, and a real browser.
 
-Airflow runs as separate processes (``devenv.AirflowProcesses``; the API server is all the UI
-needs) with SimpleAuthManager users of every role, whose passwords the API server generates.
+Airflow is the session's (tests/shared_airflow.py): separate processes with SimpleAuthManager
+users of every role, whose passwords the API server generates.
 The role tests send real JWTs (bearer, and the UI's ``_token`` cookie for the CSRF cases);
 the browser test logs in with Playwright driving Debian's Chromium, opens Replayable from the
 nav, compares the overview with the ledger, opens a dead letter whose file name is an HTML
 payload, assigns it, redrives it, and follows its log link into Airflow's task page, saving a
 screenshot at each step (and of the dead-letter chart) under the test's output folder. Runs
-the UI triggers stay queued (no scheduler here) and are deleted after each test;
+the UI triggers stay queued (the pipeline is paused here) and are deleted after each test;
 ``test_replayable_sweeper.py`` redrives from the UI on a running scheduler to the end.
 """
 
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,18 +24,16 @@ from urllib.parse import urljoin
 
 import httpx
 import pytest
-from devtools import devenv
 from fastapi.routing import APIRoute
 
 from checks import SAMPLES, rows, scalar
 from conftest import ROOT
-from replayable import sources
-from replayable.settings import STAGES
+from replayable.vocabulary import PIPELINE_DAG_ID, STAGES
 from replayable.web import create_app
+from shared_airflow import SharedAirflow, delete_queued_runs
 
 pytestmark = pytest.mark.e2e
 
-USERS = "admin:admin,viewer:viewer,user:user,op:op"
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
     "--no-sandbox",
@@ -70,32 +67,10 @@ class RunningAirflow:
         return httpx.Client(base_url=self.url, headers=headers, timeout=30, **kwargs)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
-def airflow(
-    services: devenv.Services, state_dir: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[RunningAirflow]:
-    folder = tmp_path_factory.mktemp("airflow-ui")
-    env = devenv.airflow_env(services, state_dir, api_port=_free_port())
-    env[sources.ROOTS_ENV] = str(tmp_path_factory.getbasetemp())
-    env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS"] = USERS
-    env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE"] = str(folder / "passwords.json")
-    with devenv.AirflowProcesses(env, folder / "logs", components=("api-server",)) as procs:
-        # A redrive triggers document_pipeline, which Airflow knows once it is serialized;
-        # a DAG processor would do it too, but keep parsing all along.
-        subprocess.run(
-            [str(ROOT / ".venv" / "bin" / "airflow"), "dags", "reserialize"],
-            env=env,
-            check=True,
-            capture_output=True,
-            timeout=300,
-        )
-        yield RunningAirflow(procs.url, folder / "passwords.json")
+def airflow(shared_airflow: SharedAirflow) -> RunningAirflow:
+    """The session's Airflow (tests/shared_airflow.py); its DAGs stay paused here."""
+    return RunningAirflow(shared_airflow.url, shared_airflow.passwords)
 
 
 @pytest.fixture
@@ -259,33 +234,25 @@ def test_a_cookie_post_from_another_origin_is_refused(
 
 def _airflow_run(airflow: RunningAirflow, run_id: str) -> dict[str, Any]:
     with airflow.client("admin") as admin:
-        response = admin.get(f"/api/v2/dags/{devenv.DAG_ID}/dagRuns/{run_id}")
+        response = admin.get(f"/api/v2/dags/{PIPELINE_DAG_ID}/dagRuns/{run_id}")
     response.raise_for_status()
     return dict(response.json())
 
 
 def _runs_in_airflow(airflow: RunningAirflow) -> int:
     with airflow.client("admin") as admin:
-        response = admin.get(f"/api/v2/dags/{devenv.DAG_ID}/dagRuns", params={"limit": 1})
+        response = admin.get(f"/api/v2/dags/{PIPELINE_DAG_ID}/dagRuns", params={"limit": 1})
     response.raise_for_status()
     return int(response.json()["total_entries"])
 
 
 @pytest.fixture(autouse=True)
-def no_queued_run_left(airflow: RunningAirflow) -> Iterator[None]:
-    """Runs triggered here stay queued (no scheduler in this module); the metadata database
-    outlives the module, so they are deleted, or a later module's scheduler would run them."""
+def no_queued_run_left(shared_airflow: SharedAirflow) -> Iterator[None]:
+    """Runs triggered here stay queued (the pipeline is paused between tests); the metadata
+    database outlives the test, so they are deleted, or a later test's scheduling would run
+    them."""
     yield
-    with airflow.client("admin") as admin:
-        found = admin.get(
-            f"/api/v2/dags/{devenv.DAG_ID}/dagRuns", params={"state": "queued", "limit": 100}
-        )
-        if found.status_code == 404:  # the DAG was never serialized: nothing was triggered
-            return
-        found.raise_for_status()
-        for run in found.json()["dag_runs"]:
-            deleted = admin.delete(f"/api/v2/dags/{devenv.DAG_ID}/dagRuns/{run['dag_run_id']}")
-            assert deleted.status_code == 204, deleted.text
+    delete_queued_runs(shared_airflow)
 
 
 @pytest.mark.parametrize(("username", "allowed"), [("viewer", False), ("op", True)])
@@ -312,7 +279,7 @@ def test_a_redrive_from_the_ui_is_a_run_triggered_as_the_logged_in_user(
     assert run["conf"] == {
         "redrive": {"stage": "extract", "ids": [letter], "reason": "parser fixed", "by": username}
     }
-    # Nothing has run yet (no scheduler here): the letter stays open until the run takes it.
+    # Nothing has run yet (the pipeline is paused): the letter stays open until a run takes it.
     assert _letter_state(conn, letter)[0] == "open"
 
 
@@ -349,7 +316,7 @@ def test_replayable_redrive_trigger_starts_the_run_as_the_airflow_user_it_logs_i
     run = _airflow_run(airflow, printed["run_id"])
     assert run["triggering_user_name"] == "op"
     assert run["conf"] == printed["conf"]
-    assert printed["run_url"] == f"{airflow.url}/dags/{devenv.DAG_ID}/runs/{printed['run_id']}"
+    assert printed["run_url"] == f"{airflow.url}/dags/{PIPELINE_DAG_ID}/runs/{printed['run_id']}"
     assert airflow.password("op") not in done.stdout + done.stderr
 
 

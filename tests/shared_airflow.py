@@ -1,0 +1,135 @@
+"""One Airflow per test session, shared by the e2e modules that need a running one.
+
+A pytest plugin (tests/conftest.py loads it). Booting Airflow (API server, scheduler, DAG
+processor, triggerer) costs tens of seconds on two cores; the API, UI and sweeper modules
+used to boot their own each. Now the first test that asks for ``shared_airflow`` starts it,
+on the session's Postgres and model server, and it runs until the session ends.
+
+Between tests the pipeline and sweeper DAGs are paused, so that a run triggered by a test
+stays queued unless that test asks for the scheduler (``scheduling``), and so that the
+scheduler never takes a task of an ``airflow dags test`` run (``run_dag``) that shares the
+metadata database. Each test isolates its data: its own source folder, its own runs, and
+the ledger emptied by ``conn``.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+
+from devtools import devenv
+from replayable import sources
+from replayable.vocabulary import PIPELINE_DAG_ID, SWEEPER_DAG_ID
+
+# Users of Airflow's simple auth manager, as name:role: one per role the UI tests check.
+USERS = "admin:admin,viewer:viewer,user:user,op:op"
+DAGS = (PIPELINE_DAG_ID, SWEEPER_DAG_ID)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class SharedAirflow:
+    """The session's running Airflow: its URL, environment, users and REST API."""
+
+    url: str
+    env: dict[str, str]
+    passwords: Path
+    procs: devenv.AirflowProcesses
+    _tokens: dict[str, str] = field(default_factory=dict)
+
+    def password(self, username: str) -> str:
+        return str(json.loads(self.passwords.read_text())[username])
+
+    def token(self, username: str = "admin") -> str:
+        """A JWT for ``username`` (fetched once per session)."""
+        if username not in self._tokens:
+            response = httpx.post(
+                f"{self.url}/auth/token",
+                json={"username": username, "password": self.password(username)},
+                timeout=30,
+            )
+            response.raise_for_status()
+            self._tokens[username] = str(response.json()["access_token"])
+        return self._tokens[username]
+
+    def api(self, username: str = "admin") -> httpx.Client:
+        """A client of ``/api/v2`` as ``username``."""
+        return httpx.Client(
+            base_url=f"{self.url}/api/v2",
+            headers={"Authorization": f"Bearer {self.token(username)}"},
+            timeout=30,
+        )
+
+    def pause(self, dag_id: str, paused: bool) -> None:
+        with self.api() as api:
+            response = api.patch(f"/dags/{dag_id}", json={"is_paused": paused})
+        assert response.status_code == 200, response.text
+
+    def wait_for_dags(self, timeout_s: float = 180) -> None:
+        """Wait until the DAG processor has parsed the pipeline and the sweeper."""
+        deadline = time.monotonic() + timeout_s
+        with self.api() as api:
+            for dag_id in DAGS:
+                while api.get(f"/dags/{dag_id}").status_code != 200:
+                    assert time.monotonic() < deadline, f"{dag_id} was never parsed"
+                    time.sleep(1)
+
+
+@pytest.fixture(scope="session")
+def shared_airflow(
+    services: devenv.Services, state_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[SharedAirflow]:
+    """Airflow's API server, scheduler, DAG processor and triggerer, started once."""
+    env = devenv.airflow_env(services, state_dir, api_port=free_port())
+    # The tests' documents live in their temporary folders: allow those as source roots.
+    env[sources.ROOTS_ENV] = str(tmp_path_factory.getbasetemp())
+    env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS"] = USERS
+    # Where the auth manager writes its generated passwords (its default, named).
+    passwords = Path(env["AIRFLOW_HOME"]) / "simple_auth_manager_passwords.json.generated"
+    env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE"] = str(passwords)
+    # A sweep's triggers wait for their re-runs in the triggerer (ADR 0076).
+    components = (*devenv.AirflowProcesses.DEFAULT, "triggerer")
+    logs = tmp_path_factory.mktemp("airflow-logs")
+    with devenv.AirflowProcesses(env, logs, components) as procs:
+        airflow = SharedAirflow(procs.url, env, passwords, procs)
+        airflow.wait_for_dags()
+        for dag_id in DAGS:
+            airflow.pause(dag_id, True)
+        yield airflow
+
+
+@pytest.fixture
+def scheduling(shared_airflow: SharedAirflow) -> Iterator[SharedAirflow]:
+    """The shared Airflow with the pipeline and the sweeper unpaused for this test only."""
+    for dag_id in DAGS:
+        shared_airflow.pause(dag_id, False)
+    try:
+        yield shared_airflow
+    finally:
+        for dag_id in DAGS:
+            shared_airflow.pause(dag_id, True)
+            delete_queued_runs(shared_airflow, dag_id)
+
+
+def delete_queued_runs(airflow: SharedAirflow, dag_id: str = PIPELINE_DAG_ID) -> None:
+    """Delete the runs of ``dag_id`` still queued: a paused DAG's runs wait for a scheduler,
+    and would start in whichever later test unpauses it."""
+    with airflow.api() as api:
+        found = api.get(f"/dags/{dag_id}/dagRuns", params={"state": "queued", "limit": 100})
+        found.raise_for_status()
+        for run in found.json()["dag_runs"]:
+            deleted = api.delete(f"/dags/{dag_id}/dagRuns/{run['dag_run_id']}")
+            assert deleted.status_code == 204, deleted.text
