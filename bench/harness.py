@@ -19,9 +19,9 @@ from typing import Any
 
 import psycopg2
 import psycopg2.extensions
-from devtools.model_server import LocalModelServer
 
 from devtools import devenv
+from devtools.model_server import LocalModelServer
 from replayable import db
 from replayable.keys import sha256_bytes
 

@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from devtools import devenv
-from devtools.model_server import LocalModelServer
 from harness import BenchError, Row, Samples, Target, count_rows, empty_ledger, pdf_corpus
 
+from devtools import devenv
+from devtools.model_server import LocalModelServer
 from replayable import sources
 from replayable.settings import DEFAULT_MAX_IN_FLIGHT, PipelineSettings
 from replayable.stages.extract.pdf import extract_file

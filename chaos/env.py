@@ -32,9 +32,9 @@ from typing import Any
 
 import httpx
 import psycopg2
-from devtools.model_server import LocalModelServer
 
 from devtools import devenv
+from devtools.model_server import LocalModelServer
 from replayable import db, sources
 
 DAG = devenv.DAG_ID

@@ -9,8 +9,8 @@ import json
 from pathlib import Path
 
 import pytest
-from devtools import devenv
 
+from devtools import devenv
 from replayable import sources
 
 pytestmark = pytest.mark.e2e

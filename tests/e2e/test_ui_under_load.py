@@ -24,8 +24,8 @@ from typing import Any
 import httpx
 import psycopg2
 import pytest
-from devtools import devenv
 
+from devtools import devenv
 from replayable import sources
 
 pytestmark = pytest.mark.e2e

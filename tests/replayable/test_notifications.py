@@ -13,8 +13,8 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from devtools.model_server import LocalModelServer
 
+from devtools.model_server import LocalModelServer
 from replayable.notifications import WebhookDeliveryError, WebhookNotifier, WebhookTarget
 
 TOKEN = "alert-token-never-logged"  # noqa: S105 - a test value

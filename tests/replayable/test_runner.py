@@ -5,9 +5,9 @@ import threading
 import time
 
 import pytest
-from devtools.model_server import LocalModelServer
 
 from checks import ProviderSampler
+from devtools.model_server import LocalModelServer
 from replayable import db
 from replayable.budget import RequestBudget
 from replayable.keys import sha256_bytes

@@ -8,10 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from devtools.devenv.airflow import WORKER_HOSTNAME_CALLABLE, worker_hostname
-
 from conftest import ROOT
 from devtools import devenv
+from devtools.devenv.airflow import WORKER_HOSTNAME_CALLABLE, worker_hostname
 
 
 def _services() -> devenv.Services:

@@ -11,11 +11,11 @@ from typing import Any
 
 import httpx
 import pytest
-from devtools.model_server.faults import MAX_PAD_BYTES
-from devtools.model_server.vectors import embed_text
 from model_server_calls import clean_shared_server, embed, sha, vectors, wait_until
 
 from devtools.model_server import LocalModelServer
+from devtools.model_server.faults import MAX_PAD_BYTES
+from devtools.model_server.vectors import embed_text
 
 
 @pytest.fixture(scope="module")

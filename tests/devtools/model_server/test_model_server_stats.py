@@ -9,10 +9,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-from devtools.model_server.server import EmbeddingServer
 from model_server_calls import clean_shared_server, embed, sha
 
 from devtools.model_server import LocalModelServer
+from devtools.model_server.server import EmbeddingServer
 
 
 @pytest.fixture(scope="module")

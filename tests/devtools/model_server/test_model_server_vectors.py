@@ -9,10 +9,10 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from devtools.model_server.vectors import embed_text
 from model_server_calls import clean_shared_server, embed, vectors
 
 from devtools.model_server import LocalModelServer
+from devtools.model_server.vectors import embed_text
 
 
 @pytest.fixture(scope="module")

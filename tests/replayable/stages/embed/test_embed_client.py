@@ -7,8 +7,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
-from devtools.model_server import LocalModelServer
 
+from devtools.model_server import LocalModelServer
 from replayable.retry import CallRetry, ErrorKind, ItemError
 from replayable.stages.embed.client import CallRecord, HttpEmbeddingClient
 
