@@ -6,6 +6,7 @@ import psycopg2
 import pytest
 
 from replayable import db
+from replayable import ledger as ledger_module
 from replayable.ledger import Ledger, Outcome, Revival, RunContext
 from replayable.retry import Classified, ErrorKind
 
@@ -370,4 +371,12 @@ def test_runs_of_two_code_versions_racing_for_the_same_documents_keep_the_counte
 def test_claims_of_two_code_versions_racing_for_the_same_documents_all_go_through(conn, dsn, docs):
     """A run at a new code version racing one at the old version over the same documents
     claims without errors: neither run's task fails because the other moved the current row."""
+    assert race_two_code_versions(dsn) == []
+
+
+def test_claims_of_two_code_versions_racing_need_no_retry(conn, dsn, docs, monkeypatch):
+    """A claim locks its documents in the stage before it moves their current rows, so two
+    claims of one document take turns instead of colliding on the current-row index: with no
+    retry at all, the race above raises nothing."""
+    monkeypatch.setattr(ledger_module, "_CLAIM_RACE_RETRIES", 1)
     assert race_two_code_versions(dsn) == []

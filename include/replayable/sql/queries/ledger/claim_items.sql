@@ -17,6 +17,13 @@
 -- 4. a revive closes the open dead letters of the documents whose items this worker now
 --    holds in this stage, as redriven by this run (ADR 0083);
 -- 5. the state of every key is returned; `mine` marks the ones this worker now holds.
+-- First, the batch's documents in this stage are locked for the transaction, in doc_id order
+-- (so two claims never wait on each other in a cycle): two claims of one document, say by
+-- runs at two code versions, take turns instead of both moving its current row and one
+-- failing on stage_runs_current_uq (ADR 0084; the ledger's retry stays as a backstop).
+SELECT count(pg_advisory_xact_lock(hashtextextended('replayable.claim:' || %(stage)s || ':' || doc_id, 0)))
+FROM (SELECT DISTINCT doc_id FROM unnest(%(doc_ids)s::text[]) AS t (doc_id) ORDER BY doc_id) AS d;
+
 WITH input AS (
     SELECT * FROM unnest(%(keys)s::text[], %(doc_ids)s::text[]) AS t (item_key, doc_id)
 )
