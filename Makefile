@@ -163,6 +163,12 @@ test: realworld-tools
 
 # The inner loop: the unit and database tiers (a real Postgres, started once), without
 # Airflow, the PDF producers or a clean venv. Tiers, by marker: db (a real Postgres), e2e
-# (DAGs through Airflow), realworld, chaos, cluster, bench, packaging; `make test` runs them all.
+# (DAGs through Airflow), realworld, chaos, cluster, bench, packaging, harness (pytest checking
+# its own harness); `make test` runs them all.
+# Four pytest-xdist workers (each its own Postgres and model server): most of these tests wait
+# on a database, a socket or a child process rather than the CPU. The fuzz tests draw fewer
+# examples here than in `make test`; tests/e2e (all of it e2e) is not even imported.
+FAST_TIERS := not e2e and not realworld and not chaos and not cluster and not bench and not packaging and not harness
 test-fast: install
-	$(PY) -m pytest -m "not e2e and not realworld and not chaos and not cluster and not bench and not packaging" $(PYTEST_ARGS)
+	REPLAYABLE_FUZZ_EXAMPLES=100 REPLAYABLE_FUZZ_PER_OPERATION=8 \
+	  $(PY) -m pytest -n 4 -m "$(FAST_TIERS)" --ignore=tests/e2e $(PYTEST_ARGS)

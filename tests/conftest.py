@@ -95,6 +95,18 @@ _DB_FIXTURES = frozenset(
 )
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (``-n``) the controller runs no test: only its workers adopt.
+
+    Each worker is a session of its own (its own mark, Postgres and model server). Were the
+    controller a subreaper too, a process a worker lets go to init, as the leftover-check
+    tests do on purpose, would become the controller's child, which never reaps it.
+    """
+    numprocesses = config.getoption("numprocesses", default=None)
+    if numprocesses and "PYTEST_XDIST_WORKER" not in os.environ:
+        adopt_orphans(False)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark every test that uses the real Postgres `db`, so tiers select by marker."""
     for item in items:

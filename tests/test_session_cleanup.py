@@ -10,8 +10,12 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 
 from conftest import GRACE_ENV, SESSION_ENV, adopt_orphans, session_orphans
+
+# Each test starts pytest sub-sessions: the harness checking itself (not in test-fast).
+pytestmark = pytest.mark.harness
 
 
 def _orphan(env: dict[str, str], pidfile: Path) -> int:

@@ -9,6 +9,9 @@ from pathlib import Path
 
 import pytest
 
+# Each test starts pytest sub-sessions: the harness checking itself (not in test-fast).
+pytestmark = pytest.mark.harness
+
 TESTS = Path(__file__).resolve().parent
 SKIPPING = """
 import pytest

@@ -3,7 +3,6 @@
 import copy
 
 import pytest
-from airflow.models import DagBag
 from airflow.sdk.exceptions import ParamValidationError
 
 from conftest import ROOT
@@ -13,6 +12,9 @@ from replayable.settings import BOUNDS, TASK_TIMEOUTS, PipelineSettings
 
 @pytest.fixture(scope="module")
 def dagbag(monkeypatch_module):
+    # Imported here: collecting this module (on every pytest-xdist worker) stays cheap.
+    from airflow.models import DagBag
+
     return DagBag(dag_folder=str(ROOT / "dags"))
 
 
