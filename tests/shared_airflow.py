@@ -3,13 +3,17 @@
 A pytest plugin (tests/conftest.py loads it). Booting Airflow (API server, scheduler, DAG
 processor, triggerer) costs tens of seconds on two cores; the API, UI and sweeper modules
 used to boot their own each. Now the first test that asks for ``shared_airflow`` starts it,
-on the session's Postgres and model server, and it runs until the session ends.
+on the session's Postgres and model server.
 
-Between tests the pipeline and sweeper DAGs are paused, so that a run triggered by a test
-stays queued unless that test asks for the scheduler (``scheduling``), and so that the
-scheduler never takes a task of an ``airflow dags test`` run (``run_dag``) that shares the
-metadata database. Each test isolates its data: its own source folder, its own runs, and
-the ledger emptied by ``conn``.
+The modules that use it run one after the other, first (``pytest_collection_modifyitems``
+below), and it is stopped right after the last of their tests: an idle Airflow still costs
+CPU (scheduler and DAG-processor loops), which every later test would pay on two cores.
+
+Between tests every DAG is paused, so that a run triggered by a test stays queued unless
+that test asks for the scheduler (``scheduling``), and so that the scheduler never takes a
+task of an ``airflow dags test`` run (``run_dag``) that shares the metadata database. Each
+test isolates its data: its own source folder, its own runs, and the ledger emptied by
+``conn``.
 """
 
 from __future__ import annotations
@@ -26,11 +30,21 @@ import pytest
 
 from devtools import devenv
 from replayable import sources
-from replayable.vocabulary import PIPELINE_DAG_ID, SWEEPER_DAG_ID
+from replayable.vocabulary import (
+    DEAD_LETTER_WATCH_DAG_ID,
+    OUTBOX_PUBLISHER_DAG_ID,
+    PIPELINE_DAG_ID,
+    SWEEPER_DAG_ID,
+)
 
 # Users of Airflow's simple auth manager, as name:role: one per role the UI tests check.
 USERS = "admin:admin,viewer:viewer,user:user,op:op"
+# What `scheduling` unpauses for a test.
 DAGS = (PIPELINE_DAG_ID, SWEEPER_DAG_ID)
+# Every DAG in dags/: all stay paused outside `scheduling`. The scheduled ones (the watch,
+# the publisher) would otherwise run on their own schedule and take the tasks of a test's
+# `airflow dags test` run of the same DAG in the shared metadata database.
+ALL_DAGS = (*DAGS, DEAD_LETTER_WATCH_DAG_ID, OUTBOX_PUBLISHER_DAG_ID)
 
 
 def free_port() -> int:
@@ -79,13 +93,42 @@ class SharedAirflow:
         assert response.status_code == 200, response.text
 
     def wait_for_dags(self, timeout_s: float = 180) -> None:
-        """Wait until the DAG processor has parsed the pipeline and the sweeper."""
+        """Wait until the DAG processor has parsed every DAG of dags/."""
         deadline = time.monotonic() + timeout_s
         with self.api() as api:
-            for dag_id in DAGS:
+            for dag_id in ALL_DAGS:
                 while api.get(f"/dags/{dag_id}").status_code != 200:
                     assert time.monotonic() < deadline, f"{dag_id} was never parsed"
                     time.sleep(1)
+
+
+# Whether a test uses the shared Airflow, and the one running, for the early stop below.
+FIXTURE = "shared_airflow"
+_running: list[SharedAirflow] = []
+_last_user: list[str] = []
+
+
+def _uses_it(item: pytest.Item) -> bool:
+    return FIXTURE in getattr(item, "fixturenames", ())
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The modules that use the shared Airflow first, in their order; the rest after, in theirs.
+
+    Module by module, so a module's own fixtures are still set up once.
+    """
+    users = {item.nodeid.split("::")[0] for item in items if _uses_it(item)}
+    items.sort(key=lambda item: 0 if item.nodeid.split("::")[0] in users else 1)
+    last = [item.nodeid for item in items if _uses_it(item)]
+    _last_user[:] = last[-1:]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """Stop the shared Airflow once the last test that uses it is torn down."""
+    yield
+    if _running and [item.nodeid] == _last_user:
+        _running[0].procs.stop()
 
 
 @pytest.fixture(scope="session")
@@ -97,6 +140,7 @@ def shared_airflow(
     # The tests' documents live in their temporary folders: allow those as source roots.
     env[sources.ROOTS_ENV] = str(tmp_path_factory.getbasetemp())
     env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS"] = USERS
+    env["AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION"] = "True"
     # Where the auth manager writes its generated passwords (its default, named).
     passwords = Path(env["AIRFLOW_HOME"]) / "simple_auth_manager_passwords.json.generated"
     env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE"] = str(passwords)
@@ -105,9 +149,13 @@ def shared_airflow(
     logs = tmp_path_factory.mktemp("airflow-logs")
     with devenv.AirflowProcesses(env, logs, components) as procs:
         airflow = SharedAirflow(procs.url, env, passwords, procs)
+        _running[:] = [airflow]
         airflow.wait_for_dags()
-        for dag_id in DAGS:
+        for dag_id in ALL_DAGS:
             airflow.pause(dag_id, True)
+            # A run a scheduled DAG got before it was paused (its rows may predate this
+            # Airflow: a test's `airflow dags test` registers the DAG unpaused).
+            delete_queued_runs(airflow, dag_id, states=("queued", "running"))
         yield airflow
 
 
@@ -124,11 +172,13 @@ def scheduling(shared_airflow: SharedAirflow) -> Iterator[SharedAirflow]:
             delete_queued_runs(shared_airflow, dag_id)
 
 
-def delete_queued_runs(airflow: SharedAirflow, dag_id: str = PIPELINE_DAG_ID) -> None:
+def delete_queued_runs(
+    airflow: SharedAirflow, dag_id: str = PIPELINE_DAG_ID, states: tuple[str, ...] = ("queued",)
+) -> None:
     """Delete the runs of ``dag_id`` still queued: a paused DAG's runs wait for a scheduler,
     and would start in whichever later test unpauses it."""
     with airflow.api() as api:
-        found = api.get(f"/dags/{dag_id}/dagRuns", params={"state": "queued", "limit": 100})
+        found = api.get(f"/dags/{dag_id}/dagRuns", params={"state": list(states), "limit": 100})
         found.raise_for_status()
         for run in found.json()["dag_runs"]:
             deleted = api.delete(f"/dags/{dag_id}/dagRuns/{run['dag_run_id']}")

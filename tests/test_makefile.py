@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 
 from conftest import ROOT
 
 
-def _pytest_line(target: str, *args: str) -> list[str]:
+def _pytest_lines(target: str, *args: str) -> list[list[str]]:
     # A make that runs this test passes its own command-line variables (PYTEST_ARGS) down in
     # the environment: the dry run must see the Makefile's defaults, not the caller's.
     env = {k: v for k, v in os.environ.items() if not k.startswith("MAKE") and k != "PYTEST_ARGS"}
@@ -19,10 +20,36 @@ def _pytest_line(target: str, *args: str) -> list[str]:
         check=True,
         env=env,
     )
-    (line,) = [line for line in done.stdout.splitlines() if " -m pytest" in line]
-    return line.split()[line.split().index("pytest") + 1 :]
+    lines = [shlex.split(line) for line in done.stdout.splitlines() if " -m pytest" in line]
+    return [words[words.index("pytest") + 1 :] for words in lines]
 
 
-def test_make_test_prints_the_25_slowest_tests_and_runs_what_pytest_args_select():
-    assert _pytest_line("test") == ["--durations=25"]
-    assert _pytest_line("test", "PYTEST_ARGS=-k x") == ["--durations=25", "-k", "x"]
+def _marker_expression(words: list[str]) -> str:
+    return words[words.index("-m") + 1]
+
+
+def test_make_test_runs_every_tier_in_two_sessions_each_printing_its_25_slowest_tests():
+    fast, slow = _pytest_lines("test")
+    assert fast[:2] == ["-n", "4"] and "-n" not in slow
+    assert _marker_expression(fast) == f"not ({_marker_expression(slow)})"
+    for words in (fast, slow):
+        assert words[-1] == "--durations=25"
+
+
+def test_pytest_args_reach_both_sessions():
+    for words in _pytest_lines("test", "PYTEST_ARGS=-k x"):
+        assert words[-3:] == ["--durations=25", "-k", "x"]
+
+
+def test_every_registered_tier_but_the_unit_ones_is_in_the_slow_session_or_test_fast_skips_it():
+    """A new marker must be placed: make test's slow session or test-fast's exclusions."""
+    import tomllib
+
+    markers = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    names = {m.split(":")[0] for m in markers["markers"]}
+    (fast,) = _pytest_lines("test-fast")
+    excluded = set(_marker_expression(fast).replace("not ", "").replace(" and ", " ").split())
+    (_, slow) = _pytest_lines("test")
+    in_slow = set(_marker_expression(slow).replace(" or ", " ").split())
+    assert names - {"db"} == excluded, "test-fast must name every tier it leaves out"
+    assert in_slow <= names and in_slow <= excluded

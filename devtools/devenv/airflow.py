@@ -240,6 +240,11 @@ class AirflowProcesses:
             extra = {
                 WORKER_NAME_ENV: worker_name(label),
                 "AIRFLOW__CORE__HOSTNAME_CALLABLE": WORKER_HOSTNAME_CALLABLE,
+                # The hostname callable lives in devtools/, at the repository root, which
+                # the product's PYTHONPATH (include/) does not name.
+                "PYTHONPATH": os.pathsep.join(
+                    p for p in (self.env.get("PYTHONPATH", ""), str(ROOT)) if p
+                ),
             }
         return args, extra
 
