@@ -64,9 +64,10 @@ demo: install
 
 # Every tier, in two sessions: the unit, database and harness tiers on four pytest-xdist
 # workers, then the tiers that boot Airflow, a cluster, a clean venv or the benchmarks, one
-# at a time (they share one Airflow and each would starve the others on two cores). Each
-# session lists its 25 slowest tests, so that CI's log shows where the time goes; either one
-# finding no test fails (pytest's exit code 5). PYTEST_ARGS go to both.
+# at a time (they share one Airflow, and two of them would starve each other on two cores;
+# the bench smoke is CPU-bound). Each session lists its 25 slowest tests, so that CI's log
+# shows where the time goes; either one finding no test fails (pytest's exit code 5).
+# PYTEST_ARGS go to both.
 SLOW_TIERS := e2e or realworld or chaos or cluster or bench or packaging
 test: install
 	$(PY) -m pytest -n 4 -m "not ($(SLOW_TIERS))" --durations=25 $(PYTEST_ARGS)
