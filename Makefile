@@ -177,5 +177,5 @@ test: realworld-tools
 # examples here than in `make test`; tests/e2e (all of it e2e) is not even imported.
 FAST_TIERS := not e2e and not realworld and not chaos and not cluster and not bench and not packaging and not harness
 test-fast: install
-	REPLAYABLE_FUZZ_EXAMPLES=100 REPLAYABLE_FUZZ_PER_OPERATION=8 \
+	REPLAYABLE_FUZZ_EXAMPLES=100 REPLAYABLE_FUZZ_PER_OPERATION=4 \
 	  $(PY) -m pytest -n 4 -m "$(FAST_TIERS)" --ignore=tests/e2e $(PYTEST_ARGS)

@@ -97,7 +97,9 @@ class _Receiver(BaseHTTPRequestHandler):
 def receiver() -> Iterator[tuple[str, type[_Receiver]]]:
     handler = type("Handler", (_Receiver,), {"requests": [], "status": 200})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
+    )
     thread.start()
     try:
         yield f"http://127.0.0.1:{server.server_port}", handler

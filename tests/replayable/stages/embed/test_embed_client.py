@@ -55,7 +55,9 @@ def canned() -> Iterator[Callable[[Answer], _CannedProvider]]:
     def start(answer: Answer) -> _CannedProvider:
         server = _CannedProvider(answer)
         servers.append(server)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
+        threading.Thread(
+            target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
+        ).start()
         return server
 
     yield start

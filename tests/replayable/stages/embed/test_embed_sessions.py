@@ -74,7 +74,7 @@ class SessionSampler:
 
 
 def test_a_task_asking_for_many_requests_in_flight_opens_few_database_sessions(conn, dsn, model):
-    doc_ids = seed(conn, 12)
+    doc_ids = seed(conn, 4)
 
     def connect():
         return db.Database(dsn, outage_s=30)
@@ -111,6 +111,7 @@ def test_a_task_asking_for_many_requests_in_flight_opens_few_database_sessions(c
         client.close()
     assert sorted(result.done) == doc_ids
     stats = model.stats()
+    assert stats["requests"] > 20  # far more requests than the cap allows sessions
     assert stats["peak_in_flight"] == 4  # the senders were busy, four at a time
     # Four senders, the batch's own check of missing vectors, the runner's three (work,
     # control, lease keeper) and the test's own connection; without the cap, one per request.
