@@ -1,4 +1,4 @@
-"""The pipeline's faults, bad files and re-run selection, with its tasks run in this process.
+"""The pipeline's faults, bad files, re-run selection and a code-version bump, run in this process.
 
 Each test runs document_pipeline's own plan, stage operators (``execute``, with the DAG's
 retries and retry policy) and report against the real Postgres and model server
@@ -14,6 +14,7 @@ from typing import Any
 
 import corpus
 from checks import assert_nothing_lost, rows, scalar, subset
+from replayable.stages import extract
 
 STAGES = ("extract", "chunk", "embed")
 
@@ -183,6 +184,45 @@ def test_a_partial_rerun_touches_only_the_selected_documents(run_in_process, con
         )
         == 0
     )
+    assert_nothing_lost(conn, one_version=False)
+
+
+def test_a_code_version_bump_reextracts_and_unchanged_text_costs_no_embedding(
+    run_in_process, conn, model, tmp_path, monkeypatch
+):
+    folder = subset(tmp_path, 6)
+    first = run_in_process({"source": str(folder), "batch_size": 3})
+    assert not first["_failed"], first["_tasks"]
+    embeddings = scalar(conn, "SELECT count(*) FROM replayable.embeddings")
+    calls_before = model.stats()["requests"]
+
+    # Deploying an extractor with a new version: the planner and the stage read it.
+    monkeypatch.setattr(extract, "VERSION", "1.1")
+
+    # A re-run selected by code version finds the documents last extracted before 1.1.
+    rerun = {"rerun": {"stage": "extract", "code_version_lt": "1.1"}, "batch_size": 3}
+    second = run_in_process(rerun)
+    assert not second["_failed"], second["_tasks"]
+    assert second["documents"] == 6
+    versions = dict(
+        rows(
+            conn,
+            "SELECT extractor_version, count(*) FROM replayable.extractions"
+            " GROUP BY extractor_version",
+        )
+    )
+    assert versions == {"1.0": 6, "1.1": 6}
+    # The same text under the new extractor keys to the chunks and vectors already paid for.
+    assert second["model_calls"]["calls"] == 0
+    assert model.stats()["requests"] == calls_before
+    assert scalar(conn, "SELECT count(*) FROM replayable.embeddings") == embeddings
+    assert all(second["stages"][s]["done"] == 6 for s in STAGES)
+
+    # Now nothing is older than 1.1, and a plain run finds every document done.
+    assert run_in_process(rerun)["documents"] == 0
+    third = run_in_process({"source": str(folder), "batch_size": 3})
+    assert (third["documents"], third["to_do"], third["batches"]) == (6, 0, 0)
+    assert all(third["stages"][s]["done"] == 6 for s in STAGES)
     assert_nothing_lost(conn, one_version=False)
 
 

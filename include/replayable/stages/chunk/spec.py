@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from replayable.db import Connection, Database, fetch_all
 from replayable.keys import item_key
 from replayable.retry import ItemError
 from replayable.runner import BatchIO, StageSpec, WorkItem, Write
-from replayable.stages import extract
-from replayable.stages.chunk import VERSION, chunker
+from replayable.stages import chunk, extract
+from replayable.stages.chunk import chunker
 from replayable.stages.chunk.chunker import ChunkConfig
 from replayable.stages.lineage import chunk_lineage
 
@@ -28,8 +28,9 @@ class ChunkSpec(StageSpec):
 
     config: ChunkConfig
     connect: Callable[[], Database]
-    extractor_version: str = extract.VERSION
-    code_version: str = VERSION
+    # Read when the stage is built, as the planner reads them (stages.lineage.spec_hashes).
+    extractor_version: str = field(default_factory=lambda: extract.VERSION)
+    code_version: str = field(default_factory=lambda: chunk.VERSION)
     name: str = "chunk"
     group_bytes: int = 16 * 2**20
     # Terminal limits (ADR 0087): a stored text over max_text_chars is never read into the

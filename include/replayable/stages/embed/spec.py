@@ -23,8 +23,7 @@ from replayable.db import Connection, Database, execute, execute_values, fetch_a
 from replayable.keys import item_key, sha256_bytes
 from replayable.retry import Classified, ErrorKind, ItemError, classify
 from replayable.runner import BatchIO, StageSpec, WorkItem
-from replayable.stages import extract
-from replayable.stages.embed import VERSION
+from replayable.stages import embed, extract
 from replayable.stages.embed.client import CallRecord, EmbeddingProvider, EmbeddingResult
 from replayable.stages.lineage import embed_lineage
 
@@ -69,8 +68,9 @@ class EmbedSpec(StageSpec):
     dimensions: int | None = None
     inputs_per_call: int = 32
     max_in_flight: int = 4
-    extractor_version: str = extract.VERSION
-    code_version: str = VERSION
+    # Read when the stage is built, as the planner reads them (stages.lineage.spec_hashes).
+    extractor_version: str = field(default_factory=lambda: extract.VERSION)
+    code_version: str = field(default_factory=lambda: embed.VERSION)
     name: str = "embed"
     wait_for_peer_s: float = 300.0
     peer_poll_s: float = 0.5

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from replayable import guards, sources
@@ -18,7 +18,8 @@ from replayable.db import Connection, fetch_all
 from replayable.keys import item_key, sha256_bytes
 from replayable.retry import ItemError
 from replayable.runner import BatchIO, StageSpec, WorkItem, Write
-from replayable.stages.extract import VERSION, pdf
+from replayable.stages import extract
+from replayable.stages.extract import pdf
 
 
 @dataclass
@@ -28,7 +29,8 @@ class ExtractSpec(StageSpec):
     pool: guards.GuardedPool
     max_bytes: int
     roots: Sequence[str] | None = None
-    code_version: str = VERSION
+    # Read when the stage is built, as the planner reads it (stages.lineage.spec_hashes).
+    code_version: str = field(default_factory=lambda: extract.VERSION)
     name: str = "extract"
     # Checked page by page in the worker: a larger text layer ends ``oversize_text``.
     max_text_chars: int | None = None
