@@ -62,8 +62,14 @@ def cluster(
     base, _, query = services.airflow_db_url.partition("?")
     own = replace(services, airflow_db_url=f"{base.rsplit('/', 1)[0]}/airflow_cluster?{query}")
     state = tmp_path_factory.mktemp("cluster")
-    roots = {sources.ROOTS_ENV: str(tmp_path_factory.getbasetemp())}
-    with devenv.Cluster(own, state, extra_env=roots) as running:
+    extra_env = {
+        sources.ROOTS_ENV: str(tmp_path_factory.getbasetemp()),
+        # The killed worker's task is found without a heartbeat in 20 s, not airflow.env's
+        # 60: the retry and what it proves are the same, sooner.
+        "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "20",
+        "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "2",
+    }
+    with devenv.Cluster(own, state, extra_env=extra_env) as running:
         yield running
 
 
@@ -152,8 +158,8 @@ def test_a_worker_killed_mid_batch_costs_a_retry_not_a_document(
             "max_in_flight": C,
             "embed_inputs_per_call": 8,
             # A dead worker's leases expire soon, so its retry need not wait long for them.
-            "lease_s": 30,
-            "item_timeout_s": 20,
+            "lease_s": 20,
+            "item_timeout_s": 10,
         }
     )
     victim = wait_for_embed_on(api, run_id, "worker-1")
