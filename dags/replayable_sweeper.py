@@ -15,7 +15,7 @@ from datetime import timedelta
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
 from airflow.sdk import Param, dag, task
 
-from replayable import PipelineSettings, dag_tasks
+from replayable import PipelineSettings, config, dag_tasks
 from replayable.vocabulary import PIPELINE_DAG_ID, SWEEPER_DAG_ID
 
 
@@ -47,7 +47,7 @@ def replayable_sweeper() -> None:
         skip_when_already_exists=True,
         wait_for_completion=True,
         deferrable=True,
-        poke_interval=30,
+        poke_interval=config.sweeper_poke_interval_s(),
         # A re-run that never ends (its DAG paused for good) holds sweeping up this long.
         execution_timeout=timedelta(hours=12),
         openlineage_inject_parent_info=False,

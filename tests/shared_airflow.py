@@ -141,6 +141,8 @@ def shared_airflow(
     env[sources.ROOTS_ENV] = str(tmp_path_factory.getbasetemp())
     env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS"] = USERS
     env["AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION"] = "True"
+    # A sweep's trigger looks for the end of its re-run every 2 s, not 30.
+    env["AIRFLOW__REPLAYABLE__SWEEPER_POKE_INTERVAL_S"] = "2"
     # Where the auth manager writes its generated passwords (its default, named).
     passwords = Path(env["AIRFLOW_HOME"]) / "simple_auth_manager_passwords.json.generated"
     env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE"] = str(passwords)

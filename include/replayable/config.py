@@ -38,6 +38,7 @@ __all__ = [
     "listed_source_roots",
     "max_map_length",
     "multi_team",
+    "sweeper_poke_interval_s",
     "ui_pool_size",
     "ui_statement_timeout_s",
 ]
@@ -98,6 +99,7 @@ def airflow_token() -> str | None:
 
 DEFAULT_UI_POOL_SIZE = 4
 DEFAULT_UI_STATEMENT_TIMEOUT_S = 5.0
+DEFAULT_SWEEPER_POKE_INTERVAL_S = 30.0
 # Airflow's own default of [core] max_map_length.
 DEFAULT_MAX_MAP_LENGTH = 1024
 
@@ -114,6 +116,16 @@ def ui_statement_timeout_s() -> float:
     from airflow.configuration import conf
 
     return conf.getfloat(SECTION, "ui_statement_timeout_s", fallback=DEFAULT_UI_STATEMENT_TIMEOUT_S)
+
+
+def sweeper_poke_interval_s() -> float:
+    """``[replayable] sweeper_poke_interval_s``: how often a sweep looks whether its re-run
+    ended (the deferred trigger's poke interval), read when the sweeper DAG is parsed."""
+    from airflow.configuration import conf
+
+    return conf.getfloat(
+        SECTION, "sweeper_poke_interval_s", fallback=DEFAULT_SWEEPER_POKE_INTERVAL_S
+    )
 
 
 def api_base_url() -> str | None:

@@ -40,6 +40,21 @@ def test_the_sweeper_is_hourly_and_triggers_the_pipeline_per_stage(dagbag):
     assert trigger.upstream_task_ids == {"sweep"}
 
 
+def test_a_sweep_checks_its_rerun_as_often_as_the_deployment_says(monkeypatch):
+    """``[replayable] sweeper_poke_interval_s`` (default 30 s), read when the DAG is parsed."""
+    monkeypatch.setenv("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
+    monkeypatch.delenv("AIRFLOW__REPLAYABLE__SWEEPER_POKE_INTERVAL_S", raising=False)
+    default = DagBag(dag_folder=str(ROOT / "dags" / "replayable_sweeper.py"))
+    assert (
+        default.dags["replayable_sweeper"].get_task("trigger_rerun").partial_kwargs["poke_interval"]
+        == 30
+    )
+    monkeypatch.setenv("AIRFLOW__REPLAYABLE__SWEEPER_POKE_INTERVAL_S", "2")
+    quick = DagBag(dag_folder=str(ROOT / "dags" / "replayable_sweeper.py"))
+    trigger = quick.dags["replayable_sweeper"].get_task("trigger_rerun")
+    assert trigger.partial_kwargs["poke_interval"] == 2
+
+
 def test_the_publisher_dag_defaults_are_the_outbox_limits_defaults(dagbag):
     """The event lease and claim size are stated once; the DAG's params show those values."""
     params = dagbag.dags["outbox_publisher"].params

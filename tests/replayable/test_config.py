@@ -58,8 +58,10 @@ def test_airflow_options_have_their_documented_defaults(monkeypatch):
         "AIRFLOW__API__SSL_CERT",
         "AIRFLOW__CORE__MULTI_TEAM",
         "AIRFLOW__CORE__MAX_MAP_LENGTH",
+        "AIRFLOW__REPLAYABLE__SWEEPER_POKE_INTERVAL_S",
     ):
         monkeypatch.delenv(name, raising=False)
+    assert config.sweeper_poke_interval_s() == 30.0
     assert config.ui_pool_size() == 4
     assert config.ui_statement_timeout_s() == 5.0
     assert config.max_map_length() == 1024
@@ -73,6 +75,8 @@ def test_airflow_options_are_read_when_called(monkeypatch):
     monkeypatch.setenv("AIRFLOW__CORE__MAX_MAP_LENGTH", "7")
     monkeypatch.setenv("AIRFLOW__CORE__MULTI_TEAM", "True")
     monkeypatch.setenv("AIRFLOW__API__SSL_CERT", "/cert.pem")
+    monkeypatch.setenv("AIRFLOW__REPLAYABLE__SWEEPER_POKE_INTERVAL_S", "2")
+    assert config.sweeper_poke_interval_s() == 2.0
     assert config.ui_pool_size() == 9
     assert config.ui_statement_timeout_s() == 0.5
     assert config.max_map_length() == 7
