@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -287,8 +288,14 @@ class AirflowProcesses:
         return {name: proc.pid for name, proc in self.procs.items()}
 
     def stop(self) -> None:
-        for proc in self.procs.values():
+        """Stop every component at once: each gets its SIGTERM and grace period together."""
+
+        def stop_one(proc: subprocess.Popen[bytes]) -> None:
             stop_tree(proc.pid, timeout_s=15)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=10)
+
+        if self.procs:
+            with ThreadPoolExecutor(len(self.procs)) as threads:
+                list(threads.map(stop_one, self.procs.values()))
         self.procs.clear()
