@@ -205,6 +205,23 @@ def model(model_server: LocalModelServer) -> Iterator[LocalModelServer]:
     model_server.clear_faults()
 
 
+def scratch_database(dsn: str) -> None:
+    """Stop the tests' own Postgres from flushing to disk: its data lives for one session.
+
+    Commits still reach the kernel before they return, so a killed Postgres (a test's
+    restart, an outage) loses nothing; only a crash of the machine could, and the session
+    would be lost with it.
+    """
+    conn = db.connect(dsn, autocommit=True)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("ALTER SYSTEM SET fsync = off")
+            cur.execute("ALTER SYSTEM SET full_page_writes = off")
+            cur.execute("SELECT pg_reload_conf()")
+    finally:
+        conn.close()
+
+
 @pytest.fixture(scope="session")
 def services(state_dir: Path, model_server: LocalModelServer) -> Iterator[devenv.Services]:
     with pytest.MonkeyPatch.context() as env:
@@ -212,6 +229,8 @@ def services(state_dir: Path, model_server: LocalModelServer) -> Iterator[devenv
         if test_db := os.environ.get("REPLAYABLE_TEST_DATABASE_URL"):
             env.setenv("REPLAYABLE_DATABASE_URL", test_db)
         started = devenv.start(state_dir, model_url=model_server.base_url)
+    if started.pgdata:
+        scratch_database(started.replayable_dsn)
     try:
         yield started
     finally:
