@@ -44,7 +44,7 @@ BASE_FAULTS: dict[str, Any] = {"fail_inputs_containing": {PROVIDER_POISON_MARKER
 SLOW_PROVIDER_MS = 1000
 POSTGRES_DOWN_S = 10
 RETRY_AFTER_S = 65  # longer than one call may wait (CallRetry.max_total_s = 60)
-STORM_S = 30  # the storm lasts this long after its first refusal
+STORM_S = 10  # the storm lasts this long after its first refusal
 HANG_S = 30
 
 
@@ -528,7 +528,7 @@ def hangs_and_lost_responses(ctx: Context, result: ScenarioResult) -> None:
     """(f) Requests that hang past the deadline, responses lost after the charge; dedupe off, on."""
     corpus = ctx.corpus("f")
     for dedupe in (False, True):
-        ctx.reset(hang_rate=0.1, hang_s=HANG_S, lose_response_rate=0.1, dedupe=dedupe, seed=11)
+        ctx.reset(hang_rate=0.05, hang_s=HANG_S, lose_response_rate=0.1, dedupe=dedupe, seed=11)
         run_id = ctx.trigger(corpus)
         state, clears = ctx.finish(run_id)
         timeouts = ctx.env.scalar(
