@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from conftest import ROOT
+from replayable import db
 
 SAMPLES = ROOT / "data" / "samples"
 
@@ -208,3 +209,40 @@ class ProviderSampler:
         first = next(t for t, c in self.samples if c > counts[0])
         last = next(t for t, c in self.samples if c == counts[-1])
         return counts[-1] - counts[0], last - first
+
+
+# --- Airflow's metadata database (the same Postgres server as the ledger) ---------------
+
+READY_URI = "replayable://documents/ready"
+
+
+def metadata_rows(env: dict[str, str], sql: str, *params: Any) -> list[tuple[Any, ...]]:
+    """Rows from Airflow's metadata database (the same Postgres server)."""
+    metadata = db.connect(env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].replace("+psycopg2", ""))
+    try:
+        return rows(metadata, sql, *params)
+    finally:
+        metadata.close()
+
+
+def asset_events(env: dict[str, str], run_id: str) -> list[dict[str, Any]]:
+    found = metadata_rows(
+        env,
+        "SELECT e.extra FROM asset_event e JOIN asset a ON a.id = e.asset_id"
+        " WHERE a.uri = %s AND e.source_run_id = %s",
+        READY_URI,
+        run_id,
+    )
+    return [extra for (extra,) in found]
+
+
+def task_states(env: dict[str, str], dag_id: str, run_id: str) -> dict[str, str]:
+    return dict(
+        metadata_rows(
+            env,
+            "SELECT task_id, state FROM task_instance WHERE dag_id = %s AND run_id = %s"
+            " AND map_index = -1",
+            dag_id,
+            run_id,
+        )
+    )

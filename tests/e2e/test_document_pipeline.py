@@ -1,7 +1,8 @@
 """document_pipeline through Airflow itself (`airflow dags test`), real Postgres, real server.
 
 Faults and bad files run in process (tests/replayable/test_pipeline_in_process.py); here
-are what needs Airflow: a mapped run of the samples, rerun for free, and a killed run.
+are what needs Airflow: a mapped run of the samples that announces each document once,
+rerun for free, and a killed run.
 """
 
 from __future__ import annotations
@@ -17,15 +18,27 @@ from typing import Any
 
 import pytest
 
-from checks import SAMPLES, assert_nothing_lost, output_rows, scalar, subset
+from checks import (
+    SAMPLES,
+    assert_nothing_lost,
+    asset_events,
+    output_rows,
+    rows,
+    scalar,
+    subset,
+    task_states,
+)
 from devtools import devenv
 
 pytestmark = pytest.mark.e2e
 
 STAGES = ("extract", "chunk", "embed")
+HOOK = "replayable"  # the receiver the tests' events connection points at (devenv)
 
 
-def test_sample_corpus_runs_to_done_and_a_second_run_costs_nothing(run_dag, conn, model):
+def test_sample_corpus_runs_to_done_announcing_each_document_once_and_a_rerun_costs_nothing(
+    run_dag, airflow_env, conn, model
+):
     first = run_dag({"source": str(SAMPLES), "batch_size": 8})
     assert first["_returncode"] == 0, first["_log"]
     documents = len(list(SAMPLES.glob("*.pdf")))
@@ -33,15 +46,40 @@ def test_sample_corpus_runs_to_done_and_a_second_run_costs_nothing(run_dag, conn
         assert first["stages"][stage]["done"] == documents, (stage, first["stages"][stage])
     assert first["model_calls"]["ok"] > 0
     assert_nothing_lost(conn)
+    # The publish task announced every document once: outbox rows, webhook, asset event.
+    ready = rows(
+        conn,
+        "SELECT aggregate_id, event_id, status, published_by FROM replayable.outbox"
+        " WHERE event_type = 'document.ready'",
+    )
+    assert len(ready) == documents
+    assert {doc for doc, *_ in ready} == {
+        doc for (doc,) in rows(conn, "SELECT doc_id FROM replayable.documents")
+    }
+    publication = f"document_pipeline/{first['run_id']}/publish"
+    assert {(status, by) for _, _, status, by in ready} == {("published", publication)}
+    stored = model.webhook_events(HOOK)
+    assert sorted(e["key"] for e in stored) == sorted(event_id for _, event_id, _, _ in ready)
+    assert {e["body"]["type"] for e in stored} == {"document.ready"}
+    assert model.stats()["webhooks"]["deduplicated"] == 0
+    assert asset_events(airflow_env, first["run_id"]) == [
+        {"publication": publication, "ready": documents}
+    ]
     before = output_rows(conn)
     requests = model.stats()["requests"]
+    received = model.stats()["webhooks"]["received"]
 
+    # The same run again pays for nothing and announces nothing.
     second = run_dag({"source": str(SAMPLES), "batch_size": 8})
     assert second["_returncode"] == 0, second["_log"]
     assert second["model_calls"]["calls"] == 0
     assert model.stats()["requests"] == requests
     assert output_rows(conn) == before
     assert all(second["stages"][s]["done"] == documents for s in STAGES)
+    assert scalar(conn, "SELECT count(*) FROM replayable.outbox") == documents
+    assert model.stats()["webhooks"]["received"] == received
+    assert asset_events(airflow_env, second["run_id"]) == []
+    assert task_states(airflow_env, "document_pipeline", second["run_id"])["publish"] == "skipped"
 
 
 def _start_dag_run(

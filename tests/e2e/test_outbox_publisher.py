@@ -1,4 +1,8 @@
-"""Events out of Airflow itself: the pipeline's publish task, outbox_publisher, asset events."""
+"""Events out of Airflow itself: outbox_publisher finishes what a killed publisher sent.
+
+The pipeline's own publish task (each document announced once, a re-run announcing none) is
+checked by the sample run in test_document_pipeline.py.
+"""
 
 from __future__ import annotations
 
@@ -12,80 +16,12 @@ from typing import Any
 
 import pytest
 
-from checks import SAMPLES, rows, scalar
+from checks import asset_events, metadata_rows, scalar
 from publishers import KILL_AFTER, add_events, kill_a_publisher_after_sending
-from replayable import db
 
 pytestmark = pytest.mark.e2e
 
 HOOK = "replayable"  # the receiver the tests' events connection points at (devenv)
-READY_URI = "replayable://documents/ready"
-
-
-def metadata_rows(env: dict[str, str], sql: str, *params: Any) -> list[tuple[Any, ...]]:
-    """Rows from Airflow's metadata database (the same Postgres server)."""
-    metadata = db.connect(env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].replace("+psycopg2", ""))
-    try:
-        return rows(metadata, sql, *params)
-    finally:
-        metadata.close()
-
-
-def asset_events(env: dict[str, str], run_id: str) -> list[dict[str, Any]]:
-    found = metadata_rows(
-        env,
-        "SELECT e.extra FROM asset_event e JOIN asset a ON a.id = e.asset_id"
-        " WHERE a.uri = %s AND e.source_run_id = %s",
-        READY_URI,
-        run_id,
-    )
-    return [extra for (extra,) in found]
-
-
-def task_states(env: dict[str, str], dag_id: str, run_id: str) -> dict[str, str]:
-    return dict(
-        metadata_rows(
-            env,
-            "SELECT task_id, state FROM task_instance WHERE dag_id = %s AND run_id = %s"
-            " AND map_index = -1",
-            dag_id,
-            run_id,
-        )
-    )
-
-
-def test_a_run_announces_each_document_once_and_a_rerun_announces_none(
-    run_dag, airflow_env, conn, model
-):
-    first = run_dag({"source": str(SAMPLES), "batch_size": 8})
-    assert first["_returncode"] == 0, first["_log"]
-    documents = len(list(SAMPLES.glob("*.pdf")))
-    ready = rows(
-        conn,
-        "SELECT aggregate_id, event_id, status, published_by FROM replayable.outbox"
-        " WHERE event_type = 'document.ready'",
-    )
-    assert len(ready) == documents
-    assert {doc for doc, *_ in ready} == {
-        doc for (doc,) in rows(conn, "SELECT doc_id FROM replayable.documents")
-    }
-    publication = f"document_pipeline/{first['run_id']}/publish"
-    assert {(status, by) for _, _, status, by in ready} == {("published", publication)}
-    stored = model.webhook_events(HOOK)
-    assert sorted(e["key"] for e in stored) == sorted(event_id for _, event_id, _, _ in ready)
-    assert {e["body"]["type"] for e in stored} == {"document.ready"}
-    assert model.stats()["webhooks"]["deduplicated"] == 0
-    assert asset_events(airflow_env, first["run_id"]) == [
-        {"publication": publication, "ready": documents}
-    ]
-    received = model.stats()["webhooks"]["received"]
-
-    second = run_dag({"source": str(SAMPLES), "batch_size": 8})
-    assert second["_returncode"] == 0, second["_log"]
-    assert scalar(conn, "SELECT count(*) FROM replayable.outbox") == documents
-    assert model.stats()["webhooks"]["received"] == received
-    assert asset_events(airflow_env, second["run_id"]) == []
-    assert task_states(airflow_env, "document_pipeline", second["run_id"])["publish"] == "skipped"
 
 
 def run_publisher(env: dict[str, str], log_path: Path, conf: dict[str, Any]) -> tuple[int, str]:
