@@ -28,6 +28,7 @@ __all__ = [
     "SECTION",
     "SOURCE_ROOTS_ENV",
     "airflow_api_url",
+    "airflow_connection_variable",
     "airflow_password",
     "airflow_token",
     "airflow_url",
@@ -62,6 +63,11 @@ DEFAULT_AIRFLOW_URL = "http://127.0.0.1:8080"  # `make airflow`
 def _env(name: str) -> str | None:
     """The variable's value; None when unset or empty, which every reader treats alike."""
     return os.environ.get(name) or None
+
+
+def airflow_connection_variable(conn_id: str) -> str | None:
+    """The ``AIRFLOW_CONN_<CONN_ID>`` variable Airflow reads ``conn_id`` from, when it is set."""
+    return _env(f"AIRFLOW_CONN_{conn_id.upper()}")
 
 
 def database_url() -> str | None:

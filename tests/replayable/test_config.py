@@ -38,6 +38,10 @@ def test_the_cli_environment_variables_are_read_with_their_fallbacks(monkeypatch
     assert (config.airflow_token(), config.airflow_username()) == ("jwt", "ada")
     # An empty password is a password: only an unset variable means "ask at the terminal".
     assert config.airflow_password() == ""
+    monkeypatch.delenv("AIRFLOW_CONN_REPLAYABLE_DB", raising=False)
+    assert config.airflow_connection_variable("replayable_db") is None
+    monkeypatch.setenv("AIRFLOW_CONN_REPLAYABLE_DB", "postgresql://h/db")
+    assert config.airflow_connection_variable("replayable_db") == "postgresql://h/db"
 
 
 def test_the_source_roots_variable_feeds_the_allowed_roots(monkeypatch, tmp_path):

@@ -38,10 +38,21 @@ def resolve_dsn(explicit: str | None) -> str:
     # Not found, or no Airflow configured here: a message, not a traceback.
     except Exception as err:
         raise UsageError(
-            f"no database given: set {DATABASE_URL_ENV} (or pass --dsn), or define Airflow's "
-            f"{LEDGER_CONN_ID} connection; in a source checkout, `make start` "
-            "starts a local one and `make env` prints the exports"
+            f"no database given ({_lookup_failure(err)}): set {DATABASE_URL_ENV} (or pass "
+            f"--dsn), or define Airflow's {LEDGER_CONN_ID} connection; in a source checkout, "
+            "`make start` starts a local one and `make env` prints the exports"
         ) from err
+
+
+def _lookup_failure(err: Exception) -> str:
+    """Why Airflow gave no ledger connection, without quoting it: it may hold a password."""
+    if type(err).__name__ == "AirflowNotFoundException":
+        # Airflow reports a variable it cannot parse as a connection that is not defined.
+        if config.airflow_connection_variable(LEDGER_CONN_ID) is not None:
+            variable = f"AIRFLOW_CONN_{LEDGER_CONN_ID.upper()}"
+            return f"{variable} is set, but Airflow could not read a connection from it"
+        return f"Airflow has no {LEDGER_CONN_ID} connection"
+    return f"reading Airflow's {LEDGER_CONN_ID} connection failed: {type(err).__name__}"
 
 
 def connect(dsn: str) -> db.Connection:

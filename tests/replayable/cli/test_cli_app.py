@@ -37,6 +37,22 @@ def test_without_a_database_it_exits_2_saying_how_to_get_one(monkeypatch, tmp_pa
     assert main(["status"]) == 2
     err = capsys.readouterr().err
     assert config.DATABASE_URL_ENV in err and "replayable_db" in err and "make env" in err
+    assert "Airflow has no replayable_db connection" in err
+
+
+def test_a_broken_ledger_connection_is_named_as_the_reason_without_its_password(
+    monkeypatch, tmp_path, capsys
+):
+    """A connection Airflow cannot read is not reported as a missing one."""
+    monkeypatch.delenv(config.DATABASE_URL_ENV, raising=False)
+    monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path))
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_REPLAYABLE_DB", '{"conn_type": "postgres", "password": "s3cret"'
+    )
+    assert main(["status"]) == 2
+    err = capsys.readouterr().err
+    assert "AIRFLOW_CONN_REPLAYABLE_DB is set, but Airflow could not read a connection" in err
+    assert "Airflow has no" not in err and "s3cret" not in err
 
 
 def test_without_a_url_it_reads_airflows_ledger_connection(monkeypatch, dsn, capsys):
