@@ -28,6 +28,7 @@ __all__ = [
     "SECTION",
     "SOURCE_ROOTS_ENV",
     "airflow_api_url",
+    "airflow_connection_env",
     "airflow_connection_variable",
     "airflow_password",
     "airflow_token",
@@ -65,9 +66,14 @@ def _env(name: str) -> str | None:
     return os.environ.get(name) or None
 
 
+def airflow_connection_env(conn_id: str) -> str:
+    """The name of the variable Airflow reads the connection ``conn_id`` from."""
+    return f"AIRFLOW_CONN_{conn_id.upper()}"
+
+
 def airflow_connection_variable(conn_id: str) -> str | None:
-    """The ``AIRFLOW_CONN_<CONN_ID>`` variable Airflow reads ``conn_id`` from, when it is set."""
-    return _env(f"AIRFLOW_CONN_{conn_id.upper()}")
+    """The value of ``airflow_connection_env(conn_id)``; None when unset or empty."""
+    return _env(airflow_connection_env(conn_id))
 
 
 def database_url() -> str | None:
@@ -125,13 +131,19 @@ def ui_statement_timeout_s() -> float:
 
 
 def sweeper_poke_interval_s() -> float:
-    """``[replayable] sweeper_poke_interval_s``: how often a sweep looks whether its re-run
-    ended (the deferred trigger's poke interval), read when the sweeper DAG is parsed."""
+    """``[replayable] sweeper_poke_interval_s``: how often a sweep checks its re-run's end.
+
+    Read when the sweeper DAG is parsed; it is the deferred trigger's poke interval, so a
+    value of 0 or less, which would make the triggerer poll without pause, is refused.
+    """
     from airflow.configuration import conf
 
-    return conf.getfloat(
+    value = conf.getfloat(
         SECTION, "sweeper_poke_interval_s", fallback=DEFAULT_SWEEPER_POKE_INTERVAL_S
     )
+    if not value > 0:
+        raise ValueError(f"[{SECTION}] sweeper_poke_interval_s must be > 0, got {value}")
+    return value
 
 
 def api_base_url() -> str | None:

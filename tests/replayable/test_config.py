@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from replayable import config, sources
 
 PACKAGE = Path(config.__file__).parent
@@ -39,6 +41,7 @@ def test_the_cli_environment_variables_are_read_with_their_fallbacks(monkeypatch
     # An empty password is a password: only an unset variable means "ask at the terminal".
     assert config.airflow_password() == ""
     monkeypatch.delenv("AIRFLOW_CONN_REPLAYABLE_DB", raising=False)
+    assert config.airflow_connection_env("replayable_db") == "AIRFLOW_CONN_REPLAYABLE_DB"
     assert config.airflow_connection_variable("replayable_db") is None
     monkeypatch.setenv("AIRFLOW_CONN_REPLAYABLE_DB", "postgresql://h/db")
     assert config.airflow_connection_variable("replayable_db") == "postgresql://h/db"
@@ -81,6 +84,10 @@ def test_airflow_options_are_read_when_called(monkeypatch):
     monkeypatch.setenv("AIRFLOW__API__SSL_CERT", "/cert.pem")
     monkeypatch.setenv("AIRFLOW__REPLAYABLE__SWEEPER_POKE_INTERVAL_S", "2")
     assert config.sweeper_poke_interval_s() == 2.0
+    monkeypatch.setenv("AIRFLOW__REPLAYABLE__SWEEPER_POKE_INTERVAL_S", "0")
+    with pytest.raises(ValueError, match="sweeper_poke_interval_s must be > 0"):
+        config.sweeper_poke_interval_s()
+    monkeypatch.setenv("AIRFLOW__REPLAYABLE__SWEEPER_POKE_INTERVAL_S", "2")
     assert config.ui_pool_size() == 9
     assert config.ui_statement_timeout_s() == 0.5
     assert config.max_map_length() == 7

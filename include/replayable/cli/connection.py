@@ -49,7 +49,7 @@ def _lookup_failure(err: Exception) -> str:
     if type(err).__name__ == "AirflowNotFoundException":
         # Airflow reports a variable it cannot parse as a connection that is not defined.
         if config.airflow_connection_variable(LEDGER_CONN_ID) is not None:
-            variable = f"AIRFLOW_CONN_{LEDGER_CONN_ID.upper()}"
+            variable = config.airflow_connection_env(LEDGER_CONN_ID)
             return f"{variable} is set, but Airflow could not read a connection from it"
         return f"Airflow has no {LEDGER_CONN_ID} connection"
     return f"reading Airflow's {LEDGER_CONN_ID} connection failed: {type(err).__name__}"
