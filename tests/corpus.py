@@ -23,8 +23,10 @@ import zlib
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from fpdf import FPDF
+if TYPE_CHECKING:
+    from fpdf import FPDF
 
 # Fixed so that fpdf2 writes the same /CreationDate and /ID on every run.
 CREATION_DATE = datetime(2024, 1, 2, 3, 4, 5, tzinfo=UTC)
@@ -135,6 +137,8 @@ def _appendix(seed: int) -> list[str]:
 
 def _new_pdf(*, compress: bool = True, title: str = "") -> FPDF:
     """Return an FPDF with fixed metadata so that its output bytes are reproducible."""
+    from fpdf import FPDF  # here, not at the top: most test workers never write a PDF
+
     pdf = FPDF(format="A4")
     pdf.set_creation_date(CREATION_DATE)
     pdf.set_producer(PRODUCER)
