@@ -25,6 +25,7 @@ from typing import Any
 
 import bookkeeping
 import check_before_call
+import engines
 import guard_overhead
 import ledger_reads
 import memory
@@ -46,6 +47,7 @@ BENCHMARKS: dict[str, tuple[Benchmark, dict[str, Any], dict[str, Any]]] = {
     "guard-overhead": (guard_overhead.run, {}, {"repeats": 1, "documents": 16}),
     "ledger-reads": (ledger_reads.run, {}, {"repeats": 1, "documents": 20_000, "letters": 1000}),
     "memory": (memory.run, {}, {"documents": 4, "big": 2 * 2**20, "small": 20 * 2**10}),
+    "engines": (engines.run, {}, {"repeats": 1, "samples": 3}),
 }
 
 
