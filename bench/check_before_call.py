@@ -83,7 +83,7 @@ def run(repeats: int = REPEATS, docs: int = DOCS) -> tuple[list[Row], dict[str, 
     statements: dict[tuple[str, str], int] = {}
     with services() as svc:
         svc.model.set_faults(latency_ms=LATENCY_MS)
-        doc_ids = seed_documents(svc.dsn, docs, SENTENCES, extractor_version=extract.VERSION)
+        doc_ids = seed_documents(svc.dsn, docs, SENTENCES, extractor_version=extract.extractor_id())
         counter = StatementCounter(svc.dsn)
         client = HttpEmbeddingClient(base_url=svc.model.base_url, model=MODEL)
         specs: dict[str, StageSpec] = {

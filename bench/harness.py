@@ -285,7 +285,7 @@ def seed_documents(dsn: str, n: int, sentences: int, *, extractor_version: str) 
             conn,
             "stages/insert_extraction",
             [
-                (doc_id, extractor_version, 1, text, sha256_bytes(text.encode()), 0)
+                (doc_id, extractor_version, 1, text, sha256_bytes(text.encode()), 0, "pdfium")
                 for doc_id, text in zip(doc_ids, texts, strict=True)
             ],
         )

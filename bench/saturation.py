@@ -77,7 +77,7 @@ def run(repeats: int = REPEATS, docs: int = DOCS) -> tuple[list[Row], dict[str, 
     rejected: list[float] = []
     peaks: list[int] = []
     with services() as svc:
-        doc_ids = seed_documents(svc.dsn, docs, SENTENCES, extractor_version=extract.VERSION)
+        doc_ids = seed_documents(svc.dsn, docs, SENTENCES, extractor_version=extract.extractor_id())
         counter = StatementCounter(svc.dsn)
         run_batch(
             ChunkSpec(config=settings.chunk_config, connect=counter.database),

@@ -60,7 +60,8 @@ MISSING_OUTPUTS = {
     "extract": """SELECT count(*) FROM replayable.stage_runs s
         WHERE s.stage = 'extract' AND s.is_current AND s.status = 'done'
           AND NOT EXISTS (SELECT 1 FROM replayable.extractions e
-                          WHERE e.doc_id = s.doc_id AND e.extractor_version = s.code_version)""",
+                          WHERE e.doc_id = s.doc_id
+                            AND split_part(e.extractor_version, '+', 1) = s.code_version)""",
     "chunk": """SELECT count(*) FROM replayable.stage_runs s
         WHERE s.stage = 'chunk' AND s.is_current AND s.status = 'done'
           AND NOT EXISTS (SELECT 1 FROM replayable.doc_chunks c WHERE c.doc_id = s.doc_id

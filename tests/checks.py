@@ -10,6 +10,8 @@ from typing import Any
 
 from conftest import ROOT
 from replayable import db
+from replayable.keys import sha256_bytes
+from replayable.stages import extract
 
 SAMPLES = ROOT / "data" / "samples"
 
@@ -24,6 +26,21 @@ def rows(conn: Any, sql: str, *params: Any) -> list[tuple[Any, ...]]:
 
 def scalar(conn: Any, sql: str, *params: Any) -> Any:
     return rows(conn, sql, *params)[0][0]
+
+
+def seed_extraction(conn: Any, doc_id: str, path: str, text: str, size: int | None = None) -> None:
+    """A document and its text as the extract stage stores them (default extractor, PDFium).
+
+    The caller commits.
+    """
+    db.execute_values(
+        conn, "plan/upsert_documents", [(doc_id, path, len(text) if size is None else size)]
+    )
+    db.execute_values(
+        conn,
+        "stages/insert_extraction",
+        [(doc_id, extract.extractor_id(), 1, text, sha256_bytes(text.encode()), 0, "pdfium")],
+    )
 
 
 def output_rows(conn: Any) -> dict[str, int]:

@@ -519,11 +519,18 @@ def _png_bytes() -> bytes:
     )
 
 
-def _encrypted_bytes(user_password: str = "s3cret") -> bytes:  # noqa: S107  # a test fixture
-    """Return a sample PDF re-written with RC4-128 encryption under a user password."""
+def encrypted_pdf_bytes(
+    user_password: str = "s3cret",  # noqa: S107  # a test fixture
+    plain: bytes | None = None,
+) -> bytes:
+    """Return ``plain`` (default: a sample PDF) re-written with RC4-128 encryption.
+
+    An empty ``user_password`` encrypts for permissions only: any reader may open it.
+    """
     from pypdf import PdfReader, PdfWriter
 
-    _, plain = _sample_bytes(1, DEFAULT_SEED)
+    if plain is None:
+        _, plain = _sample_bytes(1, DEFAULT_SEED)
     writer = PdfWriter(clone_from=PdfReader(io.BytesIO(plain)))
     # RC4 is built into pypdf; AES would need the optional cryptography package.
     writer.encrypt(
@@ -562,7 +569,7 @@ def write_poison_corpus(
         "zero_bytes": b"",
         "not_pdf": _png_bytes(),
         "truncated": sample[: len(sample) // 2],
-        "encrypted": _encrypted_bytes(),
+        "encrypted": encrypted_pdf_bytes(),
         "oversize": oversize_pdf_bytes(oversize_bytes),
         "slow": slow_pdf_bytes(),
         "memory_bomb": memory_bomb_pdf_bytes(),

@@ -116,6 +116,32 @@ DEFAULT_SWEEPER_POKE_INTERVAL_S = 30.0
 DEFAULT_MAX_MAP_LENGTH = 1024
 
 
+def batch_slots() -> int:
+    """Stage tasks that can run at once, which ``batch_size: "auto"`` sizes batches for.
+
+    ``[replayable] batch_slots`` when set (at least 1), for a cluster whose workers the
+    planner cannot see; else the smaller of ``[core] parallelism`` and the planner's cores.
+    One extract task already keeps a guarded worker busy on every core, so on one machine
+    more slots than cores only queue for CPU (ADR 0104).
+    """
+    from airflow.configuration import conf
+
+    configured = conf.get(SECTION, "batch_slots", fallback="").strip()
+    if configured:
+        try:
+            slots = int(configured)
+        except ValueError:
+            slots = 0
+        if slots < 1:
+            raise ValueError(
+                f"[replayable] batch_slots must be a whole number of at least 1, got {configured!r}"
+            )
+        return slots
+    cores = os.cpu_count() or 1
+    parallelism = conf.getint("core", "parallelism", fallback=cores)
+    return min(parallelism, cores) if parallelism > 0 else cores
+
+
 def ui_pool_size() -> int:
     """``[replayable] ui_pool_size``: the UI's most database connections (ADR 0015)."""
     from airflow.configuration import conf

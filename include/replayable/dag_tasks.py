@@ -66,8 +66,9 @@ def plan(
         model, dimensions = choice.model, choice.dimensions
     else:
         model, dimensions = settings.model or "", settings.dimensions
-    hashes = spec_hashes(settings.chunk_config, model, dimensions)
+    hashes = spec_hashes(settings.chunk_config, model, dimensions, settings.extractor)
     max_map_length = config.max_map_length()
+    slots = config.batch_slots()
 
     def record_and_plan(conn: db.Connection) -> tuple[int, list[dict[str, Any]]]:
         db.migrate(conn)
@@ -79,6 +80,7 @@ def plan(
             run_id=ti.run_id,
             spec_hashes=hashes,
             max_map_length=max_map_length,
+            slots=slots,
             revived_by=triggered_by(context),
         )
         return documents, batches
@@ -153,7 +155,9 @@ def sweep(
     try:
         found = sweeper.select_failed(
             conn,
-            spec_hashes=spec_hashes(settings.chunk_config, choice.model, choice.dimensions),
+            spec_hashes=spec_hashes(
+                settings.chunk_config, choice.model, choice.dimensions, settings.extractor
+            ),
             min_age_s=float(params["min_age_minutes"]) * 60,
             max_items=int(params["max_items"]),
             max_attempts=max_attempts,

@@ -229,6 +229,7 @@ class IdempotentStageOperator(BaseOperator):
         from replayable.budget import RequestBudget
         from replayable.stages.chunk.spec import ChunkSpec
         from replayable.stages.embed.spec import EmbedSpec
+        from replayable.stages.extract import extractor_id
         from replayable.stages.extract.spec import ExtractSpec
         from replayable.stages.lineage import default_workers
 
@@ -245,10 +246,12 @@ class IdempotentStageOperator(BaseOperator):
                 max_bytes=settings.max_bytes,
                 roots=sources.allowed_roots(),
                 max_text_chars=settings.max_text_chars,
+                engine=settings.extractor,
             )
         if self.stage == "chunk":
             return ChunkSpec(
                 config=settings.chunk_config,
+                extractor_version=extractor_id(settings.extractor),
                 connect=connect,
                 max_text_chars=settings.max_text_chars,
                 max_chunks_per_doc=settings.max_chunks_per_doc,
@@ -283,6 +286,7 @@ class IdempotentStageOperator(BaseOperator):
             budget=budget,
             run_id=run_id,
             dimensions=choice.dimensions,
+            extractor_version=extractor_id(settings.extractor),
             inputs_per_call=settings.embed_inputs_per_call,
             max_in_flight=choice.max_in_flight,
             # A call ends by then: its retries and waits, then one last request.

@@ -10,6 +10,7 @@ from airflow.sdk import Param
 
 from replayable.config import SOURCE_ROOTS_ENV
 from replayable.settings import (
+    AUTO,
     BOUNDS,
     DEFAULT_MAX_IN_FLIGHT,
     DEFAULT_MODEL,
@@ -18,6 +19,7 @@ from replayable.settings import (
     STAGES,
     PipelineSettings,
 )
+from replayable.stages import extract
 from replayable.vocabulary import ITEM_STATUSES
 
 _DEFAULTS = PipelineSettings()
@@ -112,8 +114,10 @@ def pipeline_params(default_source: str, roots: Sequence[str] | None = None) -> 
         ),
         "batch_size": Param(
             _DEFAULTS.batch_size,
-            **_bounded("batch_size", type="integer"),
-            description="Documents per mapped batch.",
+            anyOf=[_bounded("batch_size", type="integer"), {"type": "string", "enum": [AUTO]}],
+            description='Documents per mapped batch, or "auto": a few batches per parallel '
+            "slot ([core] parallelism and the planner's cores, or [replayable] batch_slots). "
+            "Bigger batches start fewer task instances; clearing one redoes more items.",
         ),
         "stages": Param(
             list(STAGES), **stage_list, description="Stages to run; the others are skipped."
@@ -157,6 +161,13 @@ def pipeline_params(default_source: str, roots: Sequence[str] | None = None) -> 
             _DEFAULTS.max_bytes,
             **_bounded("max_bytes", type="integer"),
             description="Larger documents are dead-lettered unread (at most 1 GiB).",
+        ),
+        "extractor": Param(
+            _DEFAULTS.extractor,
+            type="string",
+            enum=list(extract.ENGINES),
+            description="PDF reader: pdfium (fast, native), pypdf (pure Python), or auto "
+            "(pdfium, then pypdf where pdfium refuses a file or finds no text).",
         ),
         "max_text_chars": Param(
             _DEFAULTS.max_text_chars,

@@ -10,7 +10,6 @@ from __future__ import annotations
 import io
 import json
 import logging
-import math
 import os
 import stat
 from collections.abc import Iterable, Mapping, Sequence
@@ -21,7 +20,7 @@ from typing import Any
 from replayable import config, sources
 from replayable.db import Connection, execute, fetch_all
 from replayable.keys import sha256_bytes, sha256_file
-from replayable.settings import PipelineSettings
+from replayable.settings import AUTO, BOUNDS, PipelineSettings
 from replayable.vocabulary import STAGES
 
 log = logging.getLogger(__name__)
@@ -241,11 +240,10 @@ def rerun_params(rerun: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def batch_size_for(
-    documents: int, batch_size: int, max_map_length: int = config.DEFAULT_MAX_MAP_LENGTH
-) -> int:
-    """``batch_size``, grown when needed so that no more than ``max_map_length`` batches result."""
-    return max(batch_size, math.ceil(documents / max_map_length)) if documents else batch_size
+# batch_size "auto" (ADR 0104): this many batches per parallel slot, each of at least
+# AUTO_MIN_BATCH documents (a small run is one batch) and at most the largest batch_size.
+BATCHES_PER_SLOT = 2
+AUTO_MIN_BATCH = 25
 
 
 def plan_batches(
@@ -256,6 +254,7 @@ def plan_batches(
     run_id: str,
     spec_hashes: Mapping[str, str],
     max_map_length: int = config.DEFAULT_MAX_MAP_LENGTH,
+    slots: int = 1,
     revived_by: str | None = None,
 ) -> list[dict[str, Any]]:
     """Number the batches of the run's documents that have work left; return their refs.
@@ -264,6 +263,11 @@ def plan_batches(
     its current spec is one this run executes and is not dead there (unless the run revives
     dead items of that stage). One query decides it for all stages at once; an identical
     re-run of a finished corpus therefore maps no batch at all.
+
+    Batches hold ``batch_size`` documents each; under ``"auto"`` the size is chosen from the
+    number of documents with work: ``BATCHES_PER_SLOT`` batches for each of ``slots``, within
+    ``AUTO_MIN_BATCH`` and the largest ``batch_size``. Either way it grows when needed so that
+    no more than ``max_map_length`` batches result.
 
     A run that revives dead items closes, as redriven by ``revived_by``, the open letters
     of its first stage whose documents are done there under the current spec already: no
@@ -279,7 +283,10 @@ def plan_batches(
         "spec_hashes": [spec_hashes[stage] for stage in STAGES],
         "effective": [stage in settings.effective_stages for stage in STAGES],
         "revive": [revive and stage == first for stage in STAGES],
-        "batch_size": settings.batch_size,
+        "batch_size": None if settings.batch_size == AUTO else settings.batch_size,
+        "auto_batches": max(1, slots) * BATCHES_PER_SLOT,
+        "auto_min": AUTO_MIN_BATCH,
+        "auto_max": int(BOUNDS["batch_size"][1]),
         "max_map_length": max_map_length,
         "close_stage": first if closes else None,
         "close_spec_hash": spec_hashes[first] if closes and first else None,

@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
 from typing import Any
 
+from replayable.stages import extract
 from replayable.stages.chunk.chunker import ChunkConfig
 from replayable.vocabulary import ITEM_LEASE_S, ITEM_MAX_ATTEMPTS
 
@@ -19,6 +20,8 @@ from replayable.vocabulary import ITEM_LEASE_S, ITEM_MAX_ATTEMPTS
 from replayable.vocabulary import STAGES as STAGES
 
 DEFAULT_MODEL = "text-embedding-3-small"
+# batch_size's automatic value: see pipeline.auto_batch_size.
+AUTO = "auto"
 DEFAULT_MAX_IN_FLIGHT = 4
 
 # Every numeric setting's documented range (the DAG's params use the same numbers), so
@@ -65,7 +68,8 @@ class PipelineSettings:
     """Everything one run of the pipeline needs to know, validated."""
 
     source: str = ""
-    batch_size: int = 50
+    # Documents per mapped batch, or "auto": a few batches per parallel slot (ADR 0104).
+    batch_size: int | str = "auto"
     stages: tuple[str, ...] = STAGES
     model: str | None = None  # None: the connection's extra "model", else DEFAULT_MODEL
     dimensions: int | None = None
@@ -75,6 +79,8 @@ class PipelineSettings:
     max_in_flight: int | None = None  # None: the connection's extra, else DEFAULT_MAX_IN_FLIGHT
     max_rps: float | None = None  # None: the connection's extra, else no rate limit
     max_bytes: int = 20 * 2**20
+    # The engine policy: pdfium, pypdf, or auto (PDFium, then pypdf); ADR 0103.
+    extractor: str = extract.DEFAULT_ENGINE
     # A 1,000-page book at 20,000 characters a page: four times a dense page of print, and
     # at most 80 MB as a Python str, well inside the default memory_mb (ADR 0077).
     max_text_chars: int = 20_000_000
@@ -91,8 +97,16 @@ class PipelineSettings:
     def __post_init__(self) -> None:
         for name, (low, high) in BOUNDS.items():
             value = getattr(self, name)
-            if value is not None or name not in ("dimensions", "max_in_flight", "max_rps"):
+            if name == "batch_size" and isinstance(value, str):
+                if value != AUTO:
+                    raise ValueError(
+                        f"batch_size: must be {AUTO!r} or a number from {low:g} to {high:g}, "
+                        f"got {value!r}"
+                    )
+            elif value is not None or name not in ("dimensions", "max_in_flight", "max_rps"):
                 _within(name, value, low, high)
+        if self.extractor not in extract.ENGINES:
+            raise ValueError(f"extractor: {self.extractor!r} is not one of {list(extract.ENGINES)}")
         unknown = [s for s in self.stages if s not in STAGES]
         if unknown or not self.stages:
             raise ValueError(f"stages: {unknown or 'empty'} is not a list of {list(STAGES)}")

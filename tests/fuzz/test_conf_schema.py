@@ -185,7 +185,7 @@ def test_any_conf_is_refused_naming_a_field_or_runs(params: Any, database: Any, 
     _seen["ran"] += 1
     # What the tasks derive from the settings before touching any document.
     assert run.effective_stages and set(run.effective_stages) <= set(STAGES)
-    assert run.chunk_config.key and run.batch_deadline_s(run.batch_size) > 0
+    assert run.chunk_config.key and run.batch_deadline_s(10) > 0
     assert isinstance(run.revives_dead, bool)
     # The selection discover makes for a re-run or a redrive, against the real database.
     try:

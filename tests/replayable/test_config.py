@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -93,6 +94,21 @@ def test_airflow_options_are_read_when_called(monkeypatch):
     assert config.max_map_length() == 7
     assert config.multi_team() is True
     assert config.api_serves_https() is True
+
+
+def test_batch_slots_are_the_smaller_of_parallelism_and_cores_unless_set(monkeypatch):
+    monkeypatch.delenv("AIRFLOW__REPLAYABLE__BATCH_SLOTS", raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    monkeypatch.setenv("AIRFLOW__CORE__PARALLELISM", "32")
+    assert config.batch_slots() == 8
+    monkeypatch.setenv("AIRFLOW__CORE__PARALLELISM", "3")
+    assert config.batch_slots() == 3
+    monkeypatch.setenv("AIRFLOW__REPLAYABLE__BATCH_SLOTS", "40")
+    assert config.batch_slots() == 40
+    for bad in ("0", "many"):
+        monkeypatch.setenv("AIRFLOW__REPLAYABLE__BATCH_SLOTS", bad)
+        with pytest.raises(ValueError, match=r"\[replayable\] batch_slots must be"):
+            config.batch_slots()
 
 
 def test_the_ui_reaches_airflow_at_its_own_option_else_the_api_base_url(monkeypatch):

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from checks import seed_extraction
 from publishers import KILL_AFTER, add_events, kill_a_publisher_after_sending
 from replayable import db, outbox
 from replayable.keys import sha256_bytes
@@ -179,12 +180,7 @@ def seed_texts(conn, n):
     for i in range(n):
         text = " ".join(f"outbox doc {i} sentence {j} on topic {j % 5}." for j in range(40))
         doc_id = sha256_bytes(text.encode())
-        db.execute_values(conn, "plan/upsert_documents", [(doc_id, f"/docs/o{i}.pdf", len(text))])
-        db.execute_values(
-            conn,
-            "stages/insert_extraction",
-            [(doc_id, "1.0", 1, text, sha256_bytes(text.encode()), 0)],
-        )
+        seed_extraction(conn, doc_id, f"/docs/o{i}.pdf", text)
         ids.append(doc_id)
     conn.commit()
     return sorted(ids)

@@ -176,6 +176,62 @@ def test_batches_grow_to_stay_within_max_map_length(conn, tmp_path):
     assert len(batches) == 3 and sum(b["size"] for b in batches) == 10
 
 
+def _run_of(conn, run_id, documents):
+    """A run of ``documents`` new documents, as discover records them (ids from SQL)."""
+    with conn.cursor() as cur:
+        cur.execute(
+            "INSERT INTO replayable.documents (doc_id, uri, size_bytes)"
+            " SELECT %s || i, '/docs/' || i, 1 FROM generate_series(1, %s) AS i",
+            (run_id, documents),
+        )
+        cur.execute("INSERT INTO replayable.runs (dag_id, run_id) VALUES ('d', %s)", (run_id,))
+        cur.execute(
+            "INSERT INTO replayable.run_docs (dag_id, run_id, doc_id)"
+            " SELECT 'd', %s, %s || i FROM generate_series(1, %s) AS i",
+            (run_id, run_id, documents),
+        )
+    conn.commit()
+
+
+@pytest.mark.parametrize(
+    ("documents", "slots", "max_map_length", "sizes"),
+    [
+        # A small run is one batch: never fewer than AUTO_MIN_BATCH documents in one.
+        (10, 2, 1024, [10]),
+        (60, 2, 1024, [25, 25, 10]),
+        # 1,000 documents on two slots: two batches each, four task instances per stage.
+        (1000, 2, 1024, [250] * 4),
+        (1000, 16, 1024, [32] * 31 + [8]),
+        # Never more batches than max_map_length.
+        (1000, 16, 10, [100] * 10),
+        # Never more documents in one batch than the largest batch_size (10,000).
+        (25_000, 1, 1024, [10_000, 10_000, 5000]),
+    ],
+)
+def test_auto_batches_are_a_few_per_slot_within_bounds_and_max_map_length(
+    conn, documents, slots, max_map_length, sizes
+):
+    _run_of(conn, "auto", documents)
+    auto = PipelineSettings()
+    assert auto.batch_size == "auto"
+    batches = plan_batches(
+        conn,
+        auto,
+        dag_id="d",
+        run_id="auto",
+        spec_hashes=HASHES,
+        max_map_length=max_map_length,
+        slots=slots,
+    )
+    assert [b["size"] for b in batches] == sizes
+
+
+def test_a_number_is_a_batch_size_and_any_other_word_is_refused():
+    assert PipelineSettings(batch_size=7).batch_size == 7
+    with pytest.raises(ValueError, match="batch_size: must be 'auto' or a number"):
+        PipelineSettings(batch_size="big")
+
+
 def test_xcoms_stay_the_same_size_for_ten_thousand_documents(conn, tmp_path):
     """Discover and plan hand on references: their return values do not grow with documents."""
     sizes = {}

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from checks import ProviderSampler
+from checks import ProviderSampler, seed_extraction
 from devtools.model_server import LocalModelServer
 from replayable import db
 from replayable.budget import RequestBudget
@@ -33,14 +33,7 @@ def seed_documents(conn, n: int, *, shared: str = "", tag: str = "doc") -> list[
         body = " ".join(f"{tag}{i} sentence {j} about topic {j % 7}." for j in range(60))
         text = f"{body} {shared}".strip()
         doc_id = sha256_bytes(text.encode())
-        db.execute_values(
-            conn, "plan/upsert_documents", [(doc_id, f"/docs/{tag}{i}.pdf", len(text))]
-        )
-        db.execute_values(
-            conn,
-            "stages/insert_extraction",
-            [(doc_id, "1.0", 1, text, sha256_bytes(text.encode()), 0)],
-        )
+        seed_extraction(conn, doc_id, f"/docs/{tag}{i}.pdf", text)
         ids.append(doc_id)
     conn.commit()
     return sorted(ids)

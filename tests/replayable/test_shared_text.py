@@ -9,7 +9,7 @@ import pytest
 from test_ledger import rows
 from test_runner import CHUNKS, connect_to, embed_spec, run
 
-from replayable import db
+from checks import seed_extraction
 from replayable.keys import sha256_bytes
 from replayable.stages.chunk.spec import ChunkSpec
 
@@ -23,12 +23,7 @@ def seed_twins(conn, copies: int) -> list[str]:
     ids = []
     for i in range(copies):
         doc_id = sha256_bytes(f"file {i} with its own metadata".encode())
-        db.execute_values(conn, "plan/upsert_documents", [(doc_id, f"/docs/twin{i}.pdf", 100 + i)])
-        db.execute_values(
-            conn,
-            "stages/insert_extraction",
-            [(doc_id, "1.0", 1, TEXT, sha256_bytes(TEXT.encode()), 0)],
-        )
+        seed_extraction(conn, doc_id, f"/docs/twin{i}.pdf", TEXT, size=100 + i)
         ids.append(doc_id)
     conn.commit()
     return sorted(ids)

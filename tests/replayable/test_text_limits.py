@@ -8,6 +8,7 @@ page inside the guarded extraction worker and again before chunk reads a stored 
 
 import pytest
 
+from checks import seed_extraction
 from corpus import pdf_bytes
 from replayable import db, guards
 from replayable.keys import sha256_bytes
@@ -63,12 +64,7 @@ def seed(conn, texts):
     ids = []
     for i, text in enumerate(texts):
         doc_id = sha256_bytes(f"doc {i}".encode())
-        db.execute_values(conn, "plan/upsert_documents", [(doc_id, f"/docs/l{i}.pdf", len(text))])
-        db.execute_values(
-            conn,
-            "stages/insert_extraction",
-            [(doc_id, "1.0", 1, text, sha256_bytes(text.encode()), 0)],
-        )
+        seed_extraction(conn, doc_id, f"/docs/l{i}.pdf", text)
         ids.append(doc_id)
     conn.commit()
     return ids

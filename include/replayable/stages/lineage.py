@@ -4,8 +4,9 @@ A stage's spec hash names its code version and the config of every stage whose o
 reads (its lineage), so that a planner can tell which documents are done under the settings
 of a run without building the stages. Keys:
 
-- extract: document bytes (doc_id) + extractor version;
-- chunk: the document, extractor version and text hash + chunker version, size, overlap;
+- extract: document bytes (doc_id) + extractor version and engine policy;
+- chunk: the document, extractor (version and policy) and text hash + chunker version, size,
+  overlap;
 - embed: the document and its chunk ids + embedder version, model and dimensions.
 
 So re-extracted text that is identical keys to the chunks and embeddings that exist. Every
@@ -43,15 +44,19 @@ def embed_lineage(
     }
 
 
-def spec_hashes(config: ChunkConfig, model: str, dimensions: int | None) -> dict[str, str]:
+def spec_hashes(
+    config: ChunkConfig,
+    model: str,
+    dimensions: int | None,
+    engine: str = extract.DEFAULT_ENGINE,
+) -> dict[str, str]:
     """Each stage's spec hash for a run's settings, without building the stages."""
+    extractor = extract.extractor_id(engine)
     return {
-        "extract": spec_hash_of("extract", extract.VERSION, {}),
-        "chunk": spec_hash_of("chunk", chunk.VERSION, chunk_lineage(config, extract.VERSION)),
+        "extract": spec_hash_of("extract", extract.VERSION, {"engine": engine}),
+        "chunk": spec_hash_of("chunk", chunk.VERSION, chunk_lineage(config, extractor)),
         "embed": spec_hash_of(
-            "embed",
-            embed.VERSION,
-            embed_lineage(model, dimensions, config.key, extract.VERSION),
+            "embed", embed.VERSION, embed_lineage(model, dimensions, config.key, extractor)
         ),
     }
 

@@ -29,7 +29,8 @@ class ChunkSpec(StageSpec):
     config: ChunkConfig
     connect: Callable[[], Database]
     # Read when the stage is built, as the planner reads them (stages.lineage.spec_hashes).
-    extractor_version: str = field(default_factory=lambda: extract.VERSION)
+    # The extraction it reads: code version and engine policy (extract.extractor_id).
+    extractor_version: str = field(default_factory=extract.extractor_id)
     code_version: str = field(default_factory=lambda: chunk.VERSION)
     name: str = "chunk"
     group_bytes: int = 16 * 2**20

@@ -69,7 +69,8 @@ class EmbedSpec(StageSpec):
     inputs_per_call: int = 32
     max_in_flight: int = 4
     # Read when the stage is built, as the planner reads them (stages.lineage.spec_hashes).
-    extractor_version: str = field(default_factory=lambda: extract.VERSION)
+    # The extraction it reads: code version and engine policy (extract.extractor_id).
+    extractor_version: str = field(default_factory=extract.extractor_id)
     code_version: str = field(default_factory=lambda: embed.VERSION)
     name: str = "embed"
     wait_for_peer_s: float = 300.0

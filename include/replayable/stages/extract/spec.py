@@ -1,7 +1,8 @@
 """The extract stage as a :class:`~replayable.runner.StageSpec`: keys, input and output.
 
-An item is one document, keyed by its bytes (doc_id) and the extractor version; its input is
-the file discover recorded, its output one ``extractions`` row. Each file is checked (roots,
+An item is one document, keyed by its bytes (doc_id), the extractor version and the engine
+policy; its input is the file discover recorded, its output one ``extractions`` row, which
+records the engine that read the text. Each file is checked (roots,
 size) before a byte is read, then parsed by :func:`~replayable.stages.extract.pdf.extract_file`
 on a pool of guarded worker processes.
 """
@@ -34,12 +35,19 @@ class ExtractSpec(StageSpec):
     name: str = "extract"
     # Checked page by page in the worker: a larger text layer ends ``oversize_text``.
     max_text_chars: int | None = None
+    # pdfium, pypdf or auto (ADR 0103): part of the key, so another policy re-extracts.
+    engine: str = extract.DEFAULT_ENGINE
 
     def key_config(self) -> dict[str, Any]:
-        return {}
+        return {"engine": self.engine}
+
+    @property
+    def extractor(self) -> str:
+        """The extraction's name downstream (``extract.extractor_id``)."""
+        return extract.extractor_id(self.engine, self.code_version)
 
     def lineage(self) -> dict[str, Any]:
-        return {}
+        return self.key_config()
 
     def plan(self, conn: Connection, doc_ids: Sequence[str]) -> list[WorkItem]:
         rows = fetch_all(conn, "stages/documents_by_id", {"doc_ids": list(doc_ids)})
@@ -70,16 +78,19 @@ class ExtractSpec(StageSpec):
                 sources.check_inside(path, self.roots)
             # Size comes from stat, before a single byte is read.
             guards.check_size(path, self.max_bytes)
-            result = self.pool.run(pdf.extract_file, path, item.doc_id, self.max_text_chars)
+            result = self.pool.run(
+                pdf.extract_file, path, item.doc_id, self.max_text_chars, self.engine
+            )
         except Exception as error:
             io.failed(item, error)
             return
         row = (
             item.doc_id,
-            self.code_version,
+            self.extractor,
             result.page_count,
             result.text,
             sha256_bytes(result.text.encode()),
             result.removed_chars,
+            result.engine,
         )
         io.done(item, [Write("stages/insert_extraction", [row], size=len(result.text))])

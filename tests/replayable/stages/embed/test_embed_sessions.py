@@ -10,6 +10,7 @@ import threading
 import psycopg2
 import pytest
 
+from checks import seed_extraction
 from replayable import db
 from replayable.budget import RequestBudget
 from replayable.keys import sha256_bytes
@@ -32,12 +33,7 @@ def seed(conn, n):
     for i in range(n):
         text = " ".join(f"document {i} line {j} of the session test." for j in range(30))
         doc_id = sha256_bytes(text.encode())
-        db.execute_values(conn, "plan/upsert_documents", [(doc_id, f"/docs/s{i}.pdf", len(text))])
-        db.execute_values(
-            conn,
-            "stages/insert_extraction",
-            [(doc_id, "1.0", 1, text, sha256_bytes(text.encode()), 0)],
-        )
+        seed_extraction(conn, doc_id, f"/docs/s{i}.pdf", text)
         ids.append(doc_id)
     conn.commit()
     return sorted(ids)

@@ -1,5 +1,6 @@
 import base64
 import hashlib
+import io
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -117,17 +118,19 @@ def test_a_vanished_file_is_missing_file(tmp_path):
 
 
 def test_nul_characters_from_the_text_layer_are_dropped_and_counted(tmp_path):
-    """Code 0 of a simple font extracts as NUL, as pdfTeX's T1 grave accent does."""
+    """Code 0 of a simple font: pypdf extracts NUL (as for pdfTeX's T1 grave accent), which
+    is dropped and counted; PDFium leaves it out itself. Both store the same text."""
     path = tmp_path / "grave.pdf"
     path.write_bytes(_text_pdf(b"Welsh \\000w and \\000y, a lone \\000 grave."))
-    result = extract_file(str(path))
-    assert result.text == "Welsh w and y, a lone  grave."
-    assert result.removed_chars == 3
+    by_pypdf = extract_file(str(path), engine="pypdf")
+    assert by_pypdf.text == "Welsh w and y, a lone  grave."
+    assert (by_pypdf.removed_chars, by_pypdf.engine) == (3, "pypdf")
+    assert extract_file(str(path)).text == by_pypdf.text
 
 
 def test_a_lone_surrogate_becomes_a_replacement_character_and_a_split_pair_is_joined():
     data = _text_pdf(b"AxBCy", {0x41: "\ud800", 0x42: "\ud83d", 0x43: "\udcc4"})
-    result = extract_pdf(data)
+    result = extract_pdf(data, engine="pypdf")
     assert result.text == "\ufffdx\U0001f4c4y"
     assert result.removed_chars == 1
 
@@ -148,7 +151,6 @@ def test_a_page_of_nothing_but_nul_is_empty_text():
     [
         "",
         "plain text\twith\nwhitespace",
-        "control \x01\x07\x1b\x1f\x7f\x85 characters pdfTeX ligatures become",
         "non-BMP \U0001f4c4 \U0001d49c and noncharacters \ufffe \uffff \U0010ffff",
         "already replaced \ufffd and CJK \u4e00",
     ],
@@ -161,6 +163,9 @@ def test_sanitize_keeps_every_character_postgres_stores(text):
     ("text", "expected", "removed"),
     [
         ("a\x00b\x00\x00c", "abc", 3),
+        ("control \x01\x02\x07\x1b\x1f\x7f\x85 characters", "control  characters", 7),
+        ("PDFium's lines\r\nand old Mac\rlines\n", "PDFium's lines\nand old Mac\nlines\n", 0),
+        ("form\x0cfeed, vertical\x0btab", "formfeed, verticaltab", 2),
         ("\x00", "", 1),
         ("high \ud800 alone", "high \ufffd alone", 1),
         ("low \udc00 alone", "low \ufffd alone", 1),
@@ -171,7 +176,9 @@ def test_sanitize_keeps_every_character_postgres_stores(text):
         ("both \x00\ud83d\udcc4\ud800", "both \U0001f4c4\ufffd", 2),
     ],
 )
-def test_sanitize_drops_nul_and_replaces_lone_surrogates(text, expected, removed):
+def test_sanitize_drops_control_characters_unifies_lines_and_replaces_lone_surrogates(
+    text, expected, removed
+):
     assert sanitize_text(text) == (expected, removed)
 
 
@@ -179,7 +186,7 @@ def test_postgres_text_refuses_nul_and_stores_sanitised_text_unchanged(dsn):
     """What sanitize_text keeps round-trips through a text column; NUL is refused."""
     raw = "a\x00b \x01\x1b\x7f \U0001f4c4 \ufffe\uffff\U0010ffff \ud800 \ud83d\udcc4"
     text, removed = sanitize_text(raw)
-    assert removed == 2
+    assert removed == 5  # NUL, three other control characters and a lone surrogate
     conn = db.connect(dsn)
     try:
         with conn.cursor() as cur:
@@ -249,7 +256,7 @@ def test_a_jbig2_stream_without_the_jbig2dec_decoder_is_unsupported_not_unexpect
         pypdf.apply_configuration(jbig2dec_binary=None),
         pytest.raises(ItemError, match="jbig2dec") as info,
     ):
-        extract_pdf(data)
+        extract_pdf(data, engine="pypdf")
     assert (info.value.error_class, info.value.kind) == ("unsupported", ErrorKind.TERMINAL)
 
 
@@ -257,7 +264,7 @@ def test_an_abbreviated_filter_name_pypdf_no_longer_reads_is_unsupported_not_une
     """pypdf 7 raises DeprecationError for /A85 outside inline images (abbreviations' place)."""
     data = _pdf_with_contents(b"/Filter /A85", base64.a85encode(_SHOWN) + b"~>")
     with pytest.raises(ItemError, match="/A85") as info:
-        extract_pdf(data)
+        extract_pdf(data, engine="pypdf")
     assert (info.value.error_class, info.value.kind) == ("unsupported", ErrorKind.TERMINAL)
 
 
@@ -265,7 +272,7 @@ def test_a_filter_the_reader_does_not_implement_is_unsupported_not_unexpected():
     """pypdf's NotImplementedError names the filter; it is the reader's limit, not a bug here."""
     data = _pdf_with_contents(b"/Filter /NoSuchDecode", b"anything")
     with pytest.raises(ItemError, match="NoSuchDecode") as info:
-        extract_pdf(data)
+        extract_pdf(data, engine="pypdf")
     assert (info.value.error_class, info.value.kind) == ("unsupported", ErrorKind.TERMINAL)
 
 
@@ -293,3 +300,64 @@ def test_a_file_that_cannot_be_opened_is_unreadable(tmp_path):
         extract_file(str(locked))
     assert caught.value.error_class == "unreadable"
     assert "Permission denied" in str(caught.value)
+
+
+# Engines (ADR 0103).
+
+
+def test_the_default_engine_is_pdfium_and_each_engine_names_itself():
+    data = sorted(SAMPLES.glob("*.pdf"))[0].read_bytes()
+    assert extract_pdf(data).engine == "pdfium"
+    assert extract_pdf(data, engine="auto").engine == "pdfium"
+    assert extract_pdf(data, engine="pypdf").engine == "pypdf"
+
+
+def test_auto_falls_back_to_pypdf_where_pdfium_finds_no_text():
+    """PDFium reads only what lies on the page; pypdf reads text drawn above it too."""
+    data = _pdf_with_contents(b"", b"BT /F1 12 Tf 72 2000 Td (Text above the page) Tj ET")
+    with pytest.raises(ItemError) as info:
+        extract_pdf(data)
+    assert info.value.error_class == "empty_text"
+    result = extract_pdf(data, engine="auto")
+    assert (result.engine, result.text) == ("pypdf", "Text above the page")
+
+
+def test_under_auto_a_file_both_engines_refuse_keeps_pdfiums_class_and_both_reasons(tmp_path):
+    poison = corpus.write_poison_corpus(tmp_path)
+    with pytest.raises(ItemError) as info:
+        extract_file(str(poison["truncated"]), engine="auto")
+    assert (info.value.error_class, info.value.kind) == ("malformed", ErrorKind.TERMINAL)
+    assert str(info.value).startswith("pdfium: ") and "then pypdf (malformed)" in str(info.value)
+
+
+def test_an_unknown_engine_is_refused_by_name():
+    with pytest.raises(ValueError, match="extractor: 'pdfminer'"):
+        extract_pdf(sorted(SAMPLES.glob("*.pdf"))[0].read_bytes(), engine="pdfminer")
+
+
+@pytest.mark.parametrize("engine", ["pdfium", "pypdf", "auto"])
+def test_a_pdf_encrypted_with_an_empty_user_password_is_read(engine):
+    """Permissions-only encryption (print or copy restrictions, many bank statements)."""
+    plain = sorted(SAMPLES.glob("*.pdf"))[0].read_bytes()
+    data = corpus.encrypted_pdf_bytes("", plain)
+    assert pypdf.PdfReader(io.BytesIO(data)).is_encrypted
+    assert extract_pdf(data, engine=engine).text == extract_pdf(plain, engine=engine).text
+
+
+@pytest.mark.parametrize("engine", ["pdfium", "pypdf", "auto"])
+def test_a_pdf_with_a_user_password_is_encrypted(engine):
+    with pytest.raises(ItemError) as info:
+        extract_pdf(corpus.encrypted_pdf_bytes("secret"), engine=engine)
+    assert (info.value.error_class, info.value.kind) == ("encrypted", ErrorKind.TERMINAL)
+
+
+def test_both_engines_store_the_same_normalised_text_for_a_plain_document():
+    """One normalisation: no carriage return or control character from either engine."""
+    for path in sorted(SAMPLES.glob("*.pdf"))[:5]:
+        texts = {
+            engine: extract_pdf(path.read_bytes(), engine=engine).text
+            for engine in ("pdfium", "pypdf")
+        }
+        for text in texts.values():
+            assert "\r" not in text and sanitize_text(text) == (text, 0)
+        assert texts["pdfium"].split() == texts["pypdf"].split(), path.name

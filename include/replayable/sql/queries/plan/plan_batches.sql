@@ -2,7 +2,8 @@
 -- trip. Walking the stages in order, a document's first stage not done under its current
 -- spec_hash decides: work if the run executes that stage and the item is not dead there
 -- (a revive counts dead items of its stage as work); no work otherwise, and none when
--- every stage is done. The batch size grows so that no more than max_map_length batches
+-- every stage is done. The batch size is batch_size, or chosen from the documents with work
+-- when it is NULL ("auto", ADR 0104), and grows so that no more than max_map_length batches
 -- result. Returns each batch's number and size.
 UPDATE replayable.run_docs SET batch = NULL
 WHERE dag_id = %(dag_id)s AND run_id = %(run_id)s AND batch IS NOT NULL;
@@ -32,8 +33,12 @@ WITH st AS (
     WHERE has_work
 )
 SELECT doc_id,
-       (position / greatest(%(batch_size)s, ceil(total::numeric / %(max_map_length)s)::int))::int
-           AS batch
+       (position / greatest(
+            -- batch_size, or under "auto" (NULL) auto_batches batches of auto_min to auto_max
+            coalesce(%(batch_size)s::int,
+                     least(greatest(ceil(total::numeric / %(auto_batches)s)::int, %(auto_min)s),
+                           %(auto_max)s)),
+            ceil(total::numeric / %(max_map_length)s)::int))::int AS batch
 FROM numbered;
 
 ANALYZE plan_work;
