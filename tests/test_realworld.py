@@ -10,7 +10,7 @@ import pytest
 import corpus
 import realworld
 from replayable.retry import ErrorKind, ItemError
-from replayable.stages.extract.pdf import extract_file
+from replayable.stages.extract.pdf import extract_file, sanitize_text
 
 pytestmark = pytest.mark.realworld
 
@@ -51,16 +51,23 @@ def test_files_pypdf_cannot_read_or_without_text_raise_terminal_errors(realworld
         assert info.value.kind == ErrorKind.TERMINAL, (entry.file, info.value)
 
 
-def test_pdftex_t1_bitmap_fonts_give_nul_characters_that_extraction_removes(realworld_corpus):
-    """pdfTeX sets a grave accent on w, y or n as code 0 of a Type3 EC font: pypdf reads NUL."""
+@pytest.mark.parametrize("engine", ["pdfium", "pypdf"])
+def test_pdftex_t1_bitmap_fonts_give_control_characters_that_extraction_removes(
+    realworld_corpus, engine
+):
+    """pdfTeX sets a grave accent on w, y or n as code 0 of a Type3 EC font (pypdf reads
+    NUL), and its ligatures as codes 0x1B-0x1F with no Unicode mapping: both engines pass
+    the raw codes through, and extraction drops and counts them (ADR 0103)."""
     by_name = {e.file: e for e in realworld_corpus.files}
     entry = by_name.get("pdflatex-article-t1.pdf")
     if entry is None:
         pytest.skip(f"pdflatex wrote no T1 document: {realworld_corpus.producers}")
     assert entry.nul_chars > 0
     assert entry.surrogates == 0
-    result = extract_file(str(realworld_corpus.folder / entry.file))
-    assert result.removed_chars == entry.nul_chars
+    result = extract_file(str(realworld_corpus.folder / entry.file), engine=engine)
+    assert result.engine == engine
+    assert result.removed_chars > entry.nul_chars  # the NULs, and the ligatures' codes
+    assert sanitize_text(result.text) == (result.text, 0)
     assert "Welsh: w, y" in result.text
 
 

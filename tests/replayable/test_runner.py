@@ -246,6 +246,22 @@ def test_the_provider_never_sees_more_requests_in_flight_than_the_budget(conn, d
     paid_once(model, conn)
 
 
+def test_a_task_keeps_to_its_own_max_in_flight_under_a_larger_shared_budget(conn, dsn, model):
+    """Its sender threads outnumber its max_in_flight (they overlap storing with sending);
+    the requests at the provider never do."""
+    doc_ids = seed_documents(conn, 8)
+    run(ChunkSpec(config=CHUNKS, connect=connect_to(dsn)), dsn, doc_ids)
+    model.set_faults(latency_ms=60)
+    spec = embed_spec(model.base_url, dsn, in_flight=2, per_call=1)
+    spec.budget = RequestBudget(model.base_url, 8, connect=connect_to(dsn))
+    result = run(spec, dsn, doc_ids)
+    assert sorted(result.done) == doc_ids
+    stats = model.stats()
+    assert stats["requests"] > 10
+    assert stats["peak_in_flight"] == 2
+    paid_once(model, conn)
+
+
 def test_the_provider_never_sees_more_requests_a_second_than_max_rps(conn, dsn, model):
     """Three workers with four threads each share one budget of 20 requests a second."""
     doc_ids = seed_documents(conn, 12)
