@@ -126,14 +126,16 @@ def poison_bytes(kind: str, variant: int) -> bytes:
 
 
 def huge_text_pdf_bytes(
-    *, pages: int = HUGE_PAGES, page_chars: int = HUGE_PAGE_CHARS, line: int = 60_000
+    *, pages: int = HUGE_PAGES, page_chars: int = HUGE_PAGE_CHARS, line: int = 300
 ) -> bytes:
     """A small PDF whose text layer is ``pages * page_chars`` characters (300 MB by default).
 
-    Every page shows the same content stream: ``page_chars // line`` strings of ``line``
-    characters of plain prose, which deflate to almost nothing. pypdf extracts it as
-    ordinary text (about 70 ms a page on two cores here): no decompression or parsing budget
-    of pypdf is touched, so only a limit on the text itself stops it.
+    Every page shows the same content stream: ``page_chars // line`` lines of ``line``
+    characters of plain prose, which deflate to almost nothing, in a half-point font so that
+    every line lies on the page (PDFium reads only what does) and no two lines overlap
+    (PDFium drops a repeated string drawn over itself). Both engines extract it as
+    ordinary text: no decompression or parsing budget is touched, so only a limit on the
+    text itself stops it.
     """
     prose = b"Replayable keeps its promise on every path, whatever the size. "
     words = (prose * (line // len(prose) + 1))[:line]
@@ -143,7 +145,7 @@ def huge_text_pdf_bytes(
     objects = [
         b"<< /Type /Catalog /Pages 2 0 R >>",
         corpus._pages_objects(pages, first_page),
-        corpus._stream(b"", b"BT /F1 10 Tf 12 TL 72 720 Td " + show + b"ET\n"),
+        corpus._stream(b"", b"BT /F1 0.5 Tf 0.75 TL 10 770 Td " + show + b"ET\n"),
     ]
     objects += [corpus._page(3, resources) for _ in range(pages)]
     objects.append(corpus._helvetica())

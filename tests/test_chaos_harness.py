@@ -11,6 +11,7 @@ import hashlib
 import io
 
 import pypdf
+import pypdfium2
 
 from chaos import documents, results
 from chaos.reconcile import Reconciliation, _problems
@@ -24,6 +25,12 @@ def test_the_huge_text_document_is_small_on_disk_and_holds_300_mb_of_text() -> N
     page_text = reader.pages[0].extract_text()
     assert len(page_text) >= documents.HUGE_PAGE_CHARS
     assert len(page_text) * len(reader.pages) >= 300_000_000
+    # PDFium reads only the text on the page: all of it lies there.
+    document = pypdfium2.PdfDocument(data)
+    try:
+        assert len(document[0].get_textpage().get_text_bounded()) >= documents.HUGE_PAGE_CHARS
+    finally:
+        document.close()
 
 
 def test_the_killer_document_sorts_after_every_other_id_given() -> None:
