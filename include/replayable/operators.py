@@ -267,8 +267,7 @@ class IdempotentStageOperator(BaseOperator):
         )
         stack.callback(client.close)
         # The slots and the rate every run shares are the connection's (ADR 0086); a run
-        # that asked for less holds fewer permits of its own (ADR 0105) and reserves its own
-        # rate as well.
+        # that asked for less sends with fewer threads and reserves its own rate as well.
         own_rps = choice.max_rps if choice.max_rps != choice.shared_rps else None
         budget = RequestBudget(
             choice.provider.base_url,

@@ -247,8 +247,8 @@ def test_the_provider_never_sees_more_requests_in_flight_than_the_budget(conn, d
 
 
 def test_a_task_keeps_to_its_own_max_in_flight_under_a_larger_shared_budget(conn, dsn, model):
-    """Its sender threads outnumber its max_in_flight (they overlap storing with sending);
-    the requests at the provider never do."""
+    """A run that asked for fewer requests in flight than the connection's budget keeps to
+    its own number (ADR 0086), whatever slots the shared budget has free."""
     doc_ids = seed_documents(conn, 8)
     run(ChunkSpec(config=CHUNKS, connect=connect_to(dsn)), dsn, doc_ids)
     model.set_faults(latency_ms=60)

@@ -18,8 +18,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-import psycopg2
-
 from replayable.budget import RequestBudget
 from replayable.db import Connection, Database, execute, execute_values, fetch_all
 from replayable.keys import item_key, sha256_bytes
@@ -38,26 +36,6 @@ class _Request:
     stored: list[str] = field(default_factory=list)
     busy: list[str] = field(default_factory=list)
     error: BaseException | None = None
-    # Set once the error is counted toward a systemic stop (see _count).
-    counted: bool = False
-
-
-class _Permit:
-    """One of a task's own requests in flight (a semaphore's unit), given back at most once."""
-
-    def __init__(self, semaphore: threading.BoundedSemaphore) -> None:
-        self._semaphore = semaphore
-        self._held = False
-
-    def take(self) -> None:
-        if not self._held:
-            self._semaphore.acquire()
-            self._held = True
-
-    def give(self) -> None:
-        if self._held:
-            self._held = False
-            self._semaphore.release()
 
 
 @dataclass
@@ -162,18 +140,11 @@ class _EmbedBatch:
         # Responses that came back but are not stored yet, by request: kept across a lost
         # database connection so that storing them again never pays again.
         self._answered: dict[str, tuple[EmbeddingResult, list[CallRecord]]] = {}
-        # This task's own requests in flight: its sender threads outnumber them (see run).
-        self._in_flight = threading.BoundedSemaphore(spec.max_in_flight)
 
     def run(self) -> None:
         # One pool for every round: each thread keeps its one connection while the batch
-        # waits round after round for chunks a peer holds. Spare threads beyond max_in_flight
-        # (half as many again) overlap one request's storing and commit with the next send:
-        # the slot a sender gives back when its response arrives is taken at once by a
-        # thread that has its next request locked and checked (B5). _in_flight keeps the task
-        # within its max_in_flight, the shared budget the provider within its own.
-        spare = max(1, self.spec.max_in_flight // 2)
-        senders = min(self.spec.max_in_flight + spare, self.spec.max_sessions)
+        # waits round after round for chunks a peer holds.
+        senders = min(self.spec.max_in_flight, self.spec.max_sessions)
         self._threads = ThreadPoolExecutor(senders, thread_name_prefix="embed")
         try:
             self._run()
@@ -298,7 +269,6 @@ class _EmbedBatch:
 
     def _count(self, request: _Request) -> None:
         """Stop the batch on a systemic error, or when request after request fails."""
-        request.counted = True
         if request.error is None:
             if request.stored:
                 with self._lock:
@@ -325,33 +295,22 @@ class _EmbedBatch:
 
     def _send(self, chunk_ids: list[str]) -> _Request:
         request = _Request(chunk_ids)
-        # One of this task's own requests in flight: taken before the request's transaction
-        # opens (a sender waiting for it holds no lock and no idle transaction), given back
-        # as soon as the provider has answered, so that the next sender sends while this one
-        # stores (B5). A failure is counted before it is given back, so that a provider that
-        # is down stops the batch after as few requests as with no spare sender.
-        permit = _Permit(self._in_flight)
-        permit.take()
+        if self.io.stopping:
+            request.error = ItemError("not_attempted", "the batch stopped", ErrorKind.RETRYABLE)
+            return request
         try:
-            if self.io.stopping:
-                request.error = ItemError("not_attempted", "the batch stopped", ErrorKind.RETRYABLE)
-                return request
-            try:
-                self._database().transaction(
-                    lambda conn: self._send_in(conn, request, permit), describe="embed: request"
-                )
-            except Exception as error:
-                request.error = error
-        finally:
-            permit.give()
-        if not request.counted:
-            self._count(request)
+            self._database().transaction(
+                lambda conn: self._send_in(conn, request), describe="embed: request"
+            )
+        except Exception as error:
+            request.error = error
+        self._count(request)
         return request
 
-    def _send_in(self, conn: Connection, request: _Request, permit: _Permit) -> None:
+    def _send_in(self, conn: Connection, request: _Request) -> None:
         """Lock, re-check, call and store one request, all in one transaction."""
         spec = self.spec
-        request.stored, request.error, request.counted = [], None, False
+        request.stored, request.error = [], None
         key = _request_key(spec, request.chunk_ids)
         answered = self._answered.get(key)
         if answered is None:
@@ -377,7 +336,6 @@ class _EmbedBatch:
             ids = [row["chunk_id"] for row in todo]
             key = _request_key(spec, ids)
             calls: list[CallRecord] = []
-            permit.take()  # again, when a lost connection made the request start over
             try:
                 result = spec.provider.embed(
                     [row["text"] for row in todo],
@@ -386,17 +344,10 @@ class _EmbedBatch:
                     gate=lambda: spec.budget.slot(conn),
                 )
             except Exception as error:
-                if isinstance(error, psycopg2.Error):
-                    raise  # the budget's statements: the whole request starts over, uncounted
-                # The failed tries are billable records too: record them (a lost database
-                # raises here, and the whole request starts over, uncounted), then count the
-                # failure before the next sender may start, and report it.
+                # The failed tries are billable records too; commit them, then report.
                 self._record(conn, ids, calls)
                 request.error = error
-                self._count(request)
                 return
-            finally:
-                permit.give()
             answered = (result, calls)
             self._answered[key] = answered
             request.chunk_ids = ids
