@@ -28,9 +28,7 @@ first N of them outright (the smoke size).
 from __future__ import annotations
 
 import gc
-import importlib.util
 import logging
-import sys
 import tempfile
 import time
 from collections import Counter
@@ -38,16 +36,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
-from harness import BenchError, Row, Samples, Target
+from harness import BenchError, Row, Samples, Target, tests_module
 
 from replayable.retry import ItemError
 from replayable.stages.extract.pdf import extract_pdf
 
 ROOT = Path(__file__).resolve().parents[1]
-REALWORLD_SCRIPT = ROOT / "tests" / "realworld.py"
 SAMPLES = ROOT / "data" / "samples"
 ENGINES = ("pypdf", "pdfium")
 REPEATS = 5
@@ -75,18 +71,6 @@ class Outcome:
     error_class: str | None = None
 
 
-def _realworld_module() -> ModuleType:
-    """Load the real-world corpus builder from tests/, which is not a package on the path."""
-    spec = importlib.util.spec_from_file_location("replayable_bench_realworld", REALWORLD_SCRIPT)
-    if spec is None or spec.loader is None:
-        raise BenchError(f"cannot load the corpus builder {REALWORLD_SCRIPT}")
-    module = importlib.util.module_from_spec(spec)
-    # Its dataclasses look their module up in sys.modules while they are being defined.
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def _bundled(count: int | None) -> list[Document]:
     paths = sorted(SAMPLES.glob("*.pdf"))[:count]
     if not paths:
@@ -100,7 +84,7 @@ def _corpus(tmp: Path, samples: int | None) -> tuple[list[Document], str, bool, 
     if samples is not None:
         docs = _bundled(samples)
         return docs, f"{len(docs)} bundled samples (data/samples)", False, []
-    realworld = _realworld_module()
+    realworld = tests_module("realworld")
     manifest = realworld.build(tmp / "corpus")
     notes = [
         f"producer {p.name}: {p.status}, {p.files} file(s)" + (f" ({p.detail})" if p.detail else "")

@@ -20,7 +20,6 @@ over the first ``FRESH_DOCUMENTS`` documents, per item against the baseline's ti
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import multiprocessing
 import os
@@ -30,15 +29,13 @@ from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
-from harness import BenchError, Row, Samples, Target, timed
+from harness import BenchError, Row, Samples, Target, corpus, timed
 
 from replayable.guards import GuardedPool
 from replayable.stages.extract.pdf import Extraction, extract_file
 
-CORPUS_SCRIPT = Path(__file__).resolve().parents[1] / "tests" / "corpus.py"
 TIMEOUT_S = 60.0
 MEMORY_MB = 1024
 DOCUMENTS = 200
@@ -54,16 +51,6 @@ Extractor = Callable[[list[str]], list[Any]]
 def _pages(result: Extraction | int) -> int:
     """The page count of a guarded extraction, or of a bare one (its pages already)."""
     return result if isinstance(result, int) else result.page_count
-
-
-def _corpus_module() -> ModuleType:
-    """Load the sample-corpus generator from tests/, which is not a package on the path."""
-    spec = importlib.util.spec_from_file_location("replayable_bench_corpus", CORPUS_SCRIPT)
-    if spec is None or spec.loader is None:
-        raise BenchError(f"cannot load the corpus generator {CORPUS_SCRIPT}")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _bare_pdfium(path: str) -> int:
@@ -117,7 +104,7 @@ def run(repeats: int = REPEATS, documents: int = DOCUMENTS) -> tuple[list[Row], 
         raise ValueError(f"repeats and documents must be positive, not {repeats}, {documents}")
     cores = os.cpu_count() or 1
     with tempfile.TemporaryDirectory(prefix="replayable-bench-guard-") as tmp:
-        paths = [str(p) for p in _corpus_module().write_sample_corpus(Path(tmp), n=documents)]
+        paths = [str(p) for p in corpus().write_sample_corpus(Path(tmp), n=documents)]
         size = math.ceil(len(paths) / SLICES)
         slices = [paths[i : i + size] for i in range(0, len(paths), size)]
         fresh_paths = paths[:FRESH_DOCUMENTS]

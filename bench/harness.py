@@ -222,20 +222,29 @@ def truncate(dsn: str, tables: tuple[str, ...]) -> None:
 
 # --- synthetic documents ------------------------------------------------------------
 
-CORPUS_SCRIPT = Path(__file__).resolve().parents[1] / "tests" / "corpus.py"
+TESTS = Path(__file__).resolve().parents[1] / "tests"
 
 
 @cache
-def corpus() -> Any:
-    """The PDF corpus generator of tests/ (tests/corpus.py), which is not a package."""
+def tests_module(name: str) -> Any:
+    """The helper module ``tests/<name>.py`` (the corpus generators), which is not a package."""
     import importlib.util
+    import sys
 
-    spec = importlib.util.spec_from_file_location("replayable_bench_corpus", CORPUS_SCRIPT)
+    path = TESTS / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"replayable_bench_{name}", path)
     if spec is None or spec.loader is None:
-        raise BenchError(f"cannot load the corpus generator {CORPUS_SCRIPT}")
+        raise BenchError(f"cannot load {path}")
     module = importlib.util.module_from_spec(spec)
+    # A module's dataclasses look the module up in sys.modules while they are being defined.
+    sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def corpus() -> Any:
+    """The PDF corpus generator of tests/ (tests/corpus.py)."""
+    return tests_module("corpus")
 
 
 def pdf_corpus(n: int, *, seed: int = 11) -> Path:

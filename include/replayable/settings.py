@@ -20,7 +20,7 @@ from replayable.vocabulary import ITEM_LEASE_S, ITEM_MAX_ATTEMPTS
 from replayable.vocabulary import STAGES as STAGES
 
 DEFAULT_MODEL = "text-embedding-3-small"
-# batch_size's automatic value: see pipeline.auto_batch_size.
+# batch_size's automatic value: sized by pipeline.plan_batches (ADR 0104).
 AUTO = "auto"
 DEFAULT_MAX_IN_FLIGHT = 4
 
@@ -69,7 +69,7 @@ class PipelineSettings:
 
     source: str = ""
     # Documents per mapped batch, or "auto": a few batches per parallel slot (ADR 0104).
-    batch_size: int | str = "auto"
+    batch_size: int | str = AUTO
     stages: tuple[str, ...] = STAGES
     model: str | None = None  # None: the connection's extra "model", else DEFAULT_MODEL
     dimensions: int | None = None
@@ -105,8 +105,7 @@ class PipelineSettings:
                     )
             elif value is not None or name not in ("dimensions", "max_in_flight", "max_rps"):
                 _within(name, value, low, high)
-        if self.extractor not in extract.ENGINES:
-            raise ValueError(f"extractor: {self.extractor!r} is not one of {list(extract.ENGINES)}")
+        extract.extractor_id(self.extractor)  # refuses an unknown engine, naming the field
         unknown = [s for s in self.stages if s not in STAGES]
         if unknown or not self.stages:
             raise ValueError(f"stages: {unknown or 'empty'} is not a list of {list(STAGES)}")

@@ -35,6 +35,7 @@ from pypdf.errors import (
 )
 
 from replayable.retry import ErrorKind, ItemError
+from replayable.stages.extract import DEFAULT_ENGINE, extractor_id
 
 # Inputs at least this large are followed by a garbage collection (see _page_texts).
 _COLLECT_AFTER_BYTES = 4 * 2**20
@@ -74,7 +75,7 @@ class Extraction:
     page_count: int
     text: str
     removed_chars: int = 0
-    engine: str = "pdfium"
+    engine: str = DEFAULT_ENGINE
 
 
 def _join_pair(match: re.Match[str]) -> str:
@@ -104,7 +105,7 @@ def sanitize_text(text: str) -> tuple[str, int]:
 
 
 def extract_pdf(
-    data: bytes, max_text_chars: int | None = None, engine: str = "pdfium"
+    data: bytes, max_text_chars: int | None = None, engine: str = DEFAULT_ENGINE
 ) -> Extraction:
     """Extract the text of every page of the PDF in ``data`` with ``engine``.
 
@@ -116,12 +117,11 @@ def extract_pdf(
     stage is a bug in this project (ADR 0078). Under ``auto`` a document both engines
     refuse fails with PDFium's class and both engines' messages.
     """
+    extractor_id(engine)  # refuses an engine that is not one of extract.ENGINES
     if b"%PDF-" not in data[:_HEADER_WINDOW]:
         raise ItemError("not_pdf", f"no PDF header in the first {_HEADER_WINDOW} bytes")
     if engine == "pypdf":
         return _extraction(_pypdf_pages(data, max_text_chars), "pypdf")
-    if engine not in ("pdfium", "auto"):
-        raise ValueError(f"extractor: {engine!r} is not one of pdfium, pypdf, auto")
     try:
         return _extraction(_pdfium_pages(data, max_text_chars), "pdfium")
     except ItemError as first:
@@ -262,7 +262,7 @@ def extract_file(
     path: str,
     expected_sha256: str | None = None,
     max_text_chars: int | None = None,
-    engine: str = "pdfium",
+    engine: str = DEFAULT_ENGINE,
 ) -> Extraction:
     """Read the file at ``path`` and extract it; a missing file is a terminal error.
 
