@@ -30,7 +30,7 @@ def _marker_expression(words: list[str]) -> str:
 
 def test_make_test_runs_every_tier_in_two_sessions_each_printing_its_25_slowest_tests():
     fast, slow = _pytest_lines("test")
-    assert fast[:2] == ["-n", "4"] and "-n" not in slow
+    assert fast[:4] == ["-n", "4", "--dist", "worksteal"] and "-n" not in slow
     assert _marker_expression(fast) == f"not ({_marker_expression(slow)})"
     for words in (fast, slow):
         assert words[-1] == "--durations=25"

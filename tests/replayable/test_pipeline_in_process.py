@@ -97,7 +97,7 @@ def test_poison_documents_are_dead_lettered_and_the_rest_finish(
         "source": str(folder),
         "batch_size": 6,
         "max_bytes": 2_000_000,
-        "item_timeout_s": 1.5,
+        "item_timeout_s": 0.5,
         "memory_mb": 1024,
         "max_attempts": 2,
     }

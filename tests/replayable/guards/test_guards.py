@@ -447,7 +447,7 @@ def test_pool_recovers_when_an_idle_worker_is_killed() -> None:
 
 
 WORKERS = 3
-HOLD_S = 0.5
+HOLD_S = 0.25
 
 
 def _parallel_round(
@@ -509,10 +509,13 @@ def test_poison_item_under_parallel_load_costs_only_its_own_worker(
         before = _full_round(guarded, threads)
         assert len(before) == WORKERS
         poison_done = threading.Event()
+        at_work = threading.Barrier(WORKERS)
 
         def neighbour() -> int:
             # Items on the other workers while the poison item runs, and a few after it.
-            items = 0
+            guarded.run(hold, 0.1)
+            at_work.wait(timeout=60)
+            items = 1
             while not poison_done.is_set():
                 guarded.run(hold, 0.1)
                 items += 1
@@ -521,7 +524,9 @@ def test_poison_item_under_parallel_load_costs_only_its_own_worker(
             return items + 3
 
         neighbours = [threads.submit(neighbour) for _ in range(WORKERS - 1)]
-        time.sleep(0.2)  # the neighbours are at work
+        # Every neighbour has finished an item before the poison starts: a poison that ends
+        # at once (a SIGKILL) still finds them at work, however loaded the machine is.
+        at_work.wait(timeout=60)
         try:
             with pytest.raises(GuardError) as caught:
                 guarded.run(fn, *args)
