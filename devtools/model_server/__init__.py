@@ -8,11 +8,12 @@ It speaks enough of the OpenAI API (``POST /v1/embeddings``) for the pipeline's 
 client, binds loopback only, and behaves like a careful paid provider: it charges each
 successful request, remembers it per ``Idempotency-Key`` and can inject faults at runtime
 (error statuses, ``Retry-After``, latency, hangs, poison inputs, lost responses, a
-concurrency limit, slow or padded bodies) so retry and replay behaviour can be exercised
-without a network or a paid account. It also receives "document ready" webhooks, standing
-in for a downstream system.
+concurrency limit, a tokens-per-minute limit, slow or padded bodies) so retry and replay
+behaviour can be exercised without a network or a paid account. It also receives "document
+ready" webhooks, standing in for a downstream system.
 
 - :mod:`~devtools.model_server.faults`: the fault config and its JSON keys;
+- :mod:`~devtools.model_server.ratelimit`: the token bucket behind ``max_tpm``;
 - :mod:`~devtools.model_server.stats` and :mod:`~devtools.model_server.idempotency`: what
   ``GET /stats`` counts and the memory of charged responses by ``Idempotency-Key``;
 - :mod:`~devtools.model_server.vectors` and :mod:`~devtools.model_server.errors`: the

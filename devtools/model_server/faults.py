@@ -7,7 +7,9 @@ naming the key; every key is optional and the default injects nothing):
   with each status (at most 1 in total);
 - ``retry_after``: seconds or an HTTP-date sent as ``Retry-After`` on injected 429 and 503
   responses, webhooks included;
-- ``latency_ms``: delay before a ``/v1`` request is handled;
+- ``latency_ms``: delay before a ``/v1`` request is handled; an embeddings request is
+  delayed after its API key, its body and ``max_tpm`` are checked, so that a provider's
+  quick refusals (401, 400, 429 over the token limit) come at once;
 - ``hang_rate``, ``hang_s`` (default 600): the share of requests held ``hang_s`` seconds
   (or until the faults are cleared) before they go on;
 - ``fail_inputs_containing``: ``{"POISON": 400}``, the status for a request with an input
@@ -22,6 +24,20 @@ naming the key; every key is optional and the default injects nothing):
 - ``max_concurrency``: answer 429 at once, with ``Retry-After:
   concurrency_retry_after`` (seconds, default 1), to an embeddings request that arrives
   while this many are in flight (null: no limit);
+- ``max_tpm``: tokens per minute, like a provider's TPM limit (null: no limit). A bucket
+  shared by every embeddings request holds up to ``max_tpm`` tokens, starts full whenever
+  the faults are set, and refills continuously at ``max_tpm / 60`` a second. A request
+  costs its ``usage.total_tokens``, taken from the bucket once ``max_concurrency`` has let
+  it in and its API key and body are checked, before the other faults (latency included).
+  One the bucket cannot pay for gets 429 ``rate_limit_exceeded`` at once, with
+  ``Retry-After``: the seconds, to the millisecond and rounded up, until the bucket holds
+  its cost; one larger than ``max_tpm`` itself gets 429 without ``Retry-After``, since no
+  wait makes it fit. A refused request takes nothing and is not charged. A request whose
+  ``Idempotency-Key`` is remembered (with ``dedupe`` on) is answered from memory, or
+  refused with 422, and costs nothing, so the limit neither refuses it nor takes its
+  tokens; a repeat that arrives while the first request with its key is still being served
+  cannot be told from a new request yet, so it pays, and gets its tokens back when it is
+  answered from memory;
 - ``trickle_bytes_per_s``: send 200 bodies at about this rate, in pieces of a tenth of it
   (at least one byte), so from 10 bytes/s up a piece arrives every tenth of a second: a
   per-read timeout does not fire while a deadline on the whole response does (0: at once);
@@ -57,6 +73,7 @@ _FAULT_FIELDS = frozenset(
         "lose_response_rate",
         "max_concurrency",
         "concurrency_retry_after",
+        "max_tpm",
         "trickle_bytes_per_s",
         "pad_response_bytes",
         "webhook_statuses",
@@ -100,6 +117,20 @@ def _webhook_status(value: object, key: str) -> int:
     return value
 
 
+def _positive_number(raw: Mapping[str, object], key: str) -> float | None:
+    value = raw.get(key)
+    if value is None:
+        return None
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or not value > 0
+    ):
+        raise ValueError(f"{key} must be a finite number above 0, or null for no limit")
+    return float(value)
+
+
 def _whole_number(raw: Mapping[str, object], key: str, low: int, high: int) -> int | None:
     value = raw.get(key)
     if value is None:
@@ -133,6 +164,7 @@ class FaultConfig:
     lose_response_rate: float = 0.0
     max_concurrency: int | None = None
     concurrency_retry_after: float = 1.0
+    max_tpm: float | None = None
     trickle_bytes_per_s: float = 0.0
     pad_response_bytes: int = 0
     webhook_statuses: tuple[int, ...] = ()
@@ -217,6 +249,7 @@ class FaultConfig:
             ),
             max_concurrency=_whole_number(raw, "max_concurrency", 1, 1_000_000),
             concurrency_retry_after=_finite_number(raw, "concurrency_retry_after", 1.0, 0.0),
+            max_tpm=_positive_number(raw, "max_tpm"),
             trickle_bytes_per_s=_finite_number(raw, "trickle_bytes_per_s", 0.0, 0.0),
             pad_response_bytes=_whole_number(raw, "pad_response_bytes", 0, MAX_PAD_BYTES) or 0,
             webhook_statuses=webhook_statuses,
@@ -238,6 +271,7 @@ class FaultConfig:
             "lose_response_rate": self.lose_response_rate,
             "max_concurrency": self.max_concurrency,
             "concurrency_retry_after": self.concurrency_retry_after,
+            "max_tpm": self.max_tpm,
             "trickle_bytes_per_s": self.trickle_bytes_per_s,
             "pad_response_bytes": self.pad_response_bytes,
             "webhook_statuses": list(self.webhook_statuses),

@@ -27,6 +27,7 @@ import contextlib
 import hashlib
 import hmac
 import json
+import math
 import re
 import socket
 import sys
@@ -40,9 +41,14 @@ from urllib.parse import urlsplit
 from devtools.model_server.errors import HttpError, error_body
 from devtools.model_server.faults import FaultConfig, seconds_header
 from devtools.model_server.idempotency import fingerprint
-from devtools.model_server.vectors import embeddings_response, parse_embeddings_request
+from devtools.model_server.vectors import (
+    embeddings_response,
+    parse_embeddings_request,
+    usage_tokens,
+)
 
 if TYPE_CHECKING:
+    from devtools.model_server.ratelimit import TokenBucket
     from devtools.model_server.server import EmbeddingServer, FaultDraw
     from devtools.model_server.stats import Ticket
 
@@ -58,6 +64,10 @@ def webhook_path(name: str) -> str:
             f"invalid webhook name {name!r}: use 1 to 100 of A-Z, a-z, 0-9, '.', '_', '-'"
         )
     return f"/webhooks/{name}"
+
+
+class OverTokenLimit(HttpError):
+    """A 429 from the ``max_tpm`` limit, which the stats count as ``rejected_tpm``."""
 
 
 def padded(body: bytes, size: int) -> bytes:
@@ -140,7 +150,7 @@ class Handler(BaseHTTPRequestHandler):
             try:
                 body, lost = self._embed(ticket, faults, key)
             except HttpError as exc:
-                srv.stats.fail(ticket, exc.status)
+                srv.stats.fail(ticket, exc.status, over_tpm=isinstance(exc, OverTokenLimit))
                 srv.stats.end(ticket)
                 self._send_error(exc)
             except Exception:
@@ -163,15 +173,22 @@ class Handler(BaseHTTPRequestHandler):
             srv.stats.end(ticket)
 
     def _embed(self, ticket: Ticket, faults: FaultDraw, key: str | None) -> tuple[bytes, bool]:
-        """Serve one embeddings request; return the body to answer with and if it is lost."""
+        """Serve one embeddings request; return the body to answer with and if it is lost.
+
+        As at a provider, the request is authenticated, checked and let in by the token
+        limit first, each refusal coming at once; only then does it take time (latency,
+        hangs) or meet the injected failures.
+        """
         srv = self._srv
         body = self._read_body()
         config = faults.config
-        self._wait_latency(faults)
         self._check_auth()
+        request = parse_embeddings_request(body, srv.dim)
+        tokens = usage_tokens(request.inputs)
+        paid_to = self._pay_tokens(faults, key, tokens)
+        self._wait_latency(faults)
         if config.status_always is not None:
             raise self._injected(config, config.status_always, "every request fails")
-        request = parse_embeddings_request(body, srv.dim)
         for needle, poison_status in config.fail_inputs_containing:
             if any(needle in text for text in request.inputs):
                 raise self._injected(config, poison_status, f"an input contains {needle!r}")
@@ -187,6 +204,7 @@ class Handler(BaseHTTPRequestHandler):
             key,
             fingerprint(request),
             digests,
+            tokens,
             response,
             dedupe=config.dedupe,
             lost=draw.lose,
@@ -198,7 +216,46 @@ class Handler(BaseHTTPRequestHandler):
                 "send a new key with a new request",
                 code="idempotency_key_reused",
             )
-        return answer, draw.lose
+        if paid_to is not None and answer.replayed:
+            # A repeat that came while the first request with its key was being served
+            # paid like a new one; answered from memory, it cost nothing after all.
+            paid_to.give_back(tokens)
+        return answer.body, draw.lose
+
+    def _pay_tokens(self, faults: FaultDraw, key: str | None, tokens: int) -> TokenBucket | None:
+        """Take a request's ``tokens`` from the ``max_tpm`` bucket; return it if they were.
+
+        Raise :class:`OverTokenLimit` when the bucket cannot pay for them, taking nothing.
+        A request whose key is remembered is answered from memory (or refused with 422)
+        and costs nothing, so it neither pays nor is refused.
+        """
+        bucket = faults.tokens
+        if bucket is None:
+            return None
+        if key is not None and faults.config.dedupe and self._srv.stats.remembers(key):
+            return None
+        wait = bucket.take(tokens)
+        if wait is None:
+            return bucket
+        limit = f"{bucket.capacity:.15g}"
+        if math.isinf(wait):
+            # No wait makes it fit, so there is no Retry-After to send.
+            raise OverTokenLimit(
+                429,
+                f"request too large for the tokens per minute limit: it uses {tokens} tokens, "
+                f"more than the limit of {limit} tokens per minute; send fewer or shorter inputs",
+                code="rate_limit_exceeded",
+            )
+        # Seconds with decimals, which the pipeline's client and OpenAI's both read, rounded
+        # up to the millisecond so that a client waiting exactly this long finds its tokens.
+        retry_after = seconds_header(math.ceil(wait * 1000) / 1000)
+        raise OverTokenLimit(
+            429,
+            f"rate limit reached for tokens per minute: limit {limit}, requested {tokens}; "
+            f"try again in {retry_after} s",
+            code="rate_limit_exceeded",
+            headers={"Retry-After": retry_after},
+        )
 
     def _refuse_over_limit(self, config: FaultConfig) -> None:
         # The body is read even though it is refused, to keep the connection usable.

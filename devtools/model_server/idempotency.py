@@ -66,6 +66,10 @@ class IdempotencyMemory:
             self._entries.move_to_end(key)
         return entry
 
+    def __contains__(self, key: str) -> bool:
+        """Whether ``key`` is remembered; unlike :meth:`get`, its recency stays as it was."""
+        return key in self._entries
+
     def remember(self, key: str, entry: Remembered) -> None:
         """Remember ``entry`` under a new ``key``, evicting the least recently used to fit."""
         size = self._size(key, entry)

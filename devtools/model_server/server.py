@@ -18,6 +18,7 @@ from http.server import ThreadingHTTPServer
 from devtools.model_server.faults import FaultConfig
 from devtools.model_server.handler import Handler
 from devtools.model_server.idempotency import IDEMPOTENCY_MAX_BYTES, IDEMPOTENCY_MAX_KEYS
+from devtools.model_server.ratelimit import TokenBucket
 from devtools.model_server.stats import Stats
 from devtools.model_server.vectors import DEFAULT_DIM, MAX_DIM
 
@@ -34,10 +35,15 @@ def require_loopback(host: str) -> str:
 
 @dataclass(frozen=True)
 class FaultDraw:
-    """The fault config a request runs under, and the event that cuts its waits short."""
+    """The fault config a request runs under, with the state that goes with it.
+
+    ``release`` cuts the request's waits short; ``tokens`` is the ``max_tpm`` bucket it pays
+    its tokens from (None without a limit).
+    """
 
     config: FaultConfig
     release: threading.Event
+    tokens: TokenBucket | None = None
 
 
 @dataclass(frozen=True)
@@ -85,6 +91,7 @@ class EmbeddingServer(ThreadingHTTPServer):
         self._webhook_statuses: deque[int] = deque()
         self._rng = random.Random(0)  # noqa: S311 - fault draws must be reproducible
         self._release = threading.Event()
+        self._tokens: TokenBucket | None = None
         super().__init__((host, port), Handler)
 
     def server_bind(self) -> None:
@@ -107,25 +114,33 @@ class EmbeddingServer(ThreadingHTTPServer):
             return self._faults
 
     def set_faults(self, config: FaultConfig) -> None:
-        """Replace the fault config and restart its webhook statuses; reseed if it has a seed."""
+        """Replace the fault config; restart its webhook statuses and its token bucket.
+
+        The ``max_tpm`` bucket starts full, and the fault draws are reseeded if the config
+        has a seed.
+        """
         with self._faults_lock:
             self._faults = config
             self._webhook_statuses = deque(config.webhook_statuses)
+            # A new bucket, even for the same limit: setting the faults starts a test's
+            # minute afresh, whatever the one before spent.
+            self._tokens = TokenBucket(config.max_tpm) if config.max_tpm is not None else None
             if config.seed is not None:
                 self._rng.seed(config.seed)
 
     def clear_faults(self) -> None:
-        """Remove every fault and release requests held by injected latency or hangs."""
+        """Remove every fault (the token limit too); release requests held by latency or hangs."""
         with self._faults_lock:
             self._faults = FaultConfig()
             self._webhook_statuses = deque()
+            self._tokens = None
             self._release.set()
             self._release = threading.Event()
 
     def snapshot_faults(self) -> FaultDraw:
-        """Return the config a request runs under and the event that releases its waits."""
+        """Return the config a request runs under, with its release event and token bucket."""
         with self._faults_lock:
-            return FaultDraw(self._faults, self._release)
+            return FaultDraw(self._faults, self._release, self._tokens)
 
     def draw(self, config: FaultConfig) -> Draw:
         """Draw whether a request hangs, which status it fails with, if any, and if it is lost."""

@@ -7,15 +7,20 @@
 - ``succeeded`` = ``charged`` + ``deduplicated``: 200 responses, newly embedded and
   charged or replayed from an idempotency key;
 - ``failed``: every other response (injected faults, 4xx, 422 key reuse, concurrency
-  429s); ``by_status``: responses per status, lost ones included under ``"200"``;
+  and token limit 429s); ``by_status``: responses per status, lost ones included under
+  ``"200"``;
 - ``inputs_embedded`` and ``input_success_counts`` (sha256 of an input's text -> times it
   was charged) count charged inputs only;
+- ``tokens_charged``: the ``usage.total_tokens`` of charged responses, summed (replays
+  are not charged, and a failed request is not charged whatever ``max_tpm`` took for it);
 - ``idempotency_keys``: each key seen -> how many times a response under it was charged;
 - ``would_deduplicate``: charged requests whose key had been charged before (whatever
   the body) and was still remembered; non-zero only with ``"dedupe": false``, it is
   what the keys would have saved;
 - ``lost_responses``: 200 responses dropped instead of sent (``lose_response_rate``);
 - ``rejected_concurrency``: 429s from ``max_concurrency``;
+- ``rejected_tpm``: 429s from ``max_tpm``, both to requests the token bucket could not
+  pay for yet and to requests larger than the whole limit;
 - ``in_flight``: requests being served now (a live gauge, kept by a reset);
   ``peak_in_flight``: the most at once since the last reset, limit or not;
 - ``webhooks``: ``received`` = ``stored`` + ``deduplicated`` + ``failed`` webhook
@@ -45,6 +50,14 @@ class Ticket:
     generation: int
     admitted: bool
     ended: bool = False
+
+
+@dataclass(frozen=True)
+class Settled:
+    """The body a charged or replayed embeddings request is answered with."""
+
+    body: bytes
+    replayed: bool
 
 
 @dataclass(frozen=True)
@@ -84,9 +97,11 @@ class Stats:
         self._failed = 0
         self._lost_responses = 0
         self._rejected_concurrency = 0
+        self._rejected_tpm = 0
         self._peak_in_flight = self._in_flight
         self._by_status: dict[str, int] = {}
         self._inputs_embedded = 0
+        self._tokens_charged = 0
         self._input_success_counts: dict[str, int] = {}
         self._idempotency_keys: dict[str, int] = {}
         self._memory.clear()
@@ -116,13 +131,27 @@ class Stats:
             self._peak_in_flight = max(self._peak_in_flight, self._in_flight)
             return Ticket(self._generation, admitted=True)
 
-    def fail(self, ticket: Ticket, status: int) -> None:
-        """Count an error response, unless stats were reset since the request began."""
+    def fail(self, ticket: Ticket, status: int, *, over_tpm: bool = False) -> None:
+        """Count an error response, unless stats were reset since the request began.
+
+        ``over_tpm`` counts it as refused by the ``max_tpm`` limit too.
+        """
         with self._lock:
             if ticket.generation != self._generation:
                 return
             self._failed += 1
             self._count_status(status)
+            if over_tpm:
+                self._rejected_tpm += 1
+
+    def remembers(self, idempotency_key: str) -> bool:
+        """Whether a response is remembered under ``idempotency_key``, to replay or refuse.
+
+        With ``dedupe`` on, a request with this key will be answered from memory or with 422,
+        unless the key is forgotten meanwhile (a reset, or eviction by newer keys).
+        """
+        with self._lock:
+            return idempotency_key in self._memory
 
     def settle(
         self,
@@ -130,31 +159,36 @@ class Stats:
         idempotency_key: str | None,
         fingerprint: str,
         input_digests: Sequence[str],
+        tokens: int,
         body: bytes,
         *,
         dedupe: bool,
         lost: bool,
-    ) -> bytes | None:
+    ) -> Settled | None:
         """Charge a request that embedded its inputs, or replay what its key remembers.
 
-        Return the body to answer with: ``body`` when the request is charged, the first
-        response's body when it is replayed, or None when the key was charged for a request
-        with another fingerprint (the caller answers 422 and counts it with :meth:`fail`).
-        With ``dedupe`` off every request is charged. ``lost`` counts the response as
-        dropped. A request begun before a reset is neither counted nor remembered.
+        Return the body to answer with and whether it is a replay: ``body`` when the request
+        is charged (``tokens`` being its usage tokens), the first response's body when it is
+        replayed, or None when the key was charged for a request with another fingerprint
+        (the caller answers 422 and counts it with :meth:`fail`). With ``dedupe`` off every
+        request is charged. ``lost`` counts the response as dropped. A request begun before
+        a reset is neither counted nor remembered.
         """
         with self._lock:
             if ticket.generation != self._generation:
-                return body
+                return Settled(body, replayed=False)
             remembered = self._memory.get(idempotency_key) if idempotency_key else None
+            replayed = False
             if dedupe and remembered is not None:
                 if remembered.fingerprint != fingerprint:
                     return None
                 self._deduplicated += 1
                 body = remembered.body
+                replayed = True
             else:
                 self._charged += 1
                 self._inputs_embedded += len(input_digests)
+                self._tokens_charged += tokens
                 for digest in input_digests:
                     self._input_success_counts[digest] = (
                         self._input_success_counts.get(digest, 0) + 1
@@ -170,7 +204,7 @@ class Stats:
             self._count_status(200)
             if lost:
                 self._lost_responses += 1
-            return body
+            return Settled(body, replayed)
 
     def end(self, ticket: Ticket) -> None:
         """Count an admitted request as no longer in flight (once; later calls do nothing).
@@ -235,8 +269,10 @@ class Stats:
                 "failed": self._failed,
                 "lost_responses": self._lost_responses,
                 "rejected_concurrency": self._rejected_concurrency,
+                "rejected_tpm": self._rejected_tpm,
                 "by_status": dict(self._by_status),
                 "inputs_embedded": self._inputs_embedded,
+                "tokens_charged": self._tokens_charged,
                 "input_success_counts": dict(self._input_success_counts),
                 "idempotency_keys": dict(self._idempotency_keys),
                 "in_flight": self._in_flight,

@@ -12,6 +12,7 @@ import json
 import math
 import re
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -47,6 +48,11 @@ def embed_text(text: str, dim: int = DEFAULT_DIM) -> list[float]:
 def count_tokens(text: str) -> int:
     """Return the usage token count of one input: its whitespace tokens, at least 1."""
     return max(1, len(text.split()))
+
+
+def usage_tokens(inputs: Sequence[str]) -> int:
+    """Return the ``usage.total_tokens`` of a request's inputs, which ``max_tpm`` counts."""
+    return sum(count_tokens(text) for text in inputs)
 
 
 @dataclass(frozen=True)
@@ -99,7 +105,7 @@ def embeddings_response(request: EmbeddingsRequest) -> dict[str, Any]:
             packed = struct.pack(f"<{len(vector)}f", *vector)
             embedding = base64.b64encode(packed).decode("ascii")
         data.append({"object": "embedding", "index": index, "embedding": embedding})
-    tokens = sum(count_tokens(text) for text in request.inputs)
+    tokens = usage_tokens(request.inputs)
     return {
         "object": "list",
         "data": data,

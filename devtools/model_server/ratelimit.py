@@ -1,0 +1,66 @@
+"""The tokens-per-minute limit (``max_tpm``): a token bucket shared by every request.
+
+Providers publish a TPM limit per model and answer 429 to a request that would go over it.
+The bucket holds at most a minute's worth of tokens, starts full and refills continuously,
+so a client may spend a whole minute's tokens in a burst and then only what comes back,
+about a sixtieth of the limit a second.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable
+
+
+class TokenBucket:
+    """At most ``per_minute`` tokens, refilled at ``per_minute / 60`` a second; starts full.
+
+    Thread-safe: the handler's threads take from one bucket, and a take must see the tokens
+    the previous one left. ``clock`` returns seconds (monotonic), for tests.
+    """
+
+    def __init__(self, per_minute: float, clock: Callable[[], float] = time.monotonic) -> None:
+        if not per_minute > 0 or not math.isfinite(per_minute):
+            raise ValueError(f"per_minute must be a finite number above 0, got {per_minute}")
+        self.capacity = float(per_minute)
+        self.rate = self.capacity / 60
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._level = self.capacity
+        self._updated = clock()
+
+    def _refill(self) -> None:
+        # Called with the lock held: the refill and what follows it must be one step.
+        now = self._clock()
+        self._level = min(self.capacity, self._level + (now - self._updated) * self.rate)
+        self._updated = now
+
+    def take(self, tokens: int) -> float | None:
+        """Take ``tokens`` and return None if the bucket holds them; else take nothing.
+
+        Return the seconds until the bucket will hold them (if nothing else takes from it
+        meanwhile), or ``math.inf`` when it never will: ``tokens`` is more than a whole
+        minute's worth.
+        """
+        if tokens > self.capacity:
+            return math.inf
+        with self._lock:
+            self._refill()
+            if self._level >= tokens:
+                self._level -= tokens
+                return None
+            return (tokens - self._level) / self.rate
+
+    def give_back(self, tokens: int) -> None:
+        """Return tokens that were taken for a request that turned out to cost nothing."""
+        with self._lock:
+            self._refill()
+            self._level = min(self.capacity, self._level + tokens)
+
+    def level(self) -> float:
+        """Return the tokens the bucket holds now."""
+        with self._lock:
+            self._refill()
+            return self._level
