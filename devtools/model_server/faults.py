@@ -25,13 +25,15 @@ naming the key; every key is optional and the default injects nothing):
   concurrency_retry_after`` (seconds, default 1), to an embeddings request that arrives
   while this many are in flight (null: no limit);
 - ``max_tpm``: tokens per minute, like a provider's TPM limit (null: no limit). A bucket
-  shared by every embeddings request holds up to ``max_tpm`` tokens, starts full whenever
+  shared by every embeddings request holds up to ``tpm_window_s`` (default 60, at most 60)
+  seconds of ``max_tpm`` tokens: a minute's burst, or less for a provider that enforces its
+  minute over shorter windows. It starts full whenever
   the faults are set, and refills continuously at ``max_tpm / 60`` a second. A request
   costs its ``usage.total_tokens``, taken from the bucket once ``max_concurrency`` has let
   it in and its API key and body are checked, before the other faults (latency included).
   One the bucket cannot pay for gets 429 ``rate_limit_exceeded`` at once, with
   ``Retry-After``: the seconds, to the millisecond and rounded up, until the bucket holds
-  its cost; one larger than ``max_tpm`` itself gets 429 without ``Retry-After``, since no
+  its cost; one larger than the whole bucket gets 429 without ``Retry-After``, since no
   wait makes it fit. A refused request takes nothing and is not charged. A request whose
   ``Idempotency-Key`` is remembered (with ``dedupe`` on) is answered from memory, or
   refused with 422, and costs nothing, so the limit neither refuses it nor takes its
@@ -74,6 +76,7 @@ _FAULT_FIELDS = frozenset(
         "max_concurrency",
         "concurrency_retry_after",
         "max_tpm",
+        "tpm_window_s",
         "trickle_bytes_per_s",
         "pad_response_bytes",
         "webhook_statuses",
@@ -131,6 +134,14 @@ def _positive_number(raw: Mapping[str, object], key: str) -> float | None:
     return float(value)
 
 
+def _window(raw: Mapping[str, object]) -> float:
+    """``tpm_window_s``: the seconds of ``max_tpm`` the bucket holds, above 0 and at most 60."""
+    value = _finite_number(raw, "tpm_window_s", 60.0, 0.0)
+    if not 0 < value <= 60:
+        raise ValueError("tpm_window_s must be above 0 and at most 60")
+    return value
+
+
 def _whole_number(raw: Mapping[str, object], key: str, low: int, high: int) -> int | None:
     value = raw.get(key)
     if value is None:
@@ -165,6 +176,7 @@ class FaultConfig:
     max_concurrency: int | None = None
     concurrency_retry_after: float = 1.0
     max_tpm: float | None = None
+    tpm_window_s: float = 60.0
     trickle_bytes_per_s: float = 0.0
     pad_response_bytes: int = 0
     webhook_statuses: tuple[int, ...] = ()
@@ -250,6 +262,7 @@ class FaultConfig:
             max_concurrency=_whole_number(raw, "max_concurrency", 1, 1_000_000),
             concurrency_retry_after=_finite_number(raw, "concurrency_retry_after", 1.0, 0.0),
             max_tpm=_positive_number(raw, "max_tpm"),
+            tpm_window_s=_window(raw),
             trickle_bytes_per_s=_finite_number(raw, "trickle_bytes_per_s", 0.0, 0.0),
             pad_response_bytes=_whole_number(raw, "pad_response_bytes", 0, MAX_PAD_BYTES) or 0,
             webhook_statuses=webhook_statuses,
@@ -272,6 +285,7 @@ class FaultConfig:
             "max_concurrency": self.max_concurrency,
             "concurrency_retry_after": self.concurrency_retry_after,
             "max_tpm": self.max_tpm,
+            "tpm_window_s": self.tpm_window_s,
             "trickle_bytes_per_s": self.trickle_bytes_per_s,
             "pad_response_bytes": self.pad_response_bytes,
             "webhook_statuses": list(self.webhook_statuses),

@@ -237,13 +237,14 @@ class Handler(BaseHTTPRequestHandler):
         wait = bucket.take(tokens)
         if wait is None:
             return bucket
-        limit = f"{bucket.capacity:.15g}"
+        limit = f"{bucket.rate * 60:.15g}"
         if math.isinf(wait):
             # No wait makes it fit, so there is no Retry-After to send.
             raise OverTokenLimit(
                 429,
                 f"request too large for the tokens per minute limit: it uses {tokens} tokens, "
-                f"more than the limit of {limit} tokens per minute; send fewer or shorter inputs",
+                f"more than the {bucket.capacity:.15g} the limit of {limit} tokens per minute "
+                "allows at once; send fewer or shorter inputs",
                 code="rate_limit_exceeded",
             )
         # Seconds with decimals, which the pipeline's client and OpenAI's both read, rounded

@@ -1,9 +1,11 @@
 """The tokens-per-minute limit (``max_tpm``): a token bucket shared by every request.
 
 Providers publish a TPM limit per model and answer 429 to a request that would go over it.
-The bucket holds at most a minute's worth of tokens, starts full and refills continuously,
-so a client may spend a whole minute's tokens in a burst and then only what comes back,
-about a sixtieth of the limit a second.
+The bucket holds at most a minute's worth of tokens by default, starts full and refills
+continuously, so a client may spend a whole minute's tokens in a burst and then only what
+comes back, about a sixtieth of the limit a second. Providers also enforce the minute over
+shorter windows (OpenAI: "60,000 TPM may be enforced as 1,000 tokens per second"): with
+``window_s`` the bucket holds only that many seconds' worth.
 """
 
 from __future__ import annotations
@@ -15,17 +17,25 @@ from collections.abc import Callable
 
 
 class TokenBucket:
-    """At most ``per_minute`` tokens, refilled at ``per_minute / 60`` a second; starts full.
+    """At most ``window_s`` seconds of ``per_minute`` tokens, refilled at ``per_minute / 60``
+    a second; starts full.
 
     Thread-safe: the handler's threads take from one bucket, and a take must see the tokens
     the previous one left. ``clock`` returns seconds (monotonic), for tests.
     """
 
-    def __init__(self, per_minute: float, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        per_minute: float,
+        clock: Callable[[], float] = time.monotonic,
+        window_s: float = 60.0,
+    ) -> None:
         if not per_minute > 0 or not math.isfinite(per_minute):
             raise ValueError(f"per_minute must be a finite number above 0, got {per_minute}")
-        self.capacity = float(per_minute)
-        self.rate = self.capacity / 60
+        if not 0 < window_s <= 60:
+            raise ValueError(f"window_s must be above 0 and at most 60, got {window_s}")
+        self.rate = float(per_minute) / 60
+        self.capacity = self.rate * window_s
         self._clock = clock
         self._lock = threading.Lock()
         self._level = self.capacity
@@ -42,7 +52,7 @@ class TokenBucket:
 
         Return the seconds until the bucket will hold them (if nothing else takes from it
         meanwhile), or ``math.inf`` when it never will: ``tokens`` is more than a whole
-        minute's worth.
+        window's worth.
         """
         if tokens > self.capacity:
             return math.inf

@@ -124,7 +124,11 @@ class EmbeddingServer(ThreadingHTTPServer):
             self._webhook_statuses = deque(config.webhook_statuses)
             # A new bucket, even for the same limit: setting the faults starts a test's
             # minute afresh, whatever the one before spent.
-            self._tokens = TokenBucket(config.max_tpm) if config.max_tpm is not None else None
+            self._tokens = (
+                TokenBucket(config.max_tpm, window_s=config.tpm_window_s)
+                if config.max_tpm is not None
+                else None
+            )
             if config.seed is not None:
                 self._rng.seed(config.seed)
 

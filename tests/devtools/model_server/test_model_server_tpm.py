@@ -19,6 +19,7 @@ import pytest
 from model_server_calls import clean_shared_server, embed
 
 from devtools.model_server import LocalModelServer
+from devtools.model_server.faults import FaultConfig
 from devtools.model_server.ratelimit import TokenBucket
 
 LIMIT = 6000
@@ -230,3 +231,21 @@ def test_invalid_max_tpm_is_a_400_naming_the_key(server: LocalModelServer, value
     with pytest.raises(ValueError, match="max_tpm"):
         server.set_faults(max_tpm=value)
     assert server.faults()["max_tpm"] is None
+
+
+def test_a_window_holds_only_its_seconds_of_the_limit():
+    """tpm_window_s=2 at 6,000 a minute: a bucket of 200 tokens, refilled at 100 a second."""
+    now = [0.0]
+    bucket = TokenBucket(6000, clock=lambda: now[0], window_s=2)
+    assert bucket.capacity == 200 and bucket.rate == 100
+    assert bucket.take(201) == math.inf
+    assert bucket.take(150) is None
+    assert bucket.take(100) == 0.5
+    now[0] = 0.5
+    assert bucket.take(100) is None
+
+
+@pytest.mark.parametrize("window", [0, -1, 61, "5", True])
+def test_a_bad_window_is_refused_naming_it(window):
+    with pytest.raises(ValueError, match="tpm_window_s"):
+        FaultConfig.from_json({"max_tpm": 6000, "tpm_window_s": window})
