@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cache
@@ -171,6 +171,24 @@ class Row:
 
 
 # --- services -----------------------------------------------------------------------
+
+
+NO_429 = Target("= 0", equals=0)
+
+
+def refusals_row(fig: str, benchmark: str, label: str, rejected: Sequence[float], **kw: Any) -> Row:
+    """A row of the 429s a run caused, against none (``target``: ``NO_429`` unless given)."""
+    kw.setdefault("target", NO_429)
+    return Row(
+        fig,
+        benchmark,
+        "requests refused",
+        Samples((0.0,), unit="429s"),
+        label,
+        Samples(tuple(rejected), unit="429s"),
+        target_on="measured",
+        **kw,
+    )
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ import ledger_reads
 import memory
 import saturation
 import scheduler
+import token_budget
 from harness import Row
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,6 +49,7 @@ BENCHMARKS: dict[str, tuple[Benchmark, dict[str, Any], dict[str, Any]]] = {
     "ledger-reads": (ledger_reads.run, {}, {"repeats": 1, "documents": 20_000, "letters": 1000}),
     "memory": (memory.run, {}, {"documents": 4, "big": 2 * 2**20, "small": 20 * 2**10}),
     "engines": (engines.run, {}, {"repeats": 1, "samples": 3}),
+    "tokens": (token_budget.run, {}, {"repeats": 1, "docs": 30}),
 }
 
 

@@ -20,6 +20,7 @@ from harness import (
     Samples,
     StatementCounter,
     Target,
+    refusals_row,
     seed_documents,
     services,
     timed,
@@ -53,7 +54,6 @@ EMBED_TABLES = (
     "dead_letters",
     "dead_letter_counts",
 )
-NO_429 = Target("= 0", equals=0)
 
 
 def _raw(base_url: str, requests: int) -> float:
@@ -142,15 +142,8 @@ def run(repeats: int = REPEATS, docs: int = DOCS) -> tuple[list[Row], dict[str, 
             Samples(tuple(raw)),
             notes=["ratio = pipeline throughput / plain-client throughput"],
         ),
-        Row(
-            "B5.429",
-            "provider saturation: 429s the pipeline caused",
-            "requests refused",
-            Samples((0.0,), unit="429s"),
-            "pipeline",
-            Samples(tuple(rejected), unit="429s"),
-            NO_429,
-            target_on="measured",
+        refusals_row(
+            "B5.429", "provider saturation: 429s the pipeline caused", "pipeline", rejected
         ),
     ]
     details = {

@@ -16,6 +16,13 @@ run. Both limits live in Postgres, which every worker already reaches:
 A request takes its in-flight slot first and its send time second, so that the time it
 reserved is the time it is sent (ADR 0022).
 
+Tokens a minute (``max_tpm``) are a second rate on the same table, counted in tokens: a
+request reserves the tokens it is estimated to use before it is sent, and the estimate is
+corrected from the response's ``usage`` once it answers (ADR 0106). Unlike the request rate,
+a request is charged after its own send: it may go once what was spent before it is paid
+for, within a second, so a request larger than a second's worth is never held back by its
+own size, and the one after it waits for it.
+
 The slots and the shared rate are always the model connection's: a run's conf may ask for
 less (invariant 15), which it spends on its own — fewer sender threads, and a rate row of
 its own (``own_rps``, ``own_name``) reserved on top of the shared one — but it can never
@@ -31,11 +38,17 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
-from replayable.db import Connection, Database, fetch_all
+from replayable.db import Connection, Database, execute, fetch_all
 from replayable.keys import sha256_bytes
 
 __all__ = ["RequestBudget"]
+
+# What a request may find still owed to the tokens-per-minute budget and go anyway: a second.
+# Providers enforce their minute over shorter windows (OpenAI: "60,000 TPM may be enforced as
+# 1,000 tokens per second"), so the budget sends at its rate and never a minute's burst.
+TOKENS_TOLERANCE_S = 1.0
 
 
 def _namespace(name: str) -> int:
@@ -58,6 +71,9 @@ class RequestBudget:
     :param own_rps: a lower rate one run asked for, spent on a row of its own
         (``own_name``) in addition to the shared rate; None: the shared rate only.
     :param own_name: the name of that row (the budget's name and the run).
+    :param max_tpm: tokens sent per minute, or None for no token limit; shared like
+        ``max_rps`` (a row of its own, the budget's name plus `` tokens``).
+    :param tokens_tolerance_s: the seconds of tokens a request may find owed and go.
     """
 
     name: str
@@ -67,6 +83,8 @@ class RequestBudget:
     connect: Callable[[], Database] | None = field(default=None, repr=False)
     own_rps: float | None = None
     own_name: str | None = None
+    max_tpm: float | None = None
+    tokens_tolerance_s: float = TOKENS_TOLERANCE_S
     _counter: int = field(default=0, init=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
     _rate_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
@@ -81,8 +99,13 @@ class RequestBudget:
             raise ValueError(f"burst must be at least 1, got {self.burst}")
         if self.own_rps is not None and not self.own_rps > 0:
             raise ValueError(f"max_rps must be above 0, got {self.own_rps}")
-        if (self.max_rps is not None or self.own_rps is not None) and self.connect is None:
-            raise ValueError("max_rps needs connect: send times are reserved in Postgres")
+        if self.max_tpm is not None and not self.max_tpm > 0:
+            raise ValueError(f"max_tpm must be above 0, got {self.max_tpm}")
+        limited = (self.max_rps, self.own_rps, self.max_tpm)
+        if any(limit is not None for limit in limited) and self.connect is None:
+            raise ValueError(
+                "max_rps and max_tpm need connect: send times are reserved in Postgres"
+            )
         self.namespace = _namespace(self.name)
 
     def close(self) -> None:
@@ -92,10 +115,26 @@ class RequestBudget:
                 self._rates.close()
                 self._rates = None
 
-    def reserve(self) -> float:
+    @property
+    def tokens_name(self) -> str:
+        """The name of the tokens-per-minute row."""
+        return f"{self.name} tokens"
+
+    def _on_rates(self, statement: Callable[..., Any], query: str, params: Any) -> Any:
+        """Run one statement on the budget's own connection, committed at once."""
+        with self._rate_lock:  # one connection per budget, shared by its threads
+            if self._rates is None:
+                assert self.connect is not None  # checked in __post_init__
+                self._rates = self.connect()
+            return self._rates.transaction(
+                functools.partial(statement, query=query, params=params), describe=query
+            )
+
+    def reserve(self, tokens: int = 0) -> float:
         """Reserve the next send time of the rate budget; return the seconds to wait for it.
 
-        With ``own_rps`` the run's own row is reserved as well, and the later time wins.
+        With ``own_rps`` the run's own row is reserved as well, and with ``max_tpm`` the
+        ``tokens`` the request is estimated to use; the latest time wins.
         """
         rates = [(self.name, self.max_rps)]
         if self.own_rps is not None:
@@ -109,23 +148,43 @@ class RequestBudget:
                 "interval_s": 1.0 / rps,
                 "burst": self.burst,
             }
-            with self._rate_lock:  # one connection per budget, shared by its threads
-                if self._rates is None:
-                    assert self.connect is not None  # checked in __post_init__
-                    self._rates = self.connect()
-                rows = self._rates.transaction(
-                    functools.partial(fetch_all, query="budget/take_rate_token", params=params),
-                    describe="request rate",
-                )
+            rows = self._on_rates(fetch_all, "budget/take_rate_token", params)
+            wait = max(wait, float(rows[0]["wait_s"]))
+        if self.max_tpm is not None and tokens > 0:
+            rows = self._on_rates(
+                fetch_all,
+                "budget/take_tokens",
+                {
+                    "name": self.tokens_name,
+                    "tokens": tokens,
+                    "seconds_per_token": 60.0 / self.max_tpm,
+                    "tolerance_s": self.tokens_tolerance_s,
+                },
+            )
             wait = max(wait, float(rows[0]["wait_s"]))
         return wait
 
+    def refund(self, reserved: int, used: int) -> None:
+        """Correct the token budget: ``reserved`` tokens were taken, the provider used ``used``.
+
+        Tokens reserved and not used are given back; a request that used more than its
+        estimate is charged the difference, so the rate holds to what the provider counts.
+        """
+        if self.max_tpm is None or reserved == used:
+            return
+        params = {
+            "name": self.tokens_name,
+            "tokens": reserved - used,
+            "seconds_per_token": 60.0 / self.max_tpm,
+        }
+        self._on_rates(execute, "budget/refund_tokens", params)
+
     @contextlib.contextmanager
-    def slot(self, conn: Connection) -> Iterator[int]:
+    def slot(self, conn: Connection, tokens: int = 0) -> Iterator[int]:
         """Hold one slot on ``conn`` for the duration of the block (waits for one if needed).
 
-        With ``max_rps`` the block starts at the send time reserved for it, once the slot
-        is held.
+        With ``max_rps`` or ``max_tpm`` the block starts at the send time reserved for it
+        (``tokens``: the request's estimate), once the slot is held.
         """
         with self._lock:
             self._counter += 1
@@ -138,7 +197,7 @@ class RequestBudget:
             # Every slot is in use: queue for one in Postgres rather than poll.
             fetch_all(conn, "budget/wait_slot", {"namespace": self.namespace, "slot": taken})
         try:
-            wait = self.reserve()
+            wait = self.reserve(tokens)
             if wait > 0:
                 time.sleep(wait)
             yield taken

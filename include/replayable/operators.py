@@ -276,6 +276,7 @@ class IdempotentStageOperator(BaseOperator):
             connect=connect,
             own_rps=own_rps,
             own_name=f"{choice.provider.base_url} run {run_id}",
+            max_tpm=choice.provider.max_tpm,
         )
         stack.callback(budget.close)
         return EmbedSpec(

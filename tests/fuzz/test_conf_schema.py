@@ -32,6 +32,7 @@ from replayable.settings import BOUNDS, STAGES, PipelineSettings, check_conf_key
 pytestmark = pytest.mark.db
 
 EXAMPLES = int(os.environ.get("REPLAYABLE_FUZZ_EXAMPLES", "500"))
+EXPLORES_EVERY_OUTCOME = 300
 PARAMS = sorted(pipeline_params("/data"))
 _seen = {
     "examples": 0,
@@ -231,4 +232,7 @@ def test_any_conf_is_refused_naming_a_field_or_runs(
             f"{_seen['refused_by_settings']} refused by PipelineSettings, {_seen['ran']} ran"
         )
     assert _seen["examples"] >= EXAMPLES
-    assert min(_seen.values()) > 0, _seen
+    # PipelineSettings refuses about one conf in a hundred: the inner loop's 100 examples
+    # (make test-fast) can miss it, make test's 500 practically never do.
+    if EXAMPLES >= EXPLORES_EVERY_OUTCOME:
+        assert min(_seen.values()) > 0, _seen

@@ -34,3 +34,15 @@ def test_the_model_endpoint_is_named_the_same_way_without_a_trailing_slash(
     host, port, schema, extra, base_url
 ):
     assert settings_from_fields(host, port, schema, None, extra).base_url == base_url
+
+
+def test_max_tpm_is_read_from_the_extra_and_a_bad_one_is_refused_naming_it():
+    def tpm(value):
+        return settings_from_fields("http://127.0.0.1:1/v1", None, None, None, {"max_tpm": value})
+
+    assert tpm(150_000).max_tpm == 150_000
+    assert tpm("90000").max_tpm == 90_000
+    assert tpm(None).max_tpm is None
+    for bad in (0, -5, "lots", float("inf"), [1]):
+        with pytest.raises(ValueError, match="max_tpm"):
+            tpm(bad)

@@ -171,9 +171,12 @@ def test_a_conf_cannot_raise_the_default_in_flight_limit_of_a_connection_without
 def test_the_shared_budget_is_always_counted_against_the_connections_values(monkeypatch):
     """A run that asks for less sends less itself, but the slots and the rate everyone
     shares are the connection's, so runs with different confs count against one budget."""
-    model_connection(monkeypatch, max_in_flight=8, max_rps=20)
+    model_connection(monkeypatch, max_in_flight=8, max_rps=20, max_tpm=90_000)
     mine = embed_spec_for(PipelineSettings(max_in_flight=2, max_rps=5))
     theirs = embed_spec_for(PipelineSettings())
+    # Tokens a minute are the connection's alone; a request carries at most half of them.
+    assert mine.budget.max_tpm == theirs.budget.max_tpm == 90_000
+    assert mine.request_tokens == 45_000
     assert mine.max_in_flight == 2
     assert (mine.budget.name, mine.budget.slots, mine.budget.max_rps) == (
         theirs.budget.name,

@@ -908,3 +908,81 @@ def test_extract_refuses_a_file_swapped_for_a_link_out_of_the_roots(conn, dsn, t
     assert result.dead == [doc_id]
     assert rows(conn, "SELECT error_class FROM replayable.dead_letters") == [("outside_roots",)]
     assert count(conn, "SELECT count(*) FROM replayable.extractions") == 0
+
+
+def test_a_chunk_past_the_per_input_limit_is_dead_before_anything_is_sent(conn, dsn, model):
+    """A document whose chunk is estimated past max_input_tokens is dead as input_too_long;
+    the provider never sees its chunks, and the other documents are embedded."""
+    plain = seed_documents(conn, 3)
+    # 200 characters of three UTF-8 bytes each: about 200 tokens a chunk, against about 67.
+    wide = sha256_bytes(b"wide")
+    seed_extraction(conn, wide, "/docs/wide.pdf", "語" * 600)
+    conn.commit()
+    doc_ids = sorted([*plain, wide])
+    run(ChunkSpec(config=CHUNKS, connect=connect_to(dsn)), dsn, doc_ids)
+    spec = embed_spec(model.base_url, dsn)
+    spec.max_input_tokens = 100
+    result = run(spec, dsn, doc_ids)
+    assert result.dead == [wide] and sorted(result.done) == plain
+    assert rows(
+        conn,
+        "SELECT error_class FROM replayable.stage_runs WHERE stage = 'embed' AND doc_id = %s",
+        wide,
+    ) == [("input_too_long",)]
+    charged = set(model.stats()["input_success_counts"])
+    assert charged == chunk_digests(conn, plain)
+    assert not charged & chunk_digests(conn, [wide])
+
+
+TPM = 240_000  # 4,000 tokens a second
+TPM_WINDOW_S = 0.5  # the provider's bucket: 2,000 tokens, half a second of the limit
+
+
+def _embed_under_tpm(model, dsn, parts, *, max_tpm):
+    """Embed each part on its own worker (a thread with its own budget and sessions)."""
+    results, spans = [], []
+
+    def worker(part, n):
+        spec = embed_spec(model.base_url, dsn, in_flight=4, per_call=4)
+        spec.budget = RequestBudget(
+            model.base_url, 4, max_tpm=max_tpm, connect=connect_to(dsn), tokens_tolerance_s=0.2
+        )
+        started = time.monotonic()
+        try:
+            results.append(run(spec, dsn, part, owner=f"w{n}"))
+        finally:
+            spans.append((started, time.monotonic()))
+            spec.budget.close()
+
+    threads = [threading.Thread(target=worker, args=(p, n)) for n, p in enumerate(parts)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    return results, spans
+
+
+def test_two_workers_share_the_tokens_per_minute_and_cause_no_429(conn, dsn, model):
+    """Two workers spend one max_tpm against a provider that enforces it over half a second.
+
+    With the budget, the provider refuses nothing and charges each chunk once; without it,
+    the same work goes past the provider's limit (so the limit binds this workload).
+    """
+    doc_ids = seed_documents(conn, 12)
+    unbudgeted = seed_documents(conn, 8, tag="control")
+    run(ChunkSpec(config=CHUNKS, connect=connect_to(dsn)), dsn, doc_ids + unbudgeted)
+    model.set_faults(max_tpm=TPM, tpm_window_s=TPM_WINDOW_S)
+    results, spans = _embed_under_tpm(model, dsn, [doc_ids[0::2], doc_ids[1::2]], max_tpm=TPM)
+    stats = model.stats()
+    assert sorted(d for r in results for d in r.done) == doc_ids
+    assert max(start for start, _ in spans) < min(end for _, end in spans)  # they overlapped
+    assert stats["rejected_tpm"] == 0, stats
+    # More than the provider's bucket was spent, so the rate, not the burst, carried it.
+    assert stats["tokens_charged"] > 2 * TPM / 60 * TPM_WINDOW_S
+    assert set(stats["input_success_counts"].values()) == {1}  # each chunk charged once
+    assert set(stats["input_success_counts"]) == chunk_digests(conn, doc_ids)
+
+    model.set_faults(max_tpm=TPM, tpm_window_s=TPM_WINDOW_S)
+    model.reset_stats()
+    _embed_under_tpm(model, dsn, [unbudgeted[0::2], unbudgeted[1::2]], max_tpm=None)
+    assert model.stats()["rejected_tpm"] > 0

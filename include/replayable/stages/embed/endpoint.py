@@ -9,8 +9,9 @@ endpoint and the secret:
   ``schema`` (``http``/``https``) plus ``extra.base_path`` (default ``/v1``);
 - ``password``: the API key, if any (never logged, never stored in the ledger);
 - ``extra``: ``model``, ``dimensions``, ``timeout_s`` defaults, ``max_in_flight``: the
-  provider's budget of concurrent requests, and ``max_rps``: its budget of requests per
-  second, both shared by every task and worker.
+  provider's budget of concurrent requests, ``max_rps``: its budget of requests per
+  second, and ``max_tpm``: its budget of tokens per minute, all shared by every task and
+  worker.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class ModelSettings:
     timeout_s: float = 30.0
     max_in_flight: int | None = None
     max_rps: float | None = None
+    max_tpm: float | None = None
 
 
 def settings_from_fields(
@@ -57,4 +59,21 @@ def settings_from_fields(
         timeout_s=float(extra.get("timeout_s", 30.0)),
         max_in_flight=int(extra["max_in_flight"]) if extra.get("max_in_flight") else None,
         max_rps=float(extra["max_rps"]) if extra.get("max_rps") else None,
+        max_tpm=_positive(extra, "max_tpm"),
     )
+
+
+def _positive(extra: dict[str, Any], name: str) -> float | None:
+    """``extra[name]`` as a number above 0, None when unset; raises naming it otherwise."""
+    value = extra.get(name)
+    if value in (None, ""):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = float("nan")
+    if not number > 0 or number == float("inf"):
+        raise ValueError(
+            f"the model connection's extra {name} must be a number above 0, not {value!r}"
+        )
+    return number

@@ -25,6 +25,12 @@ from replayable.retry import Classified, ErrorKind, ItemError, classify
 from replayable.runner import BatchIO, StageSpec, WorkItem
 from replayable.stages import embed, extract
 from replayable.stages.embed.client import CallRecord, EmbeddingProvider, EmbeddingResult
+from replayable.stages.embed.packing import (
+    MAX_TOKENS_PER_INPUT,
+    MAX_TOKENS_PER_REQUEST,
+    estimate_tokens,
+    pack,
+)
 from replayable.stages.lineage import embed_lineage
 
 
@@ -42,9 +48,11 @@ class _Request:
 class EmbedSpec(StageSpec):
     """Embed the batch's chunks that no document has embedded yet under this model.
 
-    Chunks of all the batch's documents are packed into full requests (``inputs_per_call``),
-    and up to ``max_in_flight`` requests are open at once, within a budget every worker
-    shares (:class:`~replayable.budget.RequestBudget`). Each request's vectors and its call
+    Chunks of all the batch's documents are packed into full requests (``inputs_per_call``
+    and ``max_request_tokens``; a chunk past ``max_input_tokens`` fails its documents
+    before anything is sent), and up to ``max_in_flight`` requests are open at once, within
+    a budget every worker shares (:class:`~replayable.budget.RequestBudget`): requests,
+    requests a second and tokens a minute. Each request's vectors and its call
     records are committed as soon as it returns, under advisory locks on its chunks that
     last only for that transaction, so a vector is never paid for twice and never lost to a
     later failure. A worker never waits while holding locks: chunks a peer holds are left
@@ -85,6 +93,9 @@ class EmbedSpec(StageSpec):
     # its chunk locks in a transaction of its own session, so the two come together, but a
     # run that may keep many requests in flight does not open as many sessions (ADR 0086).
     max_sessions: int = 16
+    # The provider's per-request limits, in estimated tokens (stages.embed.packing).
+    max_request_tokens: int = MAX_TOKENS_PER_REQUEST
+    max_input_tokens: int = MAX_TOKENS_PER_INPUT
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -94,6 +105,19 @@ class EmbedSpec(StageSpec):
 
     def key_config(self) -> dict[str, Any]:
         return {"model": self.model, "dimensions": self.dimensions}
+
+    @property
+    def request_tokens(self) -> int:
+        """The most estimated tokens one request carries.
+
+        Under a tokens-per-minute budget, at most half a minute's worth: a request larger
+        than the provider's minute could never be sent, and the other half leaves room
+        for estimates that fall short until the responses correct them (ADR 0106).
+        """
+        tpm = self.budget.max_tpm
+        if tpm is None:
+            return self.max_request_tokens
+        return max(1, min(self.max_request_tokens, int(tpm // 2)))
 
     def lineage(self) -> dict[str, Any]:
         return embed_lineage(self.model, self.dimensions, self.chunker_key, self.extractor_version)
@@ -133,6 +157,8 @@ class _EmbedBatch:
             for cid in dict.fromkeys(item.payload):
                 self.users[cid].append(item)
         self.errors: dict[str, BaseException] = {}
+        self.tokens: dict[str, int] = {}  # estimated, by chunk
+        self.too_long: set[str] = set()
         self.failed_in_a_row = 0
         self._lock = threading.Lock()
         self._local = threading.local()
@@ -172,26 +198,26 @@ class _EmbedBatch:
     def _run(self) -> None:
         spec = self.spec
         missing = self._database().transaction(
-            lambda conn: [
-                row["chunk_id"]
-                for row in fetch_all(
-                    conn,
-                    "stages/chunks_missing_embedding",
-                    {"chunk_ids": sorted(self.users), "model": spec.model, "with_text": False},
-                )
-            ],
+            lambda conn: fetch_all(
+                conn,
+                "stages/chunks_missing_embedding",
+                {"chunk_ids": sorted(self.users), "model": spec.model, "with_text": False},
+            ),
             describe="embed: check",
         )
-        pending = sorted(missing)
+        self.tokens = {row["chunk_id"]: estimate_tokens(row["bytes"]) for row in missing}
+        self._refuse_too_long()
+        pending = sorted(cid for cid in self.tokens if cid not in self.too_long)
         solo: list[list[str]] = []
         first_round = True
         deadline = time.monotonic() + spec.wait_for_peer_s
         while (pending or solo) and not self.io.stopping:
             live = [cid for cid in pending if self._wanted(cid)]
-            requests = [
-                live[i : i + spec.inputs_per_call]
-                for i in range(0, len(live), spec.inputs_per_call)
-            ]
+            requests = pack(
+                [(cid, self.tokens[cid]) for cid in live],
+                max_inputs=spec.inputs_per_call,
+                max_tokens=spec.request_tokens,
+            )
             requests += solo
             solo = []
             busy: list[str] = []
@@ -232,6 +258,24 @@ class _EmbedBatch:
         for cid in unfinished:
             for item in self.users[cid]:
                 self.errors.setdefault(item.item_key, incomplete)
+
+    def _refuse_too_long(self) -> None:
+        """Fail the documents of chunks past the per-input limit, before anything is sent.
+
+        The provider would refuse the whole request with a 400 after the send; the chunk is
+        the document's for good (a larger chunk_size made it), so the error is terminal.
+        """
+        limit = self.spec.max_input_tokens
+        self.too_long = {cid for cid, tokens in self.tokens.items() if tokens > limit}
+        for cid in sorted(self.too_long):
+            error = ItemError(
+                "input_too_long",
+                f"chunk {cid[:12]} is about {self.tokens[cid]} tokens, past the model's "
+                f"{limit} per input; a smaller chunk_size cuts it",
+                ErrorKind.TERMINAL,
+            )
+            for item in self.users[cid]:
+                self.errors.setdefault(item.item_key, error)
 
     def _wanted(self, chunk_id: str) -> bool:
         """Whether some item that still needs ``chunk_id`` is ours and has not failed."""
@@ -336,18 +380,21 @@ class _EmbedBatch:
             ids = [row["chunk_id"] for row in todo]
             key = _request_key(spec, ids)
             calls: list[CallRecord] = []
+            estimate = sum(estimate_tokens(row["bytes"]) for row in todo)
             try:
                 result = spec.provider.embed(
                     [row["text"] for row in todo],
                     idempotency_key=key,
                     on_call=calls.append,
-                    gate=lambda: spec.budget.slot(conn),
+                    gate=lambda: spec.budget.slot(conn, estimate),
                 )
             except Exception as error:
                 # The failed tries are billable records too; commit them, then report.
+                spec.budget.refund(estimate * len(calls), sum(c.tokens for c in calls))
                 self._record(conn, ids, calls)
                 request.error = error
                 return
+            spec.budget.refund(estimate * len(calls), sum(c.tokens for c in calls))
             answered = (result, calls)
             self._answered[key] = answered
             request.chunk_ids = ids
