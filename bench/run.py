@@ -41,7 +41,11 @@ SMOKE_RESULTS = ROOT / ".local" / "bench-smoke.json"
 Benchmark = Callable[..., tuple[list[Row], dict[str, Any]]]
 # name: (function, full-size arguments, smoke-size arguments)
 BENCHMARKS: dict[str, tuple[Benchmark, dict[str, Any], dict[str, Any]]] = {
-    "scheduler": (scheduler.run, {}, {"documents": 24, "per_doc_documents": 6}),
+    "scheduler": (
+        scheduler.run,
+        {},
+        {"documents": 24, "per_doc_documents": 6, "scale_documents": 48, "poll_every_s": 0.05},
+    ),
     "check-before-call": (check_before_call.run, {}, {"repeats": 1, "docs": 24}),
     "bookkeeping": (bookkeeping.run, {}, {"repeats": 1, "batch": 50}),
     "saturation": (saturation.run, {}, {"repeats": 1, "docs": 40}),

@@ -115,6 +115,7 @@ def test_the_provider_info_is_valid_for_airflow() -> None:
     jsonschema.validate(get_provider_info(), schema)
 
 
+@pytest.mark.packaging  # what an installed distribution's metadata does, in a new Airflow
 def test_an_installed_entry_point_registers_the_connection_form(tmp_path: Path) -> None:
     """With the entry point a packaged Replayable declares, Airflow lists the type and fields.
 
