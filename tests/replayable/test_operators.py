@@ -174,9 +174,10 @@ def test_the_shared_budget_is_always_counted_against_the_connections_values(monk
     model_connection(monkeypatch, max_in_flight=8, max_rps=20, max_tpm=90_000)
     mine = embed_spec_for(PipelineSettings(max_in_flight=2, max_rps=5))
     theirs = embed_spec_for(PipelineSettings())
-    # Tokens a minute are the connection's alone; a request carries at most half of them.
+    # Tokens a minute are the connection's alone; a request carries at most a minute's
+    # share of one of its 8 slots.
     assert mine.budget.max_tpm == theirs.budget.max_tpm == 90_000
-    assert mine.request_tokens == 45_000
+    assert mine.request_tokens == theirs.request_tokens == 11_250
     assert mine.max_in_flight == 2
     assert (mine.budget.name, mine.budget.slots, mine.budget.max_rps) == (
         theirs.budget.name,

@@ -110,14 +110,17 @@ class EmbedSpec(StageSpec):
     def request_tokens(self) -> int:
         """The most estimated tokens one request carries.
 
-        Under a tokens-per-minute budget, at most half a minute's worth: a request larger
-        than the provider's minute could never be sent, and the other half leaves room
-        for estimates that fall short until the responses correct them (ADR 0106).
+        Under a tokens-per-minute budget, a minute's tokens shared by the budget's slots (and
+        at most half a minute's): every request in flight at once, across all workers, then
+        fits the provider's minute, so none waits more than about a minute for its tokens
+        while its transaction holds its chunks (``max_call_s``), and the rest of the minute
+        leaves room for estimates that fall short until the responses correct them (ADR 0106).
         """
         tpm = self.budget.max_tpm
         if tpm is None:
             return self.max_request_tokens
-        return max(1, min(self.max_request_tokens, int(tpm // 2)))
+        share = min(tpm / 2, tpm / self.budget.slots)
+        return max(1, min(self.max_request_tokens, int(share)))
 
     def lineage(self) -> dict[str, Any]:
         return embed_lineage(self.model, self.dimensions, self.chunker_key, self.extractor_version)
