@@ -3,21 +3,25 @@
 This server is for offline demos and tests only. Its vectors are feature hashes of the
 input's words, not semantic embeddings: texts that share words land close together, but
 synonyms, paraphrases and other languages do not. Never use it to judge retrieval quality.
+Its chat completions are extractive summaries, the first sentences of the last user
+message; never use them to judge a summary either.
 
-It speaks enough of the OpenAI API (``POST /v1/embeddings``) for the pipeline's provider
-client, binds loopback only, and behaves like a careful paid provider: it charges each
-successful request, remembers it per ``Idempotency-Key`` and can inject faults at runtime
-(error statuses, ``Retry-After``, latency, hangs, poison inputs, lost responses, a
-concurrency limit, a tokens-per-minute limit, slow or padded bodies) so retry and replay
-behaviour can be exercised without a network or a paid account. It also receives "document
-ready" webhooks, standing in for a downstream system.
+It speaks enough of the OpenAI API for the pipeline's provider clients
+(``POST /v1/embeddings``, and ``POST /v1/chat/completions`` for summaries), binds loopback
+only, and behaves like a careful paid provider: it charges each successful request, remembers it
+per ``Idempotency-Key`` and can inject faults at runtime (error statuses, ``Retry-After``,
+latency, hangs, poison inputs, refusals, lost responses, a concurrency limit, a
+tokens-per-minute limit, slow or padded bodies) so retry and replay behaviour can be
+exercised without a network or a paid account. It also receives "document ready"
+webhooks, standing in for a downstream system.
 
 - :mod:`~devtools.model_server.faults`: the fault config and its JSON keys;
 - :mod:`~devtools.model_server.ratelimit`: the token bucket behind ``max_tpm``;
 - :mod:`~devtools.model_server.stats` and :mod:`~devtools.model_server.idempotency`: what
   ``GET /stats`` counts and the memory of charged responses by ``Idempotency-Key``;
-- :mod:`~devtools.model_server.vectors` and :mod:`~devtools.model_server.errors`: the
-  vectors, the request and response bodies, the error bodies;
+- :mod:`~devtools.model_server.vectors`, :mod:`~devtools.model_server.chat` and
+  :mod:`~devtools.model_server.errors`: the vectors and the summaries, the request and
+  response bodies of each endpoint, the error bodies;
 - :mod:`~devtools.model_server.handler` and :mod:`~devtools.model_server.server`: the HTTP
   endpoints, and the server's state behind them;
 - :mod:`~devtools.model_server.cli`: ``python -m devtools.model_server``;

@@ -92,8 +92,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Parse the command line and run :func:`serve`; return the exit status."""
     parser = argparse.ArgumentParser(
         prog="python -m devtools.model_server",
-        description="Local OpenAI-compatible embeddings server for offline demos and tests "
-        "(feature-hash vectors, not semantic embeddings).",
+        description="Local OpenAI-compatible embeddings and chat server for offline demos and "
+        "tests (feature-hash vectors, not semantic embeddings; extractive summaries).",
     )
     parser.add_argument("--host", default="127.0.0.1", help="loopback host to bind")
     parser.add_argument("--port", type=int, default=0, help="port to bind; 0 picks a free one")

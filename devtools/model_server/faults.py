@@ -1,19 +1,26 @@
 """The fault configuration: what the server injects, parsed and checked from JSON.
 
 Fault config keys (``PUT /faults`` with a JSON object; unknown keys and bad values get 400
-naming the key; every key is optional and the default injects nothing):
+naming the key; every key is optional and the default injects nothing). The ``/v1`` faults
+apply alike to ``POST /v1/embeddings`` and ``POST /v1/chat/completions``, which share the
+draws, the concurrency count and the token bucket:
 
 - ``status_rates``: ``{"503": 0.3, "429": 0.1}``, the share of ``/v1`` requests failing
   with each status (at most 1 in total);
 - ``retry_after``: seconds or an HTTP-date sent as ``Retry-After`` on injected 429 and 503
   responses, webhooks included;
-- ``latency_ms``: delay before a ``/v1`` request is handled; an embeddings request is
-  delayed after its API key, its body and ``max_tpm`` are checked, so that a provider's
+- ``latency_ms``: delay before a ``/v1`` request is handled; an embeddings or chat request
+  is delayed after its API key, its body and ``max_tpm`` are checked, so that a provider's
   quick refusals (401, 400, 429 over the token limit) come at once;
 - ``hang_rate``, ``hang_s`` (default 600): the share of requests held ``hang_s`` seconds
   (or until the faults are cleared) before they go on;
 - ``fail_inputs_containing``: ``{"POISON": 400}``, the status for a request with an input
-  containing the substring;
+  containing the substring: an embeddings input, or the content of any chat message;
+- ``chat_refusal_containing``: a non-empty string (null: none): a chat request whose last
+  user message contains it is answered 200 with a refusal, as OpenAI refuses:
+  ``choices[0].message`` has ``content`` null and ``refusal`` set, ``finish_reason`` is
+  ``"stop"``. The refusal is an answer like any other: charged, remembered under its key
+  and counted by ``max_tpm`` (its words being the completion tokens);
 - ``status_always``: fail every ``/v1`` request with this status;
 - ``seed``: reseed the fault draws, so a config gives the same sequence every time;
 - ``dedupe`` (default true): replay repeated idempotency keys; false charges every
@@ -22,15 +29,16 @@ naming the key; every key is optional and the default injects nothing):
   done: the request is charged (or replayed) and its key remembered as usual, then the
   connection is shut down without a response, so the client sees the server disconnect;
 - ``max_concurrency``: answer 429 at once, with ``Retry-After:
-  concurrency_retry_after`` (seconds, default 1), to an embeddings request that arrives
-  while this many are in flight (null: no limit);
+  concurrency_retry_after`` (seconds, default 1), to an embeddings or chat request that
+  arrives while this many of them are in flight (null: no limit);
 - ``max_tpm``: tokens per minute, like a provider's TPM limit (null: no limit). A bucket
-  shared by every embeddings request holds up to ``tpm_window_s`` (default 60, at most 60)
-  seconds of ``max_tpm`` tokens: a minute's burst, or less for a provider that enforces its
-  minute over shorter windows. It starts full whenever
-  the faults are set, and refills continuously at ``max_tpm / 60`` a second. A request
-  costs its ``usage.total_tokens``, taken from the bucket once ``max_concurrency`` has let
-  it in and its API key and body are checked, before the other faults (latency included).
+  shared by every embeddings and chat request holds up to ``tpm_window_s`` (default 60, at
+  most 60) seconds of ``max_tpm`` tokens: a minute's burst, or less for a provider that
+  enforces its minute over shorter windows. It starts full whenever the faults are set,
+  and refills continuously at ``max_tpm / 60`` a second. A request costs its
+  ``usage.total_tokens`` (a chat request: those of the answer it would get, prompt and
+  completion), taken from the bucket once ``max_concurrency`` has let it in and its API
+  key and body are checked, before the other faults (latency included).
   One the bucket cannot pay for gets 429 ``rate_limit_exceeded`` at once, with
   ``Retry-After``: the seconds, to the millisecond and rounded up, until the bucket holds
   its cost; one larger than the whole bucket gets 429 without ``Retry-After``, since no
@@ -70,6 +78,7 @@ _FAULT_FIELDS = frozenset(
         "hang_s",
         "fail_inputs_containing",
         "status_always",
+        "chat_refusal_containing",
         "seed",
         "dedupe",
         "lose_response_rate",
@@ -170,6 +179,7 @@ class FaultConfig:
     hang_s: float = 600.0
     fail_inputs_containing: tuple[tuple[str, int], ...] = ()
     status_always: int | None = None
+    chat_refusal_containing: str | None = None
     seed: int | None = None
     dedupe: bool = True
     lose_response_rate: float = 0.0
@@ -226,6 +236,10 @@ class FaultConfig:
         if status_always is not None:
             status_always = _error_status(status_always, "status_always")
 
+        refusal = raw.get("chat_refusal_containing")
+        if refusal is not None and (not isinstance(refusal, str) or not refusal):
+            raise ValueError("chat_refusal_containing must be a non-empty string, or null")
+
         seed = raw.get("seed")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
             raise ValueError("seed must be an integer")
@@ -254,6 +268,7 @@ class FaultConfig:
             hang_s=_finite_number(raw, "hang_s", 600.0, 0.0),
             fail_inputs_containing=poison,
             status_always=status_always,
+            chat_refusal_containing=refusal,
             seed=seed,
             dedupe=dedupe,
             lose_response_rate=_probability(
@@ -279,6 +294,7 @@ class FaultConfig:
             "hang_s": self.hang_s,
             "fail_inputs_containing": dict(self.fail_inputs_containing),
             "status_always": self.status_always,
+            "chat_refusal_containing": self.chat_refusal_containing,
             "seed": self.seed,
             "dedupe": self.dedupe,
             "lose_response_rate": self.lose_response_rate,

@@ -1,4 +1,22 @@
-"""The HTTP handler: the embeddings API, the webhook receivers and the control endpoints.
+"""The HTTP handler: the model API, the webhook receivers and the control endpoints.
+
+The model API (``Authorization: Bearer KEY`` when the server has an API key, 401
+otherwise; errors in OpenAI's shape, 400 naming the bad field of a body):
+
+- ``POST /v1/embeddings``: OpenAI's embeddings, ``{"model", "input", "dimensions",
+  "encoding_format"}``, answered with feature-hash vectors
+  (:mod:`devtools.model_server.vectors`);
+- ``POST /v1/chat/completions``: OpenAI's chat completions, ``{"model", "messages":
+  [{"role", "content"}], "max_tokens" or "max_completion_tokens", "temperature"}``,
+  answered with an extractive summary of the last user message, the same for the same
+  request (:mod:`devtools.model_server.chat`).
+
+Both go through the same steps, so that every ``/v1`` fault, the idempotency memory, the
+tokens-per-minute limit and the counters treat them alike (where they differ,
+:mod:`~devtools.model_server.faults` and :mod:`~devtools.model_server.stats` say so): the
+concurrency limit lets the request in; its API key and body are checked; ``max_tpm``
+takes its usage tokens; latency, injected failures and hangs follow; it is charged, or
+replayed from its ``Idempotency-Key``; its answer is sent, lost, padded or trickled.
 
 Control endpoints (no API key needed):
 
@@ -33,14 +51,16 @@ import socket
 import sys
 import threading
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from http.server import BaseHTTPRequestHandler
 from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import urlsplit
 
+from devtools.model_server.chat import chat_response, parse_chat_request
 from devtools.model_server.errors import HttpError, error_body
 from devtools.model_server.faults import FaultConfig, seconds_header
 from devtools.model_server.idempotency import fingerprint
+from devtools.model_server.stats import CHAT, EMBEDDINGS
 from devtools.model_server.vectors import (
     embeddings_response,
     parse_embeddings_request,
@@ -53,6 +73,9 @@ if TYPE_CHECKING:
     from devtools.model_server.stats import Ticket
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
+
+# What serves one admitted model API request: the body to answer with, and if it is lost.
+_Work = Callable[["Ticket", "FaultDraw", "str | None"], tuple[bytes, bool]]
 
 _WEBHOOK_NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,100}")
 
@@ -115,7 +138,10 @@ class Handler(BaseHTTPRequestHandler):
         path = urlsplit(self.path).path
         try:
             if path == "/v1/embeddings" and self.command == "POST":
-                self._embeddings()
+                self._serve_model(EMBEDDINGS, self._embed)
+                return
+            if path == "/v1/chat/completions" and self.command == "POST":
+                self._serve_model(CHAT, self._chat)
                 return
             body = self._read_body()
             if path.startswith("/webhooks/"):
@@ -137,18 +163,23 @@ class Handler(BaseHTTPRequestHandler):
         except HttpError as exc:
             self._send_error(exc)
 
-    def _embeddings(self) -> None:
+    def _serve_model(self, endpoint: str, work: _Work) -> None:
+        """Serve a model API request with ``work``, counting it under ``endpoint``.
+
+        Admission, the answer's delivery (lost, padded, trickled) and the counting of
+        errors are the same for every endpoint; ``work`` does the rest.
+        """
         srv = self._srv
         key = self.headers.get("Idempotency-Key") or None
         faults = srv.snapshot_faults()
         config = faults.config
-        ticket = srv.stats.begin(key, config.max_concurrency)
+        ticket = srv.stats.begin(key, config.max_concurrency, endpoint)
         try:
             if not ticket.admitted:
                 self._refuse_over_limit(config)
                 return
             try:
-                body, lost = self._embed(ticket, faults, key)
+                body, lost = work(ticket, faults, key)
             except HttpError as exc:
                 srv.stats.fail(ticket, exc.status, over_tpm=isinstance(exc, OverTokenLimit))
                 srv.stats.end(ticket)
@@ -173,36 +204,85 @@ class Handler(BaseHTTPRequestHandler):
             srv.stats.end(ticket)
 
     def _embed(self, ticket: Ticket, faults: FaultDraw, key: str | None) -> tuple[bytes, bool]:
-        """Serve one embeddings request; return the body to answer with and if it is lost.
+        """Serve one embeddings request; return the body to answer with and if it is lost."""
+        body = self._read_body()
+        self._check_auth()
+        request = parse_embeddings_request(body, self._srv.dim)
 
-        As at a provider, the request is authenticated, checked and let in by the token
-        limit first, each refusal coming at once; only then does it take time (latency,
-        hangs) or meet the injected failures.
+        def render() -> tuple[dict[str, Any], list[str]]:
+            digests = [hashlib.sha256(text.encode()).hexdigest() for text in request.inputs]
+            return embeddings_response(request), digests
+
+        return self._answer(
+            ticket,
+            faults,
+            key,
+            inputs=request.inputs,
+            tokens=usage_tokens(request.inputs),
+            request_fingerprint=fingerprint(request),
+            render=render,
+        )
+
+    def _chat(self, ticket: Ticket, faults: FaultDraw, key: str | None) -> tuple[bytes, bool]:
+        """Serve one chat completions request; return the body to answer with and if it is lost.
+
+        The answer is computed first, cheaply, because its ``usage.total_tokens`` is what
+        ``max_tpm`` charges; whether it is a refusal depends on the faults it runs under.
+        """
+        body = self._read_body()
+        self._check_auth()
+        request = parse_chat_request(body)
+        response = chat_response(request, faults.config.chat_refusal_containing)
+        return self._answer(
+            ticket,
+            faults,
+            key,
+            inputs=request.contents,
+            tokens=response["usage"]["total_tokens"],
+            request_fingerprint=fingerprint(request),
+            render=lambda: (response, []),
+        )
+
+    def _answer(
+        self,
+        ticket: Ticket,
+        faults: FaultDraw,
+        key: str | None,
+        *,
+        inputs: Sequence[str],
+        tokens: int,
+        request_fingerprint: str,
+        render: Callable[[], tuple[dict[str, Any], Sequence[str]]],
+    ) -> tuple[bytes, bool]:
+        """Take a checked request through the token limit and the faults, then charge it.
+
+        As at a provider, the request was authenticated and checked first, and is let in by
+        the token limit at once; only then does it take time (latency, hangs) or meet the
+        injected failures. ``inputs`` are what ``fail_inputs_containing`` looks in;
+        ``render`` makes the response and the digests of the inputs it embedded, only once
+        the request has passed every fault. Return the body to answer with (the remembered
+        one for a replay) and whether the response is to be lost.
         """
         srv = self._srv
-        body = self._read_body()
         config = faults.config
-        self._check_auth()
-        request = parse_embeddings_request(body, srv.dim)
-        tokens = usage_tokens(request.inputs)
         paid_to = self._pay_tokens(faults, key, tokens)
         self._wait_latency(faults)
         if config.status_always is not None:
             raise self._injected(config, config.status_always, "every request fails")
         for needle, poison_status in config.fail_inputs_containing:
-            if any(needle in text for text in request.inputs):
+            if any(needle in text for text in inputs):
                 raise self._injected(config, poison_status, f"an input contains {needle!r}")
         draw = srv.draw(config)
         if draw.hang:
             faults.release.wait(config.hang_s)
         if draw.status is not None:
             raise self._injected(config, draw.status, "random failure")
-        response = json.dumps(embeddings_response(request), separators=(",", ":")).encode()
-        digests = [hashlib.sha256(text.encode()).hexdigest() for text in request.inputs]
+        payload, digests = render()
+        response = json.dumps(payload, separators=(",", ":")).encode()
         answer = srv.stats.settle(
             ticket,
             key,
-            fingerprint(request),
+            request_fingerprint,
             digests,
             tokens,
             response,

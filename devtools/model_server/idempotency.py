@@ -1,19 +1,23 @@
 """The idempotency memory: successful response bodies by ``Idempotency-Key``.
 
-A successful ``/v1/embeddings`` response is remembered under its ``Idempotency-Key``
-header together with a fingerprint of the request (model, inputs, dimensions,
-encoding). A later request with the same key and the same fingerprint gets the
-remembered body again and is counted as ``deduplicated``, not charged; with a different
-fingerprint it gets 422 ``idempotency_key_reused``. Failed requests are not remembered,
-so their retry is served and charged normally. Requests with one key that are in
-flight at the same time are neither blocked nor refused: the charge is taken
-atomically when a request has embedded its inputs, so the first to get there is
-charged and every other one is answered with the first one's body, exactly as if it
-had waited for it. (A 409 would be terminal to a client that treats other 4xx as
-final, and waiting would tie a retry to a first attempt held by a hang fault.) The
-memory keeps the most recently used :data:`IDEMPOTENCY_MAX_KEYS` keys and at most
-:data:`IDEMPOTENCY_MAX_BYTES` of bodies; a key evicted from it, or whose body alone is
-larger than that, is charged again. ``POST /stats/reset`` forgets every key.
+A successful ``/v1/embeddings`` or ``/v1/chat/completions`` response is remembered under
+its ``Idempotency-Key`` header together with a fingerprint of the request: its endpoint
+and what it asks (embeddings: model, inputs, dimensions, encoding; chat: model, messages,
+``max_tokens``, temperature). A later request with the same key and the same fingerprint
+gets the remembered body again and is counted as ``deduplicated``, not charged; with a
+different fingerprint it gets 422 ``idempotency_key_reused``. The keys of both endpoints
+share one memory, since a key names one request, whatever its endpoint: a key
+used for embeddings and then for a chat completion gets 422 there, never the embeddings
+answer. Failed requests are not remembered, so their retry is served and charged
+normally. Requests with one key that are in flight at the same time are neither blocked
+nor refused: the charge is taken atomically when a request has done its work (embedded
+its inputs, written its answer), so the first to get there is charged and every other
+one is answered with the first one's body, exactly as if it had waited for it. (A 409
+would be terminal to a client that treats other 4xx as final, and waiting would tie a
+retry to a first attempt held by a hang fault.) The memory keeps the most recently used
+:data:`IDEMPOTENCY_MAX_KEYS` keys and at most :data:`IDEMPOTENCY_MAX_BYTES` of bodies; a
+key evicted from it, or whose body alone is larger than that, is charged again.
+``POST /stats/reset`` forgets every key.
 """
 
 from __future__ import annotations
@@ -22,10 +26,7 @@ import hashlib
 import json
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from devtools.model_server.vectors import EmbeddingsRequest
+from typing import Protocol
 
 IDEMPOTENCY_MAX_KEYS = 100_000
 IDEMPOTENCY_MAX_BYTES = 64 * 1024 * 1024
@@ -87,10 +88,19 @@ class IdempotencyMemory:
         self._bytes = 0
 
 
-def fingerprint(request: EmbeddingsRequest) -> str:
-    """Return what identifies a request for its idempotency key: what it asks, not its bytes."""
-    canonical = json.dumps(
-        [request.model, request.inputs, request.dim, request.encoding_format],
-        separators=(",", ":"),
-    )
+class Fingerprinted(Protocol):
+    """A checked request of either endpoint."""
+
+    def canonical(self) -> list[object]:
+        """Its endpoint and what it asks, as JSON-ready values."""
+        ...
+
+
+def fingerprint(request: Fingerprinted) -> str:
+    """Return what identifies a request for its idempotency key: what it asks, not its bytes.
+
+    The canonical form starts with the endpoint, so requests to different endpoints never
+    share a fingerprint.
+    """
+    canonical = json.dumps(request.canonical(), separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()

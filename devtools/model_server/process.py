@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 
 class LocalModelServer:
-    """Run the local embeddings server as a subprocess, e.g. ``with LocalModelServer() as s``.
+    """Run the local model server as a subprocess, e.g. ``with LocalModelServer() as s``.
 
     The subprocess gets its own process group so :meth:`stop` can take down everything it
     started. The API key is passed through the environment so it never shows in ``ps``.

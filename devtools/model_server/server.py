@@ -56,7 +56,7 @@ class Draw:
 
 
 class EmbeddingServer(ThreadingHTTPServer):
-    """A threading HTTP server for the embeddings API; binds loopback hosts only.
+    """A threading HTTP server for the embeddings and chat API; binds loopback hosts only.
 
     ``idempotency_max_keys`` and ``idempotency_max_bytes`` bound the memory of responses
     kept for repeated ``Idempotency-Key`` headers.

@@ -2,17 +2,23 @@
 
 ``GET /stats`` shows the counters since the last reset, as a JSON object:
 
-- ``requests``: ``/v1/embeddings`` requests received; ``succeeded`` + ``failed`` of
-  them have finished, the rest are ``in_flight``;
-- ``succeeded`` = ``charged`` + ``deduplicated``: 200 responses, newly embedded and
+- ``requests``: ``/v1/embeddings`` and ``/v1/chat/completions`` requests received;
+  ``succeeded`` + ``failed`` of them have finished, the rest are ``in_flight``. Every
+  counter below counts both endpoints' requests alike unless it says otherwise;
+- ``by_endpoint``: ``{"embeddings": n, "chat": n}``, the ``requests`` to each endpoint
+  (both keys always present);
+- ``succeeded`` = ``charged`` + ``deduplicated``: 200 responses, newly answered and
   charged or replayed from an idempotency key;
+- ``chat_charged``: the charged responses that answered a chat request (chat refusals
+  included), so ``charged - chat_charged`` are embeddings;
 - ``failed``: every other response (injected faults, 4xx, 422 key reuse, concurrency
   and token limit 429s); ``by_status``: responses per status, lost ones included under
   ``"200"``;
 - ``inputs_embedded`` and ``input_success_counts`` (sha256 of an input's text -> times it
-  was charged) count charged inputs only;
-- ``tokens_charged``: the ``usage.total_tokens`` of charged responses, summed (replays
-  are not charged, and a failed request is not charged whatever ``max_tpm`` took for it);
+  was charged) count charged embeddings inputs only, never chat messages;
+- ``tokens_charged``: the ``usage.total_tokens`` of charged responses, summed (a chat
+  answer's prompt and completion tokens both; replays are not charged, and a failed
+  request is not charged whatever ``max_tpm`` took for it);
 - ``idempotency_keys``: each key seen -> how many times a response under it was charged;
 - ``would_deduplicate``: charged requests whose key had been charged before (whatever
   the body) and was still remembered; non-zero only with ``"dedupe": false``, it is
@@ -33,7 +39,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Final
 
 from devtools.model_server.idempotency import (
     IDEMPOTENCY_MAX_BYTES,
@@ -42,19 +48,24 @@ from devtools.model_server.idempotency import (
     Remembered,
 )
 
+EMBEDDINGS: Final = "embeddings"
+CHAT: Final = "chat"
+ENDPOINTS = (EMBEDDINGS, CHAT)
+
 
 @dataclass
 class Ticket:
-    """An embeddings request's stats generation, and whether the concurrency limit let it in."""
+    """A ``/v1`` request's stats generation and endpoint, and if the concurrency limit let it in."""
 
     generation: int
     admitted: bool
+    endpoint: str
     ended: bool = False
 
 
 @dataclass(frozen=True)
 class Settled:
-    """The body a charged or replayed embeddings request is answered with."""
+    """The body a charged or replayed ``/v1`` request is answered with."""
 
     body: bytes
     replayed: bool
@@ -92,6 +103,8 @@ class Stats:
         self._requests = 0
         self._succeeded = 0
         self._charged = 0
+        self._chat_charged = 0
+        self._by_endpoint = dict.fromkeys(ENDPOINTS, 0)
         self._deduplicated = 0
         self._would_deduplicate = 0
         self._failed = 0
@@ -113,23 +126,29 @@ class Stats:
         key = str(status)
         self._by_status[key] = self._by_status.get(key, 0) + 1
 
-    def begin(self, idempotency_key: str | None, max_concurrency: int | None) -> Ticket:
+    def begin(
+        self, idempotency_key: str | None, max_concurrency: int | None, endpoint: str
+    ) -> Ticket:
         """Count a request as started and admit it, unless ``max_concurrency`` are in flight.
 
+        ``endpoint`` is one of :data:`ENDPOINTS`; requests to either count toward the limit.
         A refused request is counted as a failed 429 here and is never in flight.
         """
+        if endpoint not in ENDPOINTS:
+            raise ValueError(f"unknown endpoint {endpoint!r}; expected one of {ENDPOINTS}")
         with self._lock:
             self._requests += 1
+            self._by_endpoint[endpoint] += 1
             if idempotency_key is not None:
                 self._idempotency_keys.setdefault(idempotency_key, 0)
             if max_concurrency is not None and self._in_flight >= max_concurrency:
                 self._rejected_concurrency += 1
                 self._failed += 1
                 self._count_status(429)
-                return Ticket(self._generation, admitted=False)
+                return Ticket(self._generation, admitted=False, endpoint=endpoint)
             self._in_flight += 1
             self._peak_in_flight = max(self._peak_in_flight, self._in_flight)
-            return Ticket(self._generation, admitted=True)
+            return Ticket(self._generation, admitted=True, endpoint=endpoint)
 
     def fail(self, ticket: Ticket, status: int, *, over_tpm: bool = False) -> None:
         """Count an error response, unless stats were reset since the request began.
@@ -165,10 +184,11 @@ class Stats:
         dedupe: bool,
         lost: bool,
     ) -> Settled | None:
-        """Charge a request that embedded its inputs, or replay what its key remembers.
+        """Charge a request that did its work, or replay what its key remembers.
 
         Return the body to answer with and whether it is a replay: ``body`` when the request
-        is charged (``tokens`` being its usage tokens), the first response's body when it is
+        is charged (``tokens`` being its usage tokens, ``input_digests`` those of the inputs
+        it embedded, none for a chat request), the first response's body when it is
         replayed, or None when the key was charged for a request with another fingerprint
         (the caller answers 422 and counts it with :meth:`fail`). With ``dedupe`` off every
         request is charged. ``lost`` counts the response as dropped. A request begun before
@@ -187,6 +207,8 @@ class Stats:
                 replayed = True
             else:
                 self._charged += 1
+                if ticket.endpoint == CHAT:
+                    self._chat_charged += 1
                 self._inputs_embedded += len(input_digests)
                 self._tokens_charged += tokens
                 for digest in input_digests:
@@ -262,8 +284,10 @@ class Stats:
         with self._lock:
             return {
                 "requests": self._requests,
+                "by_endpoint": dict(self._by_endpoint),
                 "succeeded": self._succeeded,
                 "charged": self._charged,
+                "chat_charged": self._chat_charged,
                 "deduplicated": self._deduplicated,
                 "would_deduplicate": self._would_deduplicate,
                 "failed": self._failed,

@@ -64,6 +64,10 @@ class EmbeddingsRequest:
     dim: int
     encoding_format: str
 
+    def canonical(self) -> list[object]:
+        """What identifies the request for its idempotency key; it names the endpoint."""
+        return ["embeddings", self.model, self.inputs, self.dim, self.encoding_format]
+
 
 def parse_embeddings_request(body: bytes, default_dim: int) -> EmbeddingsRequest:
     """Parse and check a request body; raise a 400 :class:`HttpError` naming the field."""

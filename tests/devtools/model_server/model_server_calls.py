@@ -46,6 +46,23 @@ def embed(
     )
 
 
+def chat(
+    client: httpx.Client,
+    messages: str | list[dict[str, Any]],
+    key: str | None = None,
+    **extra: Any,
+) -> httpx.Response:
+    """POST a chat completion; a string is sent as the only, user, message."""
+    if isinstance(messages, str):
+        messages = [{"role": "user", "content": messages}]
+    headers = {"Idempotency-Key": key} if key is not None else {}
+    return client.post(
+        "/chat/completions",
+        json={"model": "local-chat", "messages": messages, **extra},
+        headers=headers,
+    )
+
+
 def sha(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
