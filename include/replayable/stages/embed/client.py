@@ -7,18 +7,15 @@ Every HTTP request is reported to ``on_call`` so that billable calls are counted
 
 from __future__ import annotations
 
-import contextlib
-import json
 import math
-import time
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import httpx
+from replayable.retry import ErrorKind, ItemError
+from replayable.stages.model_http import CallRecord, Gate, HttpModelClient, Request
 
-from replayable.retry import CallRetry, ErrorKind, ItemError, call_with_retries, classify
+__all__ = ["CallRecord", "EmbeddingProvider", "EmbeddingResult", "Gate", "HttpEmbeddingClient"]
 
 # A response is refused past a size that every legitimate answer fits (ADR 0078): a float
 # prints in at most 24 characters ("-2.2250738585072014e-308"), and providers that indent
@@ -38,27 +35,11 @@ def response_limit(n_inputs: int, dimensions: int | None) -> int:
     return _RESPONSE_OVERHEAD + n_inputs * per_input
 
 
-Gate = Callable[[], AbstractContextManager[Any]]
-
-
 @dataclass(frozen=True)
 class EmbeddingResult:
     """Vectors in input order, and the tokens the provider billed."""
 
     vectors: list[list[float]]
-    tokens: int
-
-
-@dataclass(frozen=True)
-class CallRecord:
-    """One HTTP request to the provider, successful or not."""
-
-    idempotency_key: str
-    attempt: int
-    status: str  # "ok" or the error class
-    http_status: int | None
-    latency_ms: int
-    n_inputs: int
     tokens: int
 
 
@@ -81,46 +62,16 @@ class EmbeddingProvider(Protocol):
         ...
 
 
-class HttpEmbeddingClient:
+class HttpEmbeddingClient(HttpModelClient):
     """OpenAI-compatible embeddings over httpx, with classified, bounded retries.
 
-    :param base_url: the API root including ``/v1``, e.g. ``http://127.0.0.1:8765/v1``.
-    :param model: the model name sent with each request.
-    :param api_key: sent as a bearer token; never logged or stored.
-    :param dimensions: optional output size, for models that accept it.
-    :param timeout_s: the whole request's deadline, from sending to the last byte; a
-        server that trickles its answer is cut off at it.
-    :param retry: bounds for retrying one call.
-    :param max_connections: HTTP connections kept open (requests in flight at once).
+    ``dimensions``: optional output size, for models that accept it; the other parameters
+    are :class:`~replayable.stages.model_http.HttpModelClient`'s (as keywords).
     """
 
-    def __init__(
-        self,
-        *,
-        base_url: str,
-        model: str,
-        api_key: str | None = None,
-        dimensions: int | None = None,
-        timeout_s: float = 30.0,
-        retry: CallRetry | None = None,
-        max_connections: int = 16,
-    ) -> None:
-        self.model = model
+    def __init__(self, *, dimensions: int | None = None, **client: Any) -> None:
+        super().__init__(**client)
         self.dimensions = dimensions
-        self.retry = retry or CallRetry()
-        self.timeout_s = timeout_s
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._http = httpx.Client(
-            base_url=base_url.rstrip("/"),
-            headers=headers,
-            timeout=httpx.Timeout(timeout_s),
-            limits=httpx.Limits(
-                max_connections=max_connections, max_keepalive_connections=max_connections
-            ),
-        )
-
-    def close(self) -> None:
-        self._http.close()
 
     def embed(
         self,
@@ -131,15 +82,11 @@ class HttpEmbeddingClient:
         gate: Gate | None = None,
     ) -> EmbeddingResult:
         """Embed ``texts`` in one request, retried per :class:`CallRetry`."""
-        attempt = 0
-
-        def once() -> EmbeddingResult:
-            nonlocal attempt
-            attempt += 1
-            with gate() if gate is not None else contextlib.nullcontext():
-                return self._request(texts, idempotency_key, attempt, on_call)
-
-        return call_with_retries(once, self.retry, describe=f"embed {idempotency_key}")
+        return self._call(
+            lambda attempt: self._request(texts, idempotency_key, attempt, on_call),
+            gate=gate,
+            describe=f"embed {idempotency_key}",
+        )
 
     def _request(
         self,
@@ -151,56 +98,15 @@ class HttpEmbeddingClient:
         body: dict[str, object] = {"model": self.model, "input": list(texts)}
         if self.dimensions:
             body["dimensions"] = self.dimensions
-        started = time.monotonic()
-        http_status: int | None = None
-        status, tokens = "interrupted", 0
-        limit = response_limit(len(texts), self.dimensions)
-        try:
-            with self._http.stream(
-                "POST", "/embeddings", json=body, headers={"Idempotency-Key": key}
-            ) as response:
-                http_status = response.status_code
-                content = _read_within(response, started + self.timeout_s, limit)
-            response.raise_for_status()
-            result = _parse(_json(content), len(texts))
-            status, tokens = "ok", result.tokens
-        except Exception as exc:
-            status, tokens = classify(exc).error_class, 0
-            raise
-        finally:
-            if on_call is not None:
-                latency_ms = int((time.monotonic() - started) * 1000)
-                on_call(
-                    CallRecord(key, attempt, status, http_status, latency_ms, len(texts), tokens)
-                )
-        return result
-
-
-def _read_within(response: httpx.Response, deadline: float, limit: int) -> bytes:
-    """Read the body by a total deadline and a size cap (httpx's timeouts are per phase)."""
-    parts: list[bytes] = []
-    size = 0
-    for part in response.iter_bytes():
-        size += len(part)
-        if size > limit:
-            raise ItemError(
-                "bad_response",
-                f"the response is larger than {limit} bytes; refused",
-                ErrorKind.RETRYABLE,
-            )
-        if time.monotonic() > deadline:
-            raise httpx.ReadTimeout("the response did not finish within the request's deadline")
-        parts.append(part)
-    return b"".join(parts)
-
-
-def _json(content: bytes) -> object:
-    try:
-        return json.loads(content)
-    except ValueError as exc:
-        raise ItemError(
-            "bad_response", f"the response is not JSON: {exc}", ErrorKind.RETRYABLE
-        ) from exc
+        request = Request(
+            "/embeddings",
+            body,
+            response_limit(len(texts), self.dimensions),
+            len(texts),
+            lambda payload: _parse(payload, len(texts)),
+            lambda result: result.tokens,
+        )
+        return self._post(request, key, attempt, on_call)
 
 
 def _parse(payload: object, expected: int) -> EmbeddingResult:

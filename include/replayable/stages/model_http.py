@@ -1,0 +1,166 @@
+"""What every model client shares: its call records, the budget gate, reading an answer.
+
+A model call is one HTTP request to an OpenAI-compatible endpoint; each one, failed ones
+included, is reported as a :class:`CallRecord` so that billable calls are counted, and each
+is sent inside a ``Gate`` (the shared in-flight, rate and token budget). An answer is read
+by a total deadline and a size cap (:func:`read_within`) and parsed as JSON
+(:func:`parse_json`); what it must contain is each client's own business.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import httpx
+
+from replayable.retry import CallRetry, ErrorKind, ItemError, call_with_retries, classify
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class CallRecord:
+    """One HTTP request to the provider, successful or not."""
+
+    idempotency_key: str
+    attempt: int
+    status: str  # "ok" or the error class
+    http_status: int | None
+    latency_ms: int
+    n_inputs: int
+    tokens: int
+
+
+Gate = Callable[[], AbstractContextManager[Any]]
+
+
+class HttpModelClient:
+    """An OpenAI-compatible endpoint over httpx: the connection and the retried, gated call.
+
+    :param base_url: the API root including ``/v1``, e.g. ``http://127.0.0.1:8765/v1``.
+    :param model: the model name sent with each request.
+    :param api_key: sent as a bearer token; never logged or stored.
+    :param timeout_s: the whole request's deadline, from sending to the last byte; a
+        server that trickles its answer is cut off at it.
+    :param retry: bounds for retrying one call.
+    :param max_connections: HTTP connections kept open (requests in flight at once).
+    """
+
+    def __init__(
+        self,
+        *,
+        base_url: str,
+        model: str,
+        api_key: str | None = None,
+        timeout_s: float = 30.0,
+        retry: CallRetry | None = None,
+        max_connections: int = 16,
+    ) -> None:
+        self.model = model
+        self.retry = retry or CallRetry()
+        self.timeout_s = timeout_s
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = httpx.Client(
+            base_url=base_url.rstrip("/"),
+            headers=headers,
+            timeout=httpx.Timeout(timeout_s),
+            limits=httpx.Limits(
+                max_connections=max_connections, max_keepalive_connections=max_connections
+            ),
+        )
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _call(self, send: Callable[[int], T], *, gate: Gate | None, describe: str) -> T:
+        """``send(attempt)`` inside ``gate``, retried per :class:`CallRetry`."""
+        attempt = 0
+
+        def once() -> T:
+            nonlocal attempt
+            attempt += 1
+            with gate() if gate is not None else contextlib.nullcontext():
+                return send(attempt)
+
+        return call_with_retries(once, self.retry, describe=describe)
+
+    def _post(
+        self,
+        call: Request[R],
+        key: str,
+        attempt: int,
+        on_call: Callable[[CallRecord], None] | None,
+    ) -> R:
+        """Send one request under the Idempotency-Key ``key``; report it to ``on_call``.
+
+        The answer is read by the request's deadline and within ``call.limit`` bytes, then
+        parsed by ``call.parse``; a failure is reported with its error class, then raised.
+        """
+        started = time.monotonic()
+        http_status: int | None = None
+        status, tokens = "interrupted", 0
+        try:
+            with self._http.stream(
+                "POST", call.path, json=call.body, headers={"Idempotency-Key": key}
+            ) as response:
+                http_status = response.status_code
+                content = read_within(response, started + self.timeout_s, call.limit)
+            response.raise_for_status()
+            result = call.parse(parse_json(content))
+            status, tokens = "ok", call.tokens(result)
+        except Exception as exc:
+            status, tokens = classify(exc).error_class, 0
+            raise
+        finally:
+            if on_call is not None:
+                latency_ms = int((time.monotonic() - started) * 1000)
+                on_call(
+                    CallRecord(key, attempt, status, http_status, latency_ms, call.inputs, tokens)
+                )
+        return result
+
+
+@dataclass(frozen=True)
+class Request(Generic[R]):
+    """One request's path and body, the most bytes its answer may take, and how to read it."""
+
+    path: str
+    body: dict[str, object]
+    limit: int
+    inputs: int
+    parse: Callable[[object], R]
+    tokens: Callable[[R], int]
+
+
+def read_within(response: httpx.Response, deadline: float, limit: int) -> bytes:
+    """Read the body by a total deadline and a size cap (httpx's timeouts are per phase)."""
+    parts: list[bytes] = []
+    size = 0
+    for part in response.iter_bytes():
+        size += len(part)
+        if size > limit:
+            raise ItemError(
+                "bad_response",
+                f"the response is larger than {limit} bytes; refused",
+                ErrorKind.RETRYABLE,
+            )
+        if time.monotonic() > deadline:
+            raise httpx.ReadTimeout("the response did not finish within the request's deadline")
+        parts.append(part)
+    return b"".join(parts)
+
+
+def parse_json(content: bytes) -> object:
+    try:
+        return json.loads(content)
+    except ValueError as exc:
+        raise ItemError(
+            "bad_response", f"the response is not JSON: {exc}", ErrorKind.RETRYABLE
+        ) from exc
