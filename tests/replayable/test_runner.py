@@ -986,3 +986,26 @@ def test_two_workers_share_the_tokens_per_minute_and_cause_no_429(conn, dsn, mod
     model.reset_stats()
     _embed_under_tpm(model, dsn, [unbudgeted[0::2], unbudgeted[1::2]], max_tpm=None)
     assert model.stats()["rejected_tpm"] > 0
+
+
+class _BudgetWhoseCorrectionFails(RequestBudget):
+    def refund(self, reserved: int, used: int) -> None:
+        raise RuntimeError("the budget's connection is gone")
+
+
+def test_an_answer_paid_for_is_stored_when_the_token_correction_fails(conn, dsn, model):
+    """Correcting the token budget comes after the answer is kept: a failure there costs
+    the budget its correction, never a second charge or the document's outcome."""
+    doc_ids = seed_documents(conn, 1)
+    run(ChunkSpec(config=CHUNKS, connect=connect_to(dsn)), dsn, doc_ids)
+    spec = embed_spec(model.base_url, dsn, per_call=100)
+    spec.budget = _BudgetWhoseCorrectionFails(
+        model.base_url, 4, max_tpm=6_000_000, connect=connect_to(dsn)
+    )
+    try:
+        result = run(spec, dsn, doc_ids)
+    finally:
+        spec.budget.close()
+    assert result.done == doc_ids
+    assert model.stats()["requests"] == 1
+    paid_once(model, conn)

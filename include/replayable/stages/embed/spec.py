@@ -10,6 +10,7 @@ A batch packs the chunks no document has embedded yet into requests and sends th
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import defaultdict
@@ -32,6 +33,8 @@ from replayable.stages.embed.packing import (
     pack,
 )
 from replayable.stages.lineage import embed_lineage
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -383,7 +386,7 @@ class _EmbedBatch:
             ids = [row["chunk_id"] for row in todo]
             key = _request_key(spec, ids)
             calls: list[CallRecord] = []
-            estimate = sum(estimate_tokens(row["bytes"]) for row in todo)
+            estimate = sum(self.tokens[cid] for cid in ids)
             try:
                 result = spec.provider.embed(
                     [row["text"] for row in todo],
@@ -393,13 +396,13 @@ class _EmbedBatch:
                 )
             except Exception as error:
                 # The failed tries are billable records too; commit them, then report.
-                spec.budget.refund(estimate * len(calls), sum(c.tokens for c in calls))
+                self._correct_tokens(estimate, calls)
                 self._record(conn, ids, calls)
                 request.error = error
                 return
-            spec.budget.refund(estimate * len(calls), sum(c.tokens for c in calls))
             answered = (result, calls)
-            self._answered[key] = answered
+            self._answered[key] = answered  # kept before anything else can fail
+            self._correct_tokens(estimate, calls)
             request.chunk_ids = ids
         result, calls = answered
         ids = request.chunk_ids if len(request.chunk_ids) == len(result.vectors) else []
@@ -415,6 +418,15 @@ class _EmbedBatch:
         self._record(conn, ids, calls)
         request.stored = ids
         self._answered.pop(key, None)
+
+    def _correct_tokens(self, estimate: int, calls: list[CallRecord]) -> None:
+        """Correct the token budget from what the provider counted (every try reserved
+        ``estimate``). Best effort: an answer already paid for must not be lost to the
+        budget's own connection, and a correction missed leaves the estimate spent."""
+        try:
+            self.spec.budget.refund(estimate * len(calls), sum(c.tokens for c in calls))
+        except Exception:
+            log.warning("embed: the token budget was not corrected", exc_info=True)
 
     def _record(self, conn: Connection, chunk_ids: list[str], calls: list[CallRecord]) -> None:
         """Store each call with the items whose inputs it carried (each chunk counted once)."""
