@@ -15,13 +15,12 @@ Tokens are whitespace-separated words here as for embeddings: ``usage.prompt_tok
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass
 from typing import Any
 
-from devtools.model_server.errors import HttpError
+from devtools.model_server.errors import HttpError, model_request
 from devtools.model_server.idempotency import fingerprint
 from devtools.model_server.vectors import usage_tokens
 
@@ -103,15 +102,7 @@ def parse_chat_request(body: bytes) -> ChatRequest:
     options a client usually sends pass; ``stream`` is refused, since the answer would not
     be the event stream such a client reads.
     """
-    try:
-        payload = json.loads(body)
-    except (ValueError, RecursionError) as exc:
-        raise HttpError(400, f"request body is not valid JSON: {exc}") from None
-    if not isinstance(payload, dict):
-        raise HttpError(400, "request body must be a JSON object")
-    model = payload.get("model")
-    if not isinstance(model, str) or not model:
-        raise HttpError(400, "'model' must be a non-empty string")
+    payload, model = model_request(body)
     raw_messages = payload.get("messages")
     if not isinstance(raw_messages, list) or not raw_messages:
         raise HttpError(400, "'messages' must be a non-empty list of messages")

@@ -5,6 +5,7 @@ Handlers raise :class:`HttpError`; the handler answers it with :func:`error_body
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -42,3 +43,17 @@ class HttpError(Exception):
         self.message = message
         self.code = code
         self.headers = dict(headers or {})
+
+
+def model_request(body: bytes) -> tuple[dict[str, Any], str]:
+    """A ``/v1`` request body as a JSON object, and its ``model``; else a 400 naming why."""
+    try:
+        payload = json.loads(body)
+    except (ValueError, RecursionError) as exc:
+        raise HttpError(400, f"request body is not valid JSON: {exc}") from None
+    if not isinstance(payload, dict):
+        raise HttpError(400, "request body must be a JSON object")
+    model = payload.get("model")
+    if not isinstance(model, str) or not model:
+        raise HttpError(400, "'model' must be a non-empty string")
+    return payload, model

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import json
 import math
 import re
 import struct
@@ -16,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-from devtools.model_server.errors import HttpError
+from devtools.model_server.errors import HttpError, model_request
 
 DEFAULT_DIM = 64
 MAX_DIM = 8192
@@ -71,15 +70,7 @@ class EmbeddingsRequest:
 
 def parse_embeddings_request(body: bytes, default_dim: int) -> EmbeddingsRequest:
     """Parse and check a request body; raise a 400 :class:`HttpError` naming the field."""
-    try:
-        payload = json.loads(body)
-    except (ValueError, RecursionError) as exc:
-        raise HttpError(400, f"request body is not valid JSON: {exc}") from None
-    if not isinstance(payload, dict):
-        raise HttpError(400, "request body must be a JSON object")
-    model = payload.get("model")
-    if not isinstance(model, str) or not model:
-        raise HttpError(400, "'model' must be a non-empty string")
+    payload, model = model_request(body)
     raw_input = payload.get("input")
     if isinstance(raw_input, str):
         inputs = [raw_input]

@@ -77,3 +77,8 @@ def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
 def vectors(response: httpx.Response) -> list[list[float]]:
     assert response.status_code == 200, response.text
     return [item["embedding"] for item in response.json()["data"]]
+
+
+def words(count: int, tag: str = "w") -> str:
+    """A one-sentence text of ``count`` usage tokens (whitespace-separated words)."""
+    return " ".join(f"{tag}{i}" for i in range(count))

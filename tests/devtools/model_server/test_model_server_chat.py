@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
-from model_server_calls import chat, clean_shared_server, embed, sha, wait_until
+from model_server_calls import chat, clean_shared_server, embed, sha, wait_until, words
 
 from devtools.model_server import LocalModelServer
 from devtools.model_server.chat import (
@@ -60,11 +60,6 @@ def _clean_server(request: pytest.FixtureRequest) -> Iterator[None]:
 def client(server: LocalModelServer) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=server.base_url, trust_env=False, timeout=10.0) as http:
         yield http
-
-
-def words(count: int, tag: str = "w") -> str:
-    """A one-sentence text of ``count`` usage tokens (whitespace-separated words)."""
-    return " ".join(f"{tag}{i}" for i in range(count))
 
 
 def choice(response: httpx.Response) -> dict[str, Any]:
