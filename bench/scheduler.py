@@ -184,38 +184,27 @@ def run(
     corpus = pdf_corpus(documents)
     big = pdf_corpus(scale_documents, seed=13)
     cores = os.cpu_count() or 1
-    settings = PipelineSettings()
-    per_request = settings.embed_inputs_per_call
     with (
         tempfile.TemporaryDirectory(prefix="replayable-bench-") as tmp,
         LocalModelServer(dim=64) as model,
     ):
         state = Path(tmp)
         services = devenv.start(state, model_url=model.base_url)
+        dsn = services.replayable_dsn
         try:
             env = devenv.airflow_env(services, state, api_port=_free_port())
             env[sources.ROOTS_ENV] = str(corpus.parent)
             with devenv.AirflowProcesses(env, state / "logs") as procs:
                 airflow = _Airflow(procs)
                 model.set_faults(latency_ms=latency_ms)
-                conf = {"source": str(corpus), "batch_size": batch}
-                first, first_state, _ = airflow.run(conf)
-                first_calls = model.stats()["requests"]
-                batches = _first_run_batches(services.replayable_dsn)
-                model.reset_stats()
-                again, again_state, _ = airflow.run(conf)
-                again_calls = model.stats()["requests"]
-                chunks = count_rows(services.replayable_dsn, "chunks")
-                if first_state != "success" or again_state != "success":
-                    raise BenchError(f"runs ended {first_state} and {again_state}; see {state}")
+                small = _Runs.of(airflow, model, dsn, {"source": str(corpus), "batch_size": batch})
 
                 # B4 on an empty ledger each time: one task instance per document, then 50.
                 subset = pdf_corpus(per_doc_documents, seed=12)
-                env_roots = str(subset.parent)
-                assert env_roots == env[sources.ROOTS_ENV]
+                assert str(subset.parent) == env[sources.ROOTS_ENV]
                 mapped: dict[int, float] = {}
                 for size in (1, BATCH):
-                    empty_ledger(services.replayable_dsn)
+                    empty_ledger(dsn)
                     seconds, end, _ = airflow.run(
                         {"source": str(subset), "batch_size": size, "stages": ["extract"]}
                     )
@@ -224,54 +213,18 @@ def run(
                     mapped[size] = seconds
 
                 # At scale, on an empty ledger, with the UI polled during the first run.
-                empty_ledger(services.replayable_dsn)
-                model.reset_stats()
+                empty_ledger(dsn)
                 poller = _UiPoller(procs.url, procs.token(), poll_every_s)
                 poller.start()
                 try:
-                    at_scale = _Runs.of(airflow, model, services.replayable_dsn, str(big))
+                    at_scale = _Runs.of(airflow, model, dsn, {"source": str(big)})
                 finally:
                     poller.stop()
         finally:
             devenv.stop(state)
 
-    cpu, pages = _extraction_cpu(corpus)
-    requests = math.ceil(chunks / per_request)
-    floor = cpu / cores + requests * (latency_ms / 1000) / DEFAULT_MAX_IN_FLIGHT
-    rows = [
-        Row(
-            "B9",
-            f"first run / physical floor ({documents} docs, {latency_ms} ms/request, "
-            f"{cores} cores)",
-            "floor",
-            Samples((floor,)),
-            "first run",
-            Samples((first,)),
-            FLOOR_TARGET,
-            notes=[
-                f"floor = {cpu:.1f} CPU-s extraction / {cores} cores + {requests} requests x "
-                f"{latency_ms} ms / {DEFAULT_MAX_IN_FLIGHT} in flight = {floor:.1f} s"
-            ],
-        ),
-        Row(
-            "B1",
-            f"identical re-run / first run ({documents} docs, real scheduler)",
-            "first run",
-            Samples((first,)),
-            "identical re-run",
-            Samples((again,)),
-            RERUN_TARGET,
-        ),
-        Row(
-            "B1.calls",
-            "model calls on the identical re-run",
-            "first run",
-            Samples((float(first_calls),), unit="calls"),
-            "re-run",
-            Samples((float(again_calls),), unit="calls"),
-            NO_CALLS,
-            target_on="measured",
-        ),
+    rows, floor = _run_rows(small, corpus, "", f"{documents} docs", latency_ms, cores, RERUN_TARGET)
+    rows.append(
         Row(
             "B4",
             f"one task instance per document / batches of {BATCH} ({per_doc_documents} docs)",
@@ -281,27 +234,23 @@ def run(
             Samples((mapped[1],)),
             MAPPING_TARGET,
             notes=["ratio = how many times faster batches are (higher is better)"],
-        ),
-    ]
-    rows += _scale_rows(at_scale, big, scale_documents, latency_ms, cores, poller)
+        )
+    )
+    scale_rows, scale_floor = _run_rows(
+        at_scale, big, ".10k", f"{scale_documents:,} docs", latency_ms, cores, SCALE_RERUN_TARGET
+    )
+    rows += [*scale_rows, _ui_row(poller, f"{scale_documents:,} docs")]
     details = {
         "documents": documents,
-        "pages": pages,
-        "chunks": chunks,
-        "requests_minimal": requests,
-        "requests_first_run": first_calls,
-        "extraction_cpu_s": round(cpu, 2),
-        "floor_s": round(floor, 2),
-        "first_run_s": round(first, 2),
-        "rerun_s": round(again, 2),
+        **small.details(),
+        **floor,
         "per_document_s": round(mapped[1], 2),
         "batched_s": round(mapped[BATCH], 2),
         "batch_size": batch,
-        "batches": batches,
         "notes": [
-            f"{documents} PDFs, {pages} pages, {chunks} distinct chunks; first run "
-            f"{first:.1f} s ({first_calls} requests) in {batches} batches (batch_size "
-            f"{batch!r}), re-run {again:.2f} s ({again_calls})",
+            f"{documents} PDFs, {floor['pages']} pages, {small.chunks} distinct chunks; "
+            f"first run {small.first:.1f} s ({small.first_calls} requests) in {small.batches} "
+            f"batches (batch_size {batch!r}), re-run {small.again:.2f} s ({small.again_calls})",
             f"extract stage, {per_doc_documents} PDFs: {mapped[1]:.1f} s one task instance "
             f"per document, {mapped[BATCH]:.1f} s in batches of {BATCH}",
             f"at scale, {scale_documents} PDFs: first run {at_scale.first:.1f} s "
@@ -311,11 +260,8 @@ def run(
         ],
         "scale": {
             "documents": scale_documents,
-            "chunks": at_scale.chunks,
-            "first_run_s": round(at_scale.first, 2),
-            "rerun_s": round(at_scale.again, 2),
-            "requests_first_run": at_scale.first_calls,
-            "batches": at_scale.batches,
+            **at_scale.details(),
+            **scale_floor,
             "ui_answers": len(poller.seconds),
             "ui_p95_ms": round(poller.p95() * 1000, 1),
             "ui_failures": poller.failures[:10],
@@ -336,14 +282,16 @@ class _Runs:
     chunks: int
 
     @classmethod
-    def of(cls, airflow: _Airflow, model: LocalModelServer, dsn: str, folder: str) -> _Runs:
-        conf = {"source": folder}
+    def of(
+        cls, airflow: _Airflow, model: LocalModelServer, dsn: str, conf: dict[str, Any]
+    ) -> _Runs:
+        model.reset_stats()
         first, first_state, _ = airflow.run(conf)
         first_calls = model.stats()["requests"]
         model.reset_stats()
         again, again_state, _ = airflow.run(conf)
         if first_state != "success" or again_state != "success":
-            raise BenchError(f"runs of {folder} ended {first_state} and {again_state}")
+            raise BenchError(f"runs of {conf} ended {first_state} and {again_state}")
         return cls(
             first,
             first_calls,
@@ -353,19 +301,32 @@ class _Runs:
             count_rows(dsn, "chunks"),
         )
 
+    def details(self) -> dict[str, Any]:
+        return {
+            "chunks": self.chunks,
+            "requests_first_run": self.first_calls,
+            "first_run_s": round(self.first, 2),
+            "rerun_s": round(self.again, 2),
+            "batches": self.batches,
+        }
 
-def _scale_rows(
-    runs: _Runs, folder: Path, documents: int, latency_ms: int, cores: int, poller: _UiPoller
-) -> list[Row]:
-    """B9.10k, B1.10k (with its calls) and B12."""
-    cpu, _ = _extraction_cpu(folder)
+
+def _run_rows(
+    runs: _Runs,
+    folder: Path,
+    suffix: str,
+    tag: str,
+    latency_ms: int,
+    cores: int,
+    rerun_target: Target,
+) -> tuple[list[Row], dict[str, Any]]:
+    """B9, B1 and B1.calls (``suffix``: ``""`` or ``".10k"``), and the floor's terms."""
+    cpu, pages = _extraction_cpu(folder)
     requests = math.ceil(runs.chunks / PipelineSettings().embed_inputs_per_call)
     floor = cpu / cores + requests * (latency_ms / 1000) / DEFAULT_MAX_IN_FLIGHT
-    p95 = poller.p95()
-    tag = f"{documents:,} docs"
-    return [
+    rows = [
         Row(
-            "B9.10k",
+            f"B9{suffix}",
             f"first run / physical floor ({tag}, {latency_ms} ms/request, {cores} cores)",
             "floor",
             Samples((floor,)),
@@ -378,16 +339,16 @@ def _scale_rows(
             ],
         ),
         Row(
-            "B1.10k",
+            f"B1{suffix}",
             f"identical re-run / first run ({tag}, real scheduler)",
             "first run",
             Samples((runs.first,)),
             "identical re-run",
             Samples((runs.again,)),
-            SCALE_RERUN_TARGET,
+            rerun_target,
         ),
         Row(
-            "B1.10k.calls",
+            f"B1{suffix}.calls",
             f"model calls on the identical re-run ({tag})",
             "first run",
             Samples((float(runs.first_calls),), unit="calls"),
@@ -396,18 +357,30 @@ def _scale_rows(
             NO_CALLS,
             target_on="measured",
         ),
-        Row(
-            "B12",
-            f"UI p95 page time during the first run ({tag})",
-            "target",
-            Samples((UI_TARGET.below or 0.0,)),
-            f"p95 of {len(poller.seconds)} answers (overview, dead letters)",
-            Samples((p95,)),
-            UI_TARGET,
-            target_on="measured",
-            notes=[
-                f"median {statistics.median(poller.seconds) * 1000:.0f} ms, slowest "
-                f"{max(poller.seconds) * 1000:.0f} ms, {len(poller.failures)} failed"
-            ],
-        ),
     ]
+    terms = {
+        "pages": pages,
+        "requests_minimal": requests,
+        "extraction_cpu_s": round(cpu, 2),
+        "floor_s": round(floor, 2),
+    }
+    return rows, terms
+
+
+def _ui_row(poller: _UiPoller, tag: str) -> Row:
+    """B12: the UI's p95 page time while the first run at scale went."""
+    p95 = poller.p95()
+    return Row(
+        "B12",
+        f"UI p95 page time during the first run ({tag})",
+        "target",
+        Samples((UI_TARGET.below or 0.0,)),
+        f"p95 of {len(poller.seconds)} answers (overview, dead letters)",
+        Samples((p95,)),
+        UI_TARGET,
+        target_on="measured",
+        notes=[
+            f"median {statistics.median(poller.seconds) * 1000:.0f} ms, slowest "
+            f"{max(poller.seconds) * 1000:.0f} ms, {len(poller.failures)} failed"
+        ],
+    )
