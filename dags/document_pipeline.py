@@ -1,4 +1,5 @@
-"""Discover PDFs, plan the batches with work left, extract → chunk → embed; report; publish."""
+"""Discover PDFs, plan the batches with work left, extract → chunk → embed (and, when a
+run's ``stages`` name it, extract → summarize); report; publish."""
 
 from __future__ import annotations
 
@@ -45,7 +46,16 @@ def document_pipeline() -> None:
         embed = IdempotentStageOperator(
             task_id="embed", stage="embed", batch=batch, trigger_rule="none_failed", **STAGE
         )
+        # Reads the extracted text, as chunk does; skipped unless the run's stages name it.
+        summarize = IdempotentStageOperator(
+            task_id="summarize",
+            stage="summarize",
+            batch=batch,
+            trigger_rule="none_failed",
+            **STAGE,
+        )
         extract >> chunk >> embed
+        extract >> summarize
 
     done = process.expand(batch=batches)
     report = task(

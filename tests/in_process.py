@@ -28,7 +28,7 @@ from replayable import (
     pipeline_params,
     sources,
 )
-from replayable.vocabulary import PIPELINE_DAG_ID, STAGES
+from replayable.vocabulary import PIPELINE_DAG_ID, STAGE_INPUTS, STAGES
 
 # The DAG's own settings (dags/document_pipeline.py): four retries per batch task.
 RETRIES = 4
@@ -86,12 +86,13 @@ class PipelineInProcess:
             self.tasks["plan", -1] = Outcome("failed", 1, error)
             batches, failed = [], True
         for map_index, batch in enumerate(batches):
-            upstream = "success"
             for stage in STAGES:
                 task_id = f"batch.{stage}"
-                # trigger_rule none_failed for chunk and embed: a skipped stage lets the
-                # next one run, a failed one does not (it is upstream_failed).
-                if upstream == "failed":
+                # trigger_rule none_failed for every stage that reads another: a skipped
+                # input lets it run, a failed (or upstream_failed) one does not.
+                source = STAGE_INPUTS[stage]
+                upstream = self.tasks[f"batch.{source}", map_index].state if source else "success"
+                if upstream in ("failed", "upstream_failed"):
                     self.tasks[task_id, map_index] = Outcome("upstream_failed", 0)
                     continue
                 operator = IdempotentStageOperator(
@@ -101,8 +102,7 @@ class PipelineInProcess:
                     operator, lambda tries, t=task_id, m=map_index: context(t, m, tries)
                 )
                 self.tasks[task_id, map_index] = outcome
-                if outcome.state == "failed":
-                    upstream, failed = "failed", True
+                failed = failed or outcome.state == "failed"
         current = context("report")
         try:
             report = dag_tasks.report()

@@ -15,9 +15,9 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from replayable import config, db, pipeline, sources
 from replayable.context import triggered_by
-from replayable.hooks import connection_dsn, model_choice
+from replayable.hooks import EmbeddingsHook, chat_model_of, connection_dsn, model_choice
 from replayable.settings import PipelineSettings, check_conf_keys
-from replayable.vocabulary import LEDGER_CONN_ID, MODEL_CONN_ID
+from replayable.vocabulary import LEDGER_CONN_ID, MODEL_CONN_ID, STAGES
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +50,6 @@ def plan(
     Discovering and planning are one task: a run with nothing to do costs as few task
     instances as it can (B1 in bench/).
     """
-    from replayable.stages.lineage import spec_hashes
-
     context = get_current_context()
     ti = context["ti"]
     # Airflow takes any key into a run's conf; one no param has is refused here, before the
@@ -61,12 +59,7 @@ def plan(
     except ValueError as error:
         raise AirflowFailException(str(error)) from None
     settings = PipelineSettings.from_params(context["params"])
-    if "embed" in settings.effective_stages:
-        choice = model_choice(settings, model_conn_id)
-        model, dimensions = choice.model, choice.dimensions
-    else:
-        model, dimensions = settings.model or "", settings.dimensions
-    hashes = spec_hashes(settings.chunk_config, model, dimensions, settings.extractor)
+    hashes = _spec_hashes(settings, model_conn_id)
     max_map_length = config.max_map_length()
     slots = config.batch_slots()
 
@@ -89,6 +82,26 @@ def plan(
     to_do = sum(batch["size"] for batch in batches)
     log.info("%d documents, %d with work left, in %d batches", documents, to_do, len(batches))
     return batches
+
+
+def _spec_hashes(settings: PipelineSettings, model_conn_id: str) -> dict[str, str]:
+    """Each stage's spec hash under ``settings``, its models resolved as the stages do."""
+    from replayable.stages.lineage import spec_hashes
+
+    model, dimensions = settings.model or "", settings.dimensions
+    chat_model = settings.summary_model or ""
+    if {"embed", "summarize"} & set(settings.effective_stages):
+        hook = EmbeddingsHook(model_conn_id)
+        choice = model_choice(settings, hook)
+        model, dimensions = choice.model, choice.dimensions
+        chat_model = chat_model_of(settings.summary_model, choice.provider)
+    return spec_hashes(
+        settings.chunk_config,
+        model,
+        dimensions,
+        settings.extractor,
+        settings.summary_config(chat_model),
+    )
 
 
 def _record_documents(conn: db.Connection, settings: PipelineSettings, context: Any) -> int:
@@ -117,10 +130,14 @@ def _record_documents(conn: db.Connection, settings: PipelineSettings, context: 
 
 def report(postgres_conn_id: str = LEDGER_CONN_ID) -> dict[str, Any]:
     """Log the run's counts per stage and status; fail the run if any item is left to do."""
-    ti = get_current_context()["ti"]
+    context = get_current_context()
+    ti = context["ti"]
+    settings = PipelineSettings.from_params(context["params"])
     result = _on_database(
         postgres_conn_id,
-        lambda conn: pipeline.build_report(conn, dag_id=ti.dag_id, run_id=ti.run_id),
+        lambda conn: pipeline.build_report(
+            conn, dag_id=ti.dag_id, run_id=ti.run_id, stages_run=settings.effective_stages
+        ),
         "report",
     )
     log.info("run report\n%s", pipeline.format_report(result))
@@ -143,21 +160,18 @@ def sweep(
     against the spec a run with the default settings has now (ADR 0042).
     """
     from replayable import sweeper
-    from replayable.stages.lineage import spec_hashes
 
     context = get_current_context()
     ti = context["ti"]
     params = context["params"]
     max_attempts = int(params["max_attempts"])
-    settings = PipelineSettings(max_attempts=max_attempts)
-    choice = model_choice(settings, model_conn_id)
+    settings = PipelineSettings(max_attempts=max_attempts, stages=STAGES)
+    hashes = _spec_hashes(settings, model_conn_id)
     conn = db.connect(connection_dsn(postgres_conn_id))
     try:
         found = sweeper.select_failed(
             conn,
-            spec_hashes=spec_hashes(
-                settings.chunk_config, choice.model, choice.dimensions, settings.extractor
-            ),
+            spec_hashes=hashes,
             min_age_s=float(params["min_age_minutes"]) * 60,
             max_items=int(params["max_items"]),
             max_attempts=max_attempts,

@@ -124,13 +124,13 @@ class IdempotentStageOperator(BaseOperator):
     it) while any item is failed and under its attempt cap; it succeeds once every item
     is done or dead. It returns counts of the documents in each end state.
 
-    :param stage: one of ``extract``, ``chunk``, ``embed``.
+    :param stage: one of ``extract``, ``chunk``, ``embed``, ``summarize``.
     :param batch: a batch reference from the plan task, ``{"index": n, "label": ..., "size":
         ...}`` (its documents are read from ``run_docs``), or explicit ids, as
         ``{"doc_ids": [...]}`` or a list.
     :param settings: run settings, usually ``"{{ params }}"`` (see PipelineSettings).
     :param postgres_conn_id: Airflow connection of the replayable database.
-    :param model_conn_id: Airflow connection of the embeddings provider.
+    :param model_conn_id: Airflow connection of the model provider (embeddings, chat).
     """
 
     template_fields: Sequence[str] = ("batch", "settings")
@@ -232,6 +232,7 @@ class IdempotentStageOperator(BaseOperator):
         from replayable.stages.extract import extractor_id
         from replayable.stages.extract.spec import ExtractSpec
         from replayable.stages.lineage import default_workers
+        from replayable.stages.summarize.spec import SummarizeSpec
 
         if self.stage == "extract":
             pool = stack.enter_context(
@@ -259,15 +260,9 @@ class IdempotentStageOperator(BaseOperator):
         hook = EmbeddingsHook(self.model_conn_id)
         choice = model_choice(settings, hook)
         retry = CallRetry()
-        client = hook.get_client(
-            model=choice.model,
-            dimensions=choice.dimensions,
-            max_in_flight=choice.max_in_flight,
-            retry=retry,
-        )
-        stack.callback(client.close)
         # The slots and the rate every run shares are the connection's (ADR 0086); a run
         # that asked for less sends with fewer threads and reserves its own rate as well.
+        # Both model stages draw on the one budget of the connection's provider.
         own_rps = choice.max_rps if choice.max_rps != choice.shared_rps else None
         budget = RequestBudget(
             choice.provider.base_url,
@@ -279,6 +274,33 @@ class IdempotentStageOperator(BaseOperator):
             max_tpm=choice.provider.max_tpm,
         )
         stack.callback(budget.close)
+        # A call ends by then: its retries and waits, then one last request.
+        max_call_s = retry.max_total_s + choice.provider.timeout_s + CALL_SLACK_S
+        if self.stage == "summarize":
+            chat = hook.get_chat_client(
+                model=settings.summary_model,
+                max_tokens=settings.summary_max_tokens,
+                max_in_flight=choice.max_in_flight,
+                retry=retry,
+            )
+            stack.callback(chat.close)
+            return SummarizeSpec(
+                provider=chat,
+                config=settings.summary_config(chat.model),
+                connect=connect,
+                budget=budget,
+                run_id=run_id,
+                max_in_flight=choice.max_in_flight,
+                extractor_version=extractor_id(settings.extractor),
+                max_call_s=max_call_s,
+            )
+        client = hook.get_client(
+            model=choice.model,
+            dimensions=choice.dimensions,
+            max_in_flight=choice.max_in_flight,
+            retry=retry,
+        )
+        stack.callback(client.close)
         return EmbedSpec(
             provider=client,
             model=choice.model,
@@ -290,8 +312,7 @@ class IdempotentStageOperator(BaseOperator):
             extractor_version=extractor_id(settings.extractor),
             inputs_per_call=settings.embed_inputs_per_call,
             max_in_flight=choice.max_in_flight,
-            # A call ends by then: its retries and waits, then one last request.
-            max_call_s=retry.max_total_s + choice.provider.timeout_s + CALL_SLACK_S,
+            max_call_s=max_call_s,
         )
 
     def _outcome(

@@ -20,7 +20,8 @@ from replayable.settings import (
     PipelineSettings,
 )
 from replayable.stages import extract
-from replayable.vocabulary import ITEM_STATUSES
+from replayable.stages.summarize.config import DEFAULT_CHAT_MODEL
+from replayable.vocabulary import DEFAULT_STAGES, ITEM_STATUSES
 
 _DEFAULTS = PipelineSettings()
 # The name the CLI's and the fuzz tests import; the statuses themselves are the vocabulary's.
@@ -35,6 +36,8 @@ _SHA256 = "^[0-9a-f]{64}$"
 # terminal acts on the rest); jsonschema does not check "format" without extra packages, so
 # a time is a pattern too.
 _TEXT = r"^(?![\s\S]*[\x00-\x1f\x7f])"
+# Text people write at length (a prompt): line breaks and tabs, no other control characters.
+_PROSE = r"^(?![\s\S]*[\x00-\x08\x0b-\x1f\x7f])"
 _DATE_TIME = (
     r"^[0-9]{4}-[0-9]{2}-[0-9]{2}"
     r"([T ][0-9]{2}:[0-9]{2}(:[0-9]{2}(\.[0-9]{1,6})?)?(Z|[+-][0-9]{2}:?[0-9]{2})?)?" + _END
@@ -120,7 +123,13 @@ def pipeline_params(default_source: str, roots: Sequence[str] | None = None) -> 
             "Bigger batches start fewer task instances; clearing one redoes more items.",
         ),
         "stages": Param(
-            list(STAGES), **stage_list, description="Stages to run; the others are skipped."
+            None,
+            anyOf=[{"type": "null"}, stage_list],
+            description="Stages to run; the others are skipped. Default: "
+            f"{', '.join(DEFAULT_STAGES)} (a re-run or redrive: its own stage and what reads "
+            "it). summarize, a chat "
+            "completion per document at many times the price of its embeddings, runs when "
+            "named here.",
         ),
         "model": Param(
             None,
@@ -190,6 +199,34 @@ def pipeline_params(default_source: str, roots: Sequence[str] | None = None) -> 
             _DEFAULTS.max_retry_after_s,
             **_bounded("max_retry_after_s", type="number"),
             description="The longest wait a provider's Retry-After can impose on a task retry.",
+        ),
+        "summary_model": Param(
+            None,
+            type=["null", "string"],
+            minLength=1,
+            maxLength=200,
+            pattern=_TEXT,
+            description="Chat model of the summarize stage; default: the connection's extra "
+            f'"chat_model", else {DEFAULT_CHAT_MODEL}.',
+        ),
+        "summary_prompt": Param(
+            _DEFAULTS.summary_prompt,
+            type="string",
+            minLength=1,
+            maxLength=20_000,
+            pattern=_PROSE,
+            description="The summarize stage's instruction, sent before the document's text. "
+            "It is part of the stage's key: editing it redoes every summary, and nothing else.",
+        ),
+        "summary_input_chars": Param(
+            _DEFAULTS.summary_input_chars,
+            **_bounded("summary_input_chars", type="integer"),
+            description="How much of a document's text (from its start) a summary reads.",
+        ),
+        "summary_max_tokens": Param(
+            _DEFAULTS.summary_max_tokens,
+            **_bounded("summary_max_tokens", type="integer"),
+            description="The longest summary, in tokens (the request's max_tokens).",
         ),
         "rerun": Param(
             None,

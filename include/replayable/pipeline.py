@@ -21,7 +21,7 @@ from replayable import config, sources
 from replayable.db import Connection, execute, fetch_all
 from replayable.keys import sha256_bytes, sha256_file
 from replayable.settings import AUTO, BOUNDS, PipelineSettings
-from replayable.vocabulary import STAGES
+from replayable.vocabulary import DEFAULT_STAGES, STAGES, stage_paths
 
 log = logging.getLogger(__name__)
 
@@ -259,10 +259,10 @@ def plan_batches(
 ) -> list[dict[str, Any]]:
     """Number the batches of the run's documents that have work left; return their refs.
 
-    A document has work when, walking the stages in order, the first one not done under
-    its current spec is one this run executes and is not dead there (unless the run revives
-    dead items of that stage). One query decides it for all stages at once; an identical
-    re-run of a finished corpus therefore maps no batch at all.
+    A document has work when, walking some chain of inputs (``stage_paths``) in order, the
+    first stage not done under its current spec is one this run executes and is not dead
+    there (unless the run revives dead items of that stage). One query decides it for all
+    stages at once; an identical re-run of a finished corpus therefore maps no batch at all.
 
     Batches hold ``batch_size`` documents each; under ``"auto"`` the size is chosen from the
     number of documents with work: ``BATCHES_PER_SLOT`` batches for each of ``slots``, within
@@ -276,13 +276,16 @@ def plan_batches(
     first = settings.first_stage
     revive = settings.revives_dead or bool(settings.redrive)
     closes = revive and first is not None and first in settings.effective_stages
+    # Every chain of inputs, flattened: each stage's path number, input first (ADR 0107).
+    cells = [(n, stage) for n, path in enumerate(stage_paths()) for stage in path]
     params = {
         "dag_id": dag_id,
         "run_id": run_id,
-        "stages": list(STAGES),
-        "spec_hashes": [spec_hashes[stage] for stage in STAGES],
-        "effective": [stage in settings.effective_stages for stage in STAGES],
-        "revive": [revive and stage == first for stage in STAGES],
+        "paths": [n for n, _ in cells],
+        "stages": [stage for _, stage in cells],
+        "spec_hashes": [spec_hashes[stage] for _, stage in cells],
+        "effective": [stage in settings.effective_stages for _, stage in cells],
+        "revive": [revive and stage == first for _, stage in cells],
         "batch_size": None if settings.batch_size == AUTO else settings.batch_size,
         "auto_batches": max(1, slots) * BATCHES_PER_SLOT,
         "auto_min": AUTO_MIN_BATCH,
@@ -311,11 +314,18 @@ def batch_doc_ids(conn: Connection, *, dag_id: str, run_id: str, batch: int) -> 
     return [row["doc_id"] for row in rows]
 
 
-def build_report(conn: Connection, *, dag_id: str, run_id: str) -> dict[str, Any]:
-    """Summarise a run: per stage, its documents by current status (and error class)."""
+def build_report(
+    conn: Connection, *, dag_id: str, run_id: str, stages_run: Sequence[str] = DEFAULT_STAGES
+) -> dict[str, Any]:
+    """Summarise a run: per stage, its documents by current status (and error class).
+
+    The stages the run executed (``stages_run``) are listed even where no item entered them;
+    another stage is listed when the run's documents have items in it.
+    """
     stages: dict[str, dict[str, Any]] = {
         stage: {"done": 0, "failed": 0, "dead": 0, "running": 0, "pending": 0, "errors": {}}
         for stage in STAGES
+        if stage in stages_run
     }
     run = fetch_all(conn, "report/run", {"dag_id": dag_id, "run_id": run_id})
     documents = int(run[0]["documents"]) if run else 0
@@ -331,7 +341,8 @@ def build_report(conn: Connection, *, dag_id: str, run_id: str) -> dict[str, Any
         entry["not_entered"] = documents - sum(
             entry.get(s, 0) for s in ("done", "failed", "dead", "running", "pending")
         )
-    calls = fetch_all(conn, "report/model_calls", {"run_id": run_id})[0]
+    calls = dict(fetch_all(conn, "report/model_calls", {"run_id": run_id})[0])
+    by_stage = {str(k): int(v) for k, v in (calls.pop("by_stage") or {}).items()}
     dead = fetch_all(conn, "report/dead_letters", {"run_id": run_id})[0]
     report = {
         "dag_id": dag_id,
@@ -341,6 +352,7 @@ def build_report(conn: Connection, *, dag_id: str, run_id: str) -> dict[str, Any
         "to_do": int(run[0]["to_do"] or 0) if run else 0,
         "stages": stages,
         "model_calls": {k: int(v) for k, v in calls.items()},
+        "model_calls_by_stage": by_stage,
         "dead_letters_opened": int(dead["opened"]),
     }
     execute(
@@ -358,14 +370,14 @@ def format_report(report: dict[str, Any]) -> str:
         f"run {report['run_id']}: {report['documents']} documents, "
         f"{report.get('to_do', report['documents'])} with work in "
         f"{report.get('batches', '?')} batches",
-        f"{'stage':<8} {'done':>6} {'failed':>7} {'dead':>6} {'other':>6}  errors",
+        f"{'stage':<10} {'done':>6} {'failed':>7} {'dead':>6} {'other':>6}  errors",
     ]
     order = {stage: n for n, stage in enumerate(STAGES)}
     for stage, entry in sorted(report["stages"].items(), key=lambda kv: order.get(kv[0], 99)):
         other = entry.get("running", 0) + entry.get("pending", 0) + entry.get("not_entered", 0)
         errors = ", ".join(f"{k}={v}" for k, v in sorted(entry.get("errors", {}).items()))
         lines.append(
-            f"{stage:<8} {entry.get('done', 0):>6} {entry.get('failed', 0):>7} "
+            f"{stage:<10} {entry.get('done', 0):>6} {entry.get('failed', 0):>7} "
             f"{entry.get('dead', 0):>6} {other:>6}  {errors or '-'}"
         )
     calls = report["model_calls"]
@@ -373,4 +385,9 @@ def format_report(report: dict[str, Any]) -> str:
         f"model calls: {calls['calls']} ({calls['ok']} ok, {calls['inputs']} inputs embedded, "
         f"{calls['tokens']} tokens); dead letters opened: {report['dead_letters_opened']}"
     )
+    by_stage = report.get("model_calls_by_stage") or {}
+    if len(by_stage) > 1 or set(by_stage) - {"embed"}:
+        lines.append(
+            "model calls by stage: " + ", ".join(f"{k}={v}" for k, v in sorted(by_stage.items()))
+        )
     return "\n".join(lines)

@@ -14,7 +14,8 @@ from typing import Any
 
 from replayable.stages import extract
 from replayable.stages.chunk.chunker import ChunkConfig
-from replayable.vocabulary import ITEM_LEASE_S, ITEM_MAX_ATTEMPTS
+from replayable.stages.summarize.config import DEFAULT_PROMPT, SummaryConfig
+from replayable.vocabulary import DEFAULT_STAGES, ITEM_LEASE_S, ITEM_MAX_ATTEMPTS, downstream
 
 # Re-exported: the CLI, the UI, the operator, bench and many tests import it from here.
 from replayable.vocabulary import STAGES as STAGES
@@ -46,6 +47,9 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "max_attempts": (1, 20),
     "lease_s": (1, 86_400),
     "max_retry_after_s": (0, 3600),
+    # A summary reads at most this much of a document's text (a long book's first pages).
+    "summary_input_chars": (100, 1_000_000),
+    "summary_max_tokens": (1, 16_384),
 }
 
 # Airflow fixes a task's execution_timeout when it parses the DAG, before any run's params
@@ -70,7 +74,8 @@ class PipelineSettings:
     source: str = ""
     # Documents per mapped batch, or "auto": a few batches per parallel slot (ADR 0104).
     batch_size: int | str = AUTO
-    stages: tuple[str, ...] = STAGES
+    # None: DEFAULT_STAGES, and for a re-run or a redrive its own stage too (ADR 0107).
+    stages: tuple[str, ...] | None = None
     model: str | None = None  # None: the connection's extra "model", else DEFAULT_MODEL
     dimensions: int | None = None
     chunk_size: int = 800
@@ -91,6 +96,13 @@ class PipelineSettings:
     max_attempts: int = ITEM_MAX_ATTEMPTS
     lease_s: float = ITEM_LEASE_S
     max_retry_after_s: float = 300.0
+    # The summarize stage (ADR 0107): its chat model (None: the connection's extra
+    # "chat_model", else DEFAULT_CHAT_MODEL), its instruction, how much text it reads, and
+    # the answer's length limit. All four are in its key: editing one redoes the summaries.
+    summary_model: str | None = None
+    summary_prompt: str = DEFAULT_PROMPT
+    summary_input_chars: int = 12_000
+    summary_max_tokens: int = 200
     rerun: Mapping[str, Any] | None = None
     redrive: Mapping[str, Any] | None = None
 
@@ -106,8 +118,8 @@ class PipelineSettings:
             elif value is not None or name not in ("dimensions", "max_in_flight", "max_rps"):
                 _within(name, value, low, high)
         extract.extractor_id(self.extractor)  # refuses an unknown engine, naming the field
-        unknown = [s for s in self.stages if s not in STAGES]
-        if unknown or not self.stages:
+        unknown = [s for s in self.stages or () if s not in STAGES]
+        if unknown or self.stages == ():
             raise ValueError(f"stages: {unknown or 'empty'} is not a list of {list(STAGES)}")
         if self.item_timeout_s >= self.lease_s:
             raise ValueError(
@@ -118,6 +130,8 @@ class PipelineSettings:
             self.chunk_config  # noqa: B018 - validates size and overlap now, not mid-batch
         except ValueError as error:
             raise ValueError(f"chunk_size and chunk_overlap: {error}") from None
+        if not isinstance(self.summary_prompt, str) or not self.summary_prompt.strip():
+            raise ValueError("summary_prompt: must be a text with words in it")
         if self.rerun and self.redrive:
             raise ValueError("rerun and redrive: give one or the other, not both")
         for name, value in (("rerun", self.rerun), ("redrive", self.redrive)):
@@ -145,10 +159,28 @@ class PipelineSettings:
 
     @property
     def effective_stages(self) -> tuple[str, ...]:
-        """The stages to run: ``stages``, from the re-run's or redrive's stage onward."""
+        """The stages to run, in STAGES order: ``stages``, or for a re-run or a redrive those
+        of them that are its stage or read it, directly or not (ADR 0107).
+
+        Without ``stages``, a run executes DEFAULT_STAGES, and a re-run or redrive its own
+        stage as well: a redrive of summaries redoes summaries, though a plain run skips them.
+        """
         first = self.first_stage
-        start = STAGES.index(first) if first else 0
-        return tuple(s for s in self.stages if STAGES.index(s) >= start)
+        chosen = self.stages
+        if chosen is None:
+            chosen = (*DEFAULT_STAGES, first) if first else DEFAULT_STAGES
+        if first is None:
+            return tuple(s for s in STAGES if s in chosen)
+        return tuple(s for s in downstream(first) if s in chosen)
+
+    def summary_config(self, model: str) -> SummaryConfig:
+        """The summarize stage's key config under the chat ``model`` the run resolved."""
+        return SummaryConfig(
+            model=model,
+            prompt=self.summary_prompt,
+            input_chars=self.summary_input_chars,
+            max_tokens=self.summary_max_tokens,
+        )
 
     @property
     def revives_dead(self) -> bool:

@@ -39,12 +39,16 @@ HOOK = "replayable"  # the receiver the tests' events connection points at (deve
 def test_sample_corpus_runs_to_done_announcing_each_document_once_and_a_rerun_costs_nothing(
     run_dag, airflow_env, conn, model
 ):
-    first = run_dag({"source": str(SAMPLES), "batch_size": 8})
+    # The conf `make demo` runs: every stage, summaries too.
+    conf = {"source": str(SAMPLES), "batch_size": 8, "stages": [*STAGES, "summarize"]}
+    first = run_dag(conf)
     assert first["_returncode"] == 0, first["_log"]
     documents = len(list(SAMPLES.glob("*.pdf")))
-    for stage in STAGES:
+    for stage in (*STAGES, "summarize"):
         assert first["stages"][stage]["done"] == documents, (stage, first["stages"][stage])
     assert first["model_calls"]["ok"] > 0
+    texts = scalar(conn, "SELECT count(DISTINCT text_sha256) FROM replayable.extractions")
+    assert first["model_calls_by_stage"]["summarize"] == texts == model.stats()["chat_charged"]
     assert_nothing_lost(conn)
     # The publish task announced every document once: outbox rows, webhook, asset event.
     ready = rows(
@@ -70,9 +74,10 @@ def test_sample_corpus_runs_to_done_announcing_each_document_once_and_a_rerun_co
     received = model.stats()["webhooks"]["received"]
 
     # The same run again pays for nothing and announces nothing.
-    second = run_dag({"source": str(SAMPLES), "batch_size": 8})
+    second = run_dag(conf)
     assert second["_returncode"] == 0, second["_log"]
     assert second["model_calls"]["calls"] == 0
+    assert model.stats()["chat_charged"] == texts
     assert model.stats()["requests"] == requests
     assert output_rows(conn) == before
     assert all(second["stages"][s]["done"] == documents for s in STAGES)

@@ -59,7 +59,7 @@ def test_migrations_apply_in_the_order_of_their_names():
     [
         ("0004_another_outbox.sql", "0004 is shared by 0004_another_outbox.sql, 0004_outbox.sql"),
         ("0003_third.sql", "0003 is shared by"),
-        ("0011_after_a_gap.sql", "without a gap"),
+        ("0099_after_a_gap.sql", "without a gap"),
         ("9_short.sql", "9_short.sql: not NNNN_snake_case.sql"),
         ("0009-Dashes.sql", "0009-Dashes.sql: not NNNN_snake_case.sql"),
     ],

@@ -165,6 +165,36 @@ def test_dead_items_map_no_batch_unless_the_run_revives_them(conn, dsn, tmp_path
     assert sum(b["size"] for b in batches) == 1
 
 
+def test_each_chain_of_inputs_is_planned_on_its_own(conn, dsn, tmp_path):
+    """summarize reads extract, beside chunk: a document done (or dead) through embed has
+    work only for a run that summarises, and a dead summary holds back nothing on the other
+    chain, nor a dead embedding the summary."""
+    for sample in sorted(SAMPLES.glob("*.pdf"))[:3]:
+        shutil.copy(sample, tmp_path / sample.name)
+    run_discover(conn, tmp_path)
+    docs = run_docs(conn)
+    database = db.Database(dsn)
+    for stage in ("extract", "chunk"):
+        finish_all(database, stage, docs)
+    finish_all(database, "embed", docs[1:])
+    too_long = Classified("input_too_long", ErrorKind.TERMINAL, "a chunk is too long")
+    finish_all(database, "embed", docs[:1], "failed", too_long)
+    assert plan_batches(conn, SETTINGS, dag_id="d", run_id="r1", spec_hashes=HASHES) == []
+    summarising = PipelineSettings(batch_size=2, stages=STAGES)
+    batches = plan_batches(conn, summarising, dag_id="d", run_id="r1", spec_hashes=HASHES)
+    assert sum(b["size"] for b in batches) == 3
+
+    finish_all(database, "summarize", docs[:2])
+    refused = Classified("refused", ErrorKind.TERMINAL, "the model refused")
+    finish_all(database, "summarize", docs[2:], "failed", refused)
+    database.close()
+    assert plan_batches(conn, summarising, dag_id="d", run_id="r1", spec_hashes=HASHES) == []
+    # A new embedding model: every document has embed work, the refused summary's too.
+    other = spec_hashes(SETTINGS.chunk_config, "other-model", None)
+    batches = plan_batches(conn, summarising, dag_id="d", run_id="r1", spec_hashes=other)
+    assert sum(b["size"] for b in batches) == 3
+
+
 def test_batches_grow_to_stay_within_max_map_length(conn, tmp_path):
     for sample in sorted(SAMPLES.glob("*.pdf"))[:10]:
         shutil.copy(sample, tmp_path / sample.name)
@@ -276,6 +306,24 @@ def test_a_rerun_covers_its_stage_and_the_ones_after_it():
     narrowed = PipelineSettings(rerun={"stage": "extract"}, stages=("extract", "chunk"))
     assert narrowed.effective_stages == ("extract", "chunk")
     assert PipelineSettings().effective_stages == ("extract", "chunk", "embed")
+
+
+def test_a_rerun_reaches_only_the_stages_that_read_its_stage():
+    """summarize reads extract, not chunk: a re-run of chunk never summarises, a re-run of
+    summarize redoes summaries alone, and a plain run summarises only when asked to."""
+    everything = ("extract", "chunk", "embed", "summarize")
+    assert PipelineSettings(rerun={"stage": "chunk"}, stages=everything).effective_stages == (
+        "chunk",
+        "embed",
+    )
+    assert PipelineSettings(rerun={"stage": "extract"}, stages=everything).effective_stages == (
+        everything
+    )
+    assert PipelineSettings(rerun={"stage": "summarize"}).effective_stages == ("summarize",)
+    redrive = PipelineSettings(redrive={"stage": "summarize", "reason": "model fixed"})
+    assert redrive.effective_stages == ("summarize",)
+    assert PipelineSettings(stages=everything).effective_stages == everything
+    assert "summarize" not in PipelineSettings(rerun={"stage": "extract"}).effective_stages
 
 
 def test_only_a_rerun_that_asks_for_dead_items_revives_them():

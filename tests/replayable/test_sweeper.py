@@ -10,7 +10,7 @@ from replayable import db, sweeper
 
 pytestmark = pytest.mark.db
 
-HASHES = {"extract": "sx", "chunk": "sc", "embed": "se"}
+HASHES = {"extract": "sx", "chunk": "sc", "embed": "se", "summarize": "ss"}
 
 
 def doc(n: int) -> str:

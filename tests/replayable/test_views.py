@@ -76,7 +76,7 @@ def ledger(conn: Any) -> Any:
 
 def test_stage_status_lists_every_stage_in_order_with_counts_letters_and_calls(ledger):
     found = {s.stage: s for s in views.stage_status(ledger)}
-    assert list(found) == ["extract", "chunk", "embed"]
+    assert list(found) == ["extract", "chunk", "embed", "summarize"]
     extract = found["extract"]
     assert (extract.done, extract.failed, extract.dead, extract.total) == (1, 1, 1, 3)
     assert extract.open_dead_letters == 1

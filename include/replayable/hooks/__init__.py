@@ -14,7 +14,7 @@ read connections themselves, nor import each other for it (ADR 0090, ADR 0098).
 from __future__ import annotations
 
 from replayable.get_provider_info import CONNECTION_FIELDS, UI_FIELD_BEHAVIOUR
-from replayable.hooks.embeddings import EmbeddingsHook, ModelChoice, model_choice
+from replayable.hooks.embeddings import EmbeddingsHook, ModelChoice, chat_model_of, model_choice
 from replayable.hooks.ledger import connection_dsn
 from replayable.hooks.webhook import ConnectionFields, connection_fields
 
@@ -24,6 +24,7 @@ __all__ = [
     "ConnectionFields",
     "EmbeddingsHook",
     "ModelChoice",
+    "chat_model_of",
     "connection_dsn",
     "connection_fields",
     "model_choice",

@@ -31,14 +31,16 @@ from airflow.sdk import BaseHook
 from replayable.get_provider_info import CONN_TYPE, HOOK_NAME, UI_FIELD_BEHAVIOUR
 from replayable.settings import DEFAULT_MAX_IN_FLIGHT, DEFAULT_MODEL
 from replayable.stages.embed.endpoint import ModelSettings, settings_from_fields
+from replayable.stages.summarize.config import DEFAULT_CHAT_MODEL
 from replayable.vocabulary import MODEL_CONN_ID
 
 if TYPE_CHECKING:
     from replayable.retry import CallRetry
     from replayable.settings import PipelineSettings
     from replayable.stages.embed.client import HttpEmbeddingClient
+    from replayable.stages.summarize.client import HttpChatClient
 
-__all__ = ["EmbeddingsHook", "ModelChoice", "model_choice"]
+__all__ = ["EmbeddingsHook", "ModelChoice", "chat_model_of", "model_choice"]
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +107,33 @@ class EmbeddingsHook(BaseHook):
             max_connections=max_in_flight or _shared_in_flight(settings),
         )
 
+    def get_chat_client(
+        self,
+        *,
+        model: str | None = None,
+        max_tokens: int | None = None,
+        max_in_flight: int | None = None,
+        retry: CallRetry | None = None,
+    ) -> HttpChatClient:
+        """A chat completions client for the same endpoint and key (the summarize stage).
+
+        The model falls back to the connection's extra ``chat_model``, then
+        ``DEFAULT_CHAT_MODEL``. The caller closes it (``client.close()``).
+        """
+        from replayable.retry import CallRetry
+        from replayable.stages.summarize.client import HttpChatClient
+
+        settings = self.get_settings()
+        return HttpChatClient(
+            base_url=settings.base_url,
+            model=chat_model_of(model, settings),
+            api_key=settings.api_key,
+            max_tokens=max_tokens,
+            timeout_s=settings.timeout_s,
+            retry=retry or CallRetry(),
+            max_connections=max_in_flight or _shared_in_flight(settings),
+        )
+
     def get_conn(self) -> HttpEmbeddingClient:
         """The hook protocol's name for :meth:`get_client` with the connection's defaults."""
         return self.get_client()
@@ -166,6 +195,13 @@ def _model_of(
     (through :func:`model_choice`) and the client must resolve it the same way.
     """
     return model or provider.model or DEFAULT_MODEL, dimensions or provider.dimensions
+
+
+def chat_model_of(model: str | None, provider: ModelSettings) -> str:
+    """The summarize stage's chat model: asked, else the connection's extra ``chat_model``,
+    else ``DEFAULT_CHAT_MODEL``. It feeds the summarize keys, as :func:`_model_of` does the
+    embed keys, so the plan and the stage resolve it here alike."""
+    return model or provider.chat_model or DEFAULT_CHAT_MODEL
 
 
 def _shared_in_flight(provider: ModelSettings) -> int:

@@ -1,10 +1,13 @@
-"""The pipeline's stages, one folder each: ``extract``, ``chunk`` and ``embed``.
-
-``summarize`` holds, so far, only its chat completions client; what every model client
-shares (call records, the budget gate, the retried request) is in ``model_http``.
+"""The pipeline's stages, one folder each: ``extract``, ``chunk``, ``embed`` and ``summarize``.
 
 A stage's folder holds its work as plain typed functions without Airflow (``extract.pdf``,
-``chunk.chunker``, ``embed.client``), its :class:`~replayable.runner.StageSpec` (``spec``:
-keys, inputs, outputs) and, in its ``__init__``, its code version. What the stages share,
-the lineage a spec hash is made of, lives in :mod:`replayable.stages.lineage`.
+``chunk.chunker``, ``embed.client``, ``summarize.client``), its
+:class:`~replayable.runner.StageSpec` (``spec``: keys, inputs, outputs) and, in its
+``__init__``, its code version. Which stage reads which is ``vocabulary.STAGE_INPUTS``.
+
+What the stages share: the lineage a spec hash is made of (:mod:`~replayable.stages.lineage`),
+the items of a stage that reads extracted text (:mod:`~replayable.stages.texts`), what every
+model client does (:mod:`~replayable.stages.model_http`: call records, the budget gate, the
+retried request) and what a stage does around the calls it pays for
+(:mod:`~replayable.stages.model_calls`).
 """

@@ -7,7 +7,9 @@ of a run without building the stages. Keys:
 - extract: document bytes (doc_id) + extractor version and engine policy;
 - chunk: the document, extractor (version and policy) and text hash + chunker version, size,
   overlap;
-- embed: the document and its chunk ids + embedder version, model and dimensions.
+- embed: the document and its chunk ids + embedder version, model and dimensions;
+- summarize: the document, extractor (version and policy) and text hash + summarizer
+  version, chat model, prompt, text read and answer length.
 
 So re-extracted text that is identical keys to the chunks and embeddings that exist. Every
 key names its document: two files with the same text share their chunks and vectors (paid
@@ -21,7 +23,8 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from replayable.runner import spec_hash_of
-from replayable.stages import chunk, embed, extract
+from replayable.stages import chunk, embed, extract, summarize
+from replayable.stages.summarize.config import DEFAULT_CHAT_MODEL, SummaryConfig
 
 if TYPE_CHECKING:
     from replayable.stages.chunk.chunker import ChunkConfig
@@ -44,19 +47,29 @@ def embed_lineage(
     }
 
 
+def summary_lineage(config: SummaryConfig, extractor_version: str) -> dict[str, Any]:
+    """The summarize stage's lineage: its key config, and the extractor it reads from."""
+    return {**config.key(), "extractor": extractor_version}
+
+
 def spec_hashes(
     config: ChunkConfig,
     model: str,
     dimensions: int | None,
     engine: str = extract.DEFAULT_ENGINE,
+    summary: SummaryConfig | None = None,
 ) -> dict[str, str]:
     """Each stage's spec hash for a run's settings, without building the stages."""
     extractor = extract.extractor_id(engine)
+    summary = summary or SummaryConfig(model=DEFAULT_CHAT_MODEL)
     return {
         "extract": spec_hash_of("extract", extract.VERSION, {"engine": engine}),
         "chunk": spec_hash_of("chunk", chunk.VERSION, chunk_lineage(config, extractor)),
         "embed": spec_hash_of(
             "embed", embed.VERSION, embed_lineage(model, dimensions, config.key, extractor)
+        ),
+        "summarize": spec_hash_of(
+            "summarize", summarize.VERSION, summary_lineage(summary, extractor)
         ),
     }
 

@@ -21,7 +21,9 @@ from pydantic import AfterValidator, BeforeValidator, StringConstraints
 from replayable import views
 from replayable.web.models import DeadLetterList, FailedList
 
-Stage = Literal["extract", "chunk", "embed"]  # replayable.vocabulary.STAGES; a test checks
+Stage = Literal[
+    "extract", "chunk", "embed", "summarize"
+]  # replayable.vocabulary.STAGES; a test checks
 # replayable.vocabulary.DEAD_LETTER_STATUSES and "all" for any; a test checks.
 LetterStatus = Literal["open", "redriven", "ignored", "all"]
 Limit = Annotated[int, Query(ge=1, le=500)]

@@ -13,13 +13,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from replayable.db import Connection, Database, fetch_all
-from replayable.keys import item_key
 from replayable.retry import ItemError
 from replayable.runner import BatchIO, StageSpec, WorkItem, Write
 from replayable.stages import chunk, extract
 from replayable.stages.chunk import chunker
 from replayable.stages.chunk.chunker import ChunkConfig
 from replayable.stages.lineage import chunk_lineage
+from replayable.stages.texts import text_items
 
 
 @dataclass
@@ -46,31 +46,16 @@ class ChunkSpec(StageSpec):
         return chunk_lineage(self.config, self.extractor_version)
 
     def plan(self, conn: Connection, doc_ids: Sequence[str]) -> list[WorkItem]:
-        rows = fetch_all(
-            conn,
-            "stages/extractions_for",
-            {
-                "doc_ids": list(doc_ids),
-                "extractor_version": self.extractor_version,
-                "max_text_chars": self.max_text_chars,
-            },
-        )
-        cfg = self.key_config()
         # The extractor version is part of the key because doc_chunks rows are filed under
         # it; the chunk ids themselves are content addresses, shared across versions.
-        return [
-            WorkItem(
-                row["doc_id"],
-                item_key(
-                    self.name,
-                    self.code_version,
-                    cfg,
-                    [row["doc_id"], self.extractor_version, row["text_sha256"]],
-                ),
-                (int(row["text_bytes"]), row["text_chars"]),
-            )
-            for row in rows
-        ]
+        return text_items(
+            conn,
+            self,
+            doc_ids,
+            extractor_version=self.extractor_version,
+            payload=lambda row: (int(row["text_bytes"]), row["text_chars"]),
+            max_text_chars=self.max_text_chars,
+        )
 
     def process(self, items: Sequence[WorkItem], io: BatchIO) -> None:
         limit = self.max_text_chars

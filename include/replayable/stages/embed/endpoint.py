@@ -8,7 +8,8 @@ endpoint and the secret:
   ``http://127.0.0.1:11434/v1`` for Ollama, …), or a bare host with ``port`` and
   ``schema`` (``http``/``https``) plus ``extra.base_path`` (default ``/v1``);
 - ``password``: the API key, if any (never logged, never stored in the ledger);
-- ``extra``: ``model``, ``dimensions``, ``timeout_s`` defaults, ``max_in_flight``: the
+- ``extra``: ``model``, ``dimensions``, ``timeout_s`` defaults, ``chat_model`` (the
+  summarize stage's default), ``max_in_flight``: the
   provider's budget of concurrent requests, ``max_rps``: its budget of requests per
   second, and ``max_tpm``: its budget of tokens per minute, all shared by every task and
   worker.
@@ -34,6 +35,7 @@ class ModelSettings:
     max_in_flight: int | None = None
     max_rps: float | None = None
     max_tpm: float | None = None
+    chat_model: str | None = None
 
 
 def settings_from_fields(
@@ -60,6 +62,7 @@ def settings_from_fields(
         max_in_flight=int(extra["max_in_flight"]) if extra.get("max_in_flight") else None,
         max_rps=float(extra["max_rps"]) if extra.get("max_rps") else None,
         max_tpm=_positive(extra, "max_tpm"),
+        chat_model=extra.get("chat_model") or None,
     )
 
 

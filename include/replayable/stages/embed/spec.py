@@ -10,8 +10,6 @@ A batch packs the chunks no document has embedded yet into requests and sends th
 
 from __future__ import annotations
 
-import logging
-import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -20,9 +18,9 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from replayable.budget import RequestBudget
-from replayable.db import Connection, Database, execute, execute_values, fetch_all
+from replayable.db import Connection, Database, execute_values, fetch_all
 from replayable.keys import item_key, sha256_bytes
-from replayable.retry import Classified, ErrorKind, ItemError, classify
+from replayable.retry import ErrorKind, ItemError, classify
 from replayable.runner import BatchIO, StageSpec, WorkItem
 from replayable.stages import embed, extract
 from replayable.stages.embed.client import CallRecord, EmbeddingProvider, EmbeddingResult
@@ -33,8 +31,7 @@ from replayable.stages.embed.packing import (
     pack,
 )
 from replayable.stages.lineage import embed_lineage
-
-log = logging.getLogger(__name__)
+from replayable.stages.model_calls import FailureStreak, Sessions, correct_tokens, record_calls
 
 
 @dataclass
@@ -165,10 +162,8 @@ class _EmbedBatch:
         self.errors: dict[str, BaseException] = {}
         self.tokens: dict[str, int] = {}  # estimated, by chunk
         self.too_long: set[str] = set()
-        self.failed_in_a_row = 0
-        self._lock = threading.Lock()
-        self._local = threading.local()
-        self._databases: list[Database] = []
+        self.streak = FailureStreak(spec.systemic_after)
+        self.sessions = Sessions(spec.connect)
         # Responses that came back but are not stored yet, by request: kept across a lost
         # database connection so that storing them again never pays again.
         self._answered: dict[str, tuple[EmbeddingResult, list[CallRecord]]] = {}
@@ -182,8 +177,7 @@ class _EmbedBatch:
             self._run()
         finally:
             self._threads.shutdown()
-            for database in self._databases:
-                database.close()
+            self.sessions.close()
         for item in self.items:
             error = self.errors.get(item.item_key)
             if error is not None:
@@ -192,18 +186,9 @@ class _EmbedBatch:
                 self.io.done(item)
             # Stopping: the runner releases the rest without spending their attempts.
 
-    def _database(self) -> Database:
-        database: Database | None = getattr(self._local, "database", None)
-        if database is None:
-            database = self.spec.connect()
-            self._local.database = database
-            with self._lock:
-                self._databases.append(database)
-        return database
-
     def _run(self) -> None:
         spec = self.spec
-        missing = self._database().transaction(
+        missing = self.sessions.get().transaction(
             lambda conn: fetch_all(
                 conn,
                 "stages/chunks_missing_embedding",
@@ -294,7 +279,7 @@ class _EmbedBatch:
         if not chunk_ids:
             return []
         params = {"chunk_ids": sorted(chunk_ids), "model": self.spec.model, "with_text": False}
-        rows = self._database().transaction(
+        rows = self.sessions.get().transaction(
             lambda conn: fetch_all(conn, "stages/chunks_missing_embedding", params),
             describe="embed: recheck",
         )
@@ -321,27 +306,11 @@ class _EmbedBatch:
         """Stop the batch on a systemic error, or when request after request fails."""
         if request.error is None:
             if request.stored:
-                with self._lock:
-                    self.failed_in_a_row = 0
+                self.streak.succeeded()
             return
-        error = classify(request.error)
-        if error.kind is ErrorKind.SYSTEMIC:
-            self.io.stop(error)  # now, so that no other thread starts a request
-            return
-        if error.kind is not ErrorKind.RETRYABLE or error.error_class == "not_attempted":
-            return
-        with self._lock:
-            self.failed_in_a_row += 1
-            in_a_row = self.failed_in_a_row
-        if in_a_row >= self.spec.systemic_after:
-            self.io.stop(
-                Classified(
-                    "provider_unavailable",
-                    ErrorKind.SYSTEMIC,
-                    f"{in_a_row} requests in a row failed at the provider; last: {error.message}",
-                    error.retry_after_s,
-                )
-            )
+        stop = self.streak.failed(request.error)
+        if stop is not None:
+            self.io.stop(stop)  # now, so that no other thread starts a request
 
     def _send(self, chunk_ids: list[str]) -> _Request:
         request = _Request(chunk_ids)
@@ -349,7 +318,7 @@ class _EmbedBatch:
             request.error = ItemError("not_attempted", "the batch stopped", ErrorKind.RETRYABLE)
             return request
         try:
-            self._database().transaction(
+            self.sessions.get().transaction(
                 lambda conn: self._send_in(conn, request), describe="embed: request"
             )
         except Exception as error:
@@ -396,13 +365,13 @@ class _EmbedBatch:
                 )
             except Exception as error:
                 # The failed tries are billable records too; commit them, then report.
-                self._correct_tokens(estimate, calls)
+                correct_tokens(spec.budget, estimate, calls, spec.name)
                 self._record(conn, ids, calls)
                 request.error = error
                 return
             answered = (result, calls)
             self._answered[key] = answered  # kept before anything else can fail
-            self._correct_tokens(estimate, calls)
+            correct_tokens(spec.budget, estimate, calls, spec.name)
             request.chunk_ids = ids
         result, calls = answered
         ids = request.chunk_ids if len(request.chunk_ids) == len(result.vectors) else []
@@ -419,49 +388,23 @@ class _EmbedBatch:
         request.stored = ids
         self._answered.pop(key, None)
 
-    def _correct_tokens(self, estimate: int, calls: list[CallRecord]) -> None:
-        """Correct the token budget from what the provider counted (every try reserved
-        ``estimate``). Best effort: an answer already paid for must not be lost to the
-        budget's own connection, and a correction missed leaves the estimate spent."""
-        try:
-            self.spec.budget.refund(estimate * len(calls), sum(c.tokens for c in calls))
-        except Exception:
-            log.warning("embed: the token budget was not corrected", exc_info=True)
-
     def _record(self, conn: Connection, chunk_ids: list[str], calls: list[CallRecord]) -> None:
         """Store each call with the items whose inputs it carried (each chunk counted once)."""
         share: dict[str, int] = defaultdict(int)
         for cid in chunk_ids:
             share[self.users[cid][0].item_key] += 1
-        keys = sorted(share)
-        only = keys[0] if len(keys) == 1 else None
         attempt = max(
             (self.io.attempt(item) for cid in chunk_ids for item in self.users[cid][:1]),
             default=1,
         )
-        for call in calls:
-            total = max(call.n_inputs, 1)
-            tokens = [call.tokens * share[k] // total for k in keys]
-            execute(
-                conn,
-                "stages/insert_model_call",
-                {
-                    "stage": self.spec.name,
-                    "item_key": only,
-                    "attempt": attempt,
-                    "call_try": call.attempt,
-                    "status": call.status,
-                    "http_status": call.http_status,
-                    "latency_ms": call.latency_ms,
-                    "n_inputs": call.n_inputs,
-                    "tokens": call.tokens,
-                    "idempotency_key": call.idempotency_key,
-                    "run_id": self.spec.run_id,
-                    "item_keys": keys,
-                    "item_inputs": [share[k] for k in keys],
-                    "item_tokens": tokens,
-                },
-            )
+        record_calls(
+            conn,
+            calls,
+            stage=self.spec.name,
+            run_id=self.spec.run_id,
+            attempt=attempt,
+            share=share,
+        )
 
 
 def _request_key(spec: EmbedSpec, chunk_ids: Sequence[str]) -> str:

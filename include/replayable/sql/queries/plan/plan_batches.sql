@@ -1,8 +1,9 @@
 -- Number the batches of a run's documents that have work left (ADR 0010), in one round
--- trip. Walking the stages in order, a document's first stage not done under its current
--- spec_hash decides: work if the run executes that stage and the item is not dead there
--- (a revive counts dead items of its stage as work); no work otherwise, and none when
--- every stage is done. The batch size is batch_size, or chosen from the documents with work
+-- trip. Along each chain of inputs (a path: extract, chunk, embed; extract, summarize; ADR
+-- 0107), a document's first stage not done under its current spec_hash decides: work if the
+-- run executes that stage and the item is not dead there (a revive counts dead items of its
+-- stage as work); no work otherwise, and none when every stage is done. A document has work
+-- when some path gives it work. The batch size is batch_size, or chosen from the documents with work
 -- when it is NULL ("auto", ADR 0104), and grows so that no more than max_map_length batches
 -- result. Returns each batch's number and size.
 UPDATE replayable.run_docs SET batch = NULL
@@ -11,10 +12,11 @@ WHERE dag_id = %(dag_id)s AND run_id = %(run_id)s AND batch IS NOT NULL;
 CREATE TEMP TABLE plan_work ON COMMIT DROP AS
 WITH st AS (
     SELECT *
-    FROM unnest(%(stages)s::text[], %(spec_hashes)s::text[], %(effective)s::bool[],
-                %(revive)s::bool[]) WITH ORDINALITY AS s (stage, spec_hash, effective, revive, ord)
+    FROM unnest(%(paths)s::int[], %(stages)s::text[], %(spec_hashes)s::text[],
+                %(effective)s::bool[], %(revive)s::bool[])
+         WITH ORDINALITY AS s (path, stage, spec_hash, effective, revive, ord)
 ), cells AS (
-    SELECT r.doc_id, s.ord, s.effective, s.revive,
+    SELECT r.doc_id, s.path, s.ord, s.effective, s.revive,
            coalesce(c.status = 'done' AND c.spec_hash = s.spec_hash, false) AS done,
            coalesce(c.status = 'dead' AND c.spec_hash = s.spec_hash, false) AS dead
     FROM replayable.run_docs r
@@ -23,14 +25,15 @@ WITH st AS (
            ON c.stage = s.stage AND c.doc_id = r.doc_id AND c.is_current
     WHERE r.dag_id = %(dag_id)s AND r.run_id = %(run_id)s
 ), first_unsettled AS (
-    SELECT DISTINCT ON (doc_id) doc_id, effective AND NOT (dead AND NOT revive) AS has_work
+    SELECT DISTINCT ON (doc_id, path) doc_id, effective AND NOT (dead AND NOT revive) AS has_work
     FROM cells
     WHERE NOT done
-    ORDER BY doc_id, ord
+    ORDER BY doc_id, path, ord
+), with_work AS (
+    SELECT doc_id FROM first_unsettled GROUP BY doc_id HAVING bool_or(has_work)
 ), numbered AS (
     SELECT doc_id, row_number() OVER (ORDER BY doc_id) - 1 AS position, count(*) OVER () AS total
-    FROM first_unsettled
-    WHERE has_work
+    FROM with_work
 )
 SELECT doc_id,
        (position / greatest(

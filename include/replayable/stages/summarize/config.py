@@ -1,0 +1,35 @@
+"""What shapes a summary: the chat model, the instruction, the text read, the answer's length.
+
+All of it is in the summarize stage's key, so editing the prompt (or any other part) redoes
+exactly the summaries and nothing the other stages made (ADR 0107).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+# The chat model when neither a run's conf nor the connection's extra "chat_model" names one.
+DEFAULT_CHAT_MODEL = "gpt-4o-mini"
+DEFAULT_PROMPT = (
+    "Summarise the following document in at most three sentences, for a reader deciding "
+    "whether to open it. Answer with the summary only."
+)
+
+
+@dataclass(frozen=True)
+class SummaryConfig:
+    """The summarize stage's key config."""
+
+    model: str
+    prompt: str = DEFAULT_PROMPT
+    input_chars: int = 12_000
+    max_tokens: int = 200
+
+    def key(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "prompt": self.prompt,
+            "input_chars": self.input_chars,
+            "max_tokens": self.max_tokens,
+        }
