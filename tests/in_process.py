@@ -28,7 +28,8 @@ from replayable import (
     pipeline_params,
     sources,
 )
-from replayable.vocabulary import PIPELINE_DAG_ID, STAGE_INPUTS, STAGES
+from replayable.stage import Pipeline, pipeline_of, register
+from replayable.vocabulary import PIPELINE_DAG_ID
 
 # The DAG's own settings (dags/document_pipeline.py): four retries per batch task.
 RETRIES = 4
@@ -53,23 +54,36 @@ class PipelineInProcess:
     ``_tasks`` (each task's :class:`Outcome`, by ``(task_id, map_index)``).
 
     :param user: the user who triggers the runs, as the API records it.
+    :param pipeline: the pipeline whose DAG this is (registered, as ``pipeline_dag`` does);
+        None: document_pipeline.
     """
 
     monkeypatch: pytest.MonkeyPatch
     user: str | None = "tester"
     tasks: dict[tuple[str, int], Outcome] = field(default_factory=dict)
+    pipeline: Pipeline | None = None
 
     def __call__(self, conf: dict[str, Any]) -> dict[str, Any]:
         run_id = f"manual__in-process-{next(_RUNS)}"
         dag_run = SimpleNamespace(conf=conf, triggering_user_name=self.user, run_type="manual")
-        params = ParamsDict(pipeline_params(str(SAMPLES), sources.allowed_roots()))
+        pipeline = self.pipeline or pipeline_of(PIPELINE_DAG_ID)
+        register(pipeline)
+        dag_id = pipeline.dag_id
+        params = ParamsDict(
+            pipeline_params(
+                str(SAMPLES),
+                sources.allowed_roots(),
+                stages=pipeline.names,
+                default_stages=pipeline.defaults,
+            )
+        )
         params.update(conf)
         settings = params.validate()
         self.tasks = {}
 
         def context(task_id: str, map_index: int = -1, try_number: int = 1) -> dict[str, Any]:
             ti = SimpleNamespace(
-                dag_id=PIPELINE_DAG_ID,
+                dag_id=dag_id,
                 run_id=run_id,
                 task_id=task_id,
                 map_index=map_index,
@@ -86,17 +100,17 @@ class PipelineInProcess:
             self.tasks["plan", -1] = Outcome("failed", 1, error)
             batches, failed = [], True
         for map_index, batch in enumerate(batches):
-            for stage in STAGES:
+            for stage in pipeline.names:
                 task_id = f"batch.{stage}"
                 # trigger_rule none_failed for every stage that reads another: a skipped
                 # input lets it run, a failed (or upstream_failed) one does not.
-                source = STAGE_INPUTS[stage]
+                source = pipeline.stage(stage).reads
                 upstream = self.tasks[f"batch.{source}", map_index].state if source else "success"
                 if upstream in ("failed", "upstream_failed"):
                     self.tasks[task_id, map_index] = Outcome("upstream_failed", 0)
                     continue
                 operator = IdempotentStageOperator(
-                    task_id=stage, stage=stage, batch=batch, settings=settings
+                    task_id=stage, stage=stage, batch=batch, settings=settings, pipeline=pipeline
                 )
                 outcome = self._run_with_retries(
                     operator, lambda tries, t=task_id, m=map_index: context(t, m, tries)
@@ -109,7 +123,7 @@ class PipelineInProcess:
         except AirflowFailException as error:
             self.tasks["report", -1] = Outcome("failed", 1, error)
             failed = True
-            report = self._saved_report(run_id)
+            report = self._saved_report(dag_id, run_id)
         # The teardown runs however the run went; the run's state stays the report's verdict.
         current = context("publish")
         publisher = PublishEventsOperator(task_id="publish")
@@ -146,7 +160,7 @@ class PipelineInProcess:
         raise AssertionError("unreachable")
 
     @staticmethod
-    def _saved_report(run_id: str) -> dict[str, Any]:
+    def _saved_report(dag_id: str, run_id: str) -> dict[str, Any]:
         """The report the failed report task saved before it failed the run."""
         from replayable import db
         from replayable.hooks import connection_dsn
@@ -157,7 +171,7 @@ class PipelineInProcess:
             with conn.cursor() as cur:
                 cur.execute(
                     "SELECT report FROM replayable.run_reports WHERE dag_id = %s AND run_id = %s",
-                    (PIPELINE_DAG_ID, run_id),
+                    (dag_id, run_id),
                 )
                 (report,) = cur.fetchone()
         finally:

@@ -24,6 +24,7 @@ OPERATORS = "replayable.operators"
 # product module needs lives with the concept it belongs to (ADR 0090).
 OPERATOR_IMPORTERS = {
     "replayable": "exports IdempotentStageOperator to DAG files, loaded lazily",
+    "replayable.dag_factory": "pipeline_dag builds a DAG of stage operators",
 }
 
 # The development tooling lives in devtools/, outside the package the wheel ships: it

@@ -11,23 +11,40 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from replayable.dag_factory import pipeline_dag
     from replayable.operators import IdempotentStageOperator
     from replayable.params import pipeline_params
     from replayable.publisher import DOCUMENTS_READY, PublishEventsOperator
     from replayable.sensors import DeadLetterGrowthSensor
     from replayable.settings import TASK_TIMEOUTS, PipelineSettings
+    from replayable.stage import BuildContext, Models, Pipeline, Stage
+    from replayable.stages.artifact import ArtifactStage, Document
 
 __all__ = [
     "DOCUMENTS_READY",
     "TASK_TIMEOUTS",
+    "ArtifactStage",
+    "BuildContext",
     "DeadLetterGrowthSensor",
+    "Document",
     "IdempotentStageOperator",
+    "Models",
+    "Pipeline",
     "PipelineSettings",
     "PublishEventsOperator",
+    "Stage",
+    "pipeline_dag",
     "pipeline_params",
 ]
 
 _HOMES = {
+    "ArtifactStage": "replayable.stages.artifact",
+    "BuildContext": "replayable.stage",
+    "Document": "replayable.stages.artifact",
+    "Models": "replayable.stage",
+    "Pipeline": "replayable.stage",
+    "Stage": "replayable.stage",
+    "pipeline_dag": "replayable.dag_factory",
     "DOCUMENTS_READY": "replayable.publisher",
     "DeadLetterGrowthSensor": "replayable.sensors",
     "IdempotentStageOperator": "replayable.operators",

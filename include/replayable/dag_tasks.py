@@ -15,9 +15,10 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from replayable import config, db, pipeline, sources
 from replayable.context import triggered_by
-from replayable.hooks import EmbeddingsHook, chat_model_of, connection_dsn, model_choice
+from replayable.hooks import connection_dsn, run_models
 from replayable.settings import PipelineSettings, check_conf_keys
-from replayable.vocabulary import LEDGER_CONN_ID, MODEL_CONN_ID, STAGES
+from replayable.stage import pipeline_of
+from replayable.vocabulary import LEDGER_CONN_ID, MODEL_CONN_ID, PIPELINE_DAG_ID, STAGES
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +60,14 @@ def plan(
     except ValueError as error:
         raise AirflowFailException(str(error)) from None
     settings = PipelineSettings.from_params(context["params"])
-    hashes = _spec_hashes(settings, model_conn_id)
+    stages = pipeline_of(ti.dag_id)
+    try:
+        stages.check(settings)
+    except ValueError as error:
+        raise AirflowFailException(str(error)) from None
+    hashes = stages.spec_hashes(
+        settings, run_models(settings, model_conn_id, stages.effective_stages(settings))
+    )
     max_map_length = config.max_map_length()
     slots = config.batch_slots()
 
@@ -72,6 +80,7 @@ def plan(
             dag_id=ti.dag_id,
             run_id=ti.run_id,
             spec_hashes=hashes,
+            stages=stages,
             max_map_length=max_map_length,
             slots=slots,
             revived_by=triggered_by(context),
@@ -82,26 +91,6 @@ def plan(
     to_do = sum(batch["size"] for batch in batches)
     log.info("%d documents, %d with work left, in %d batches", documents, to_do, len(batches))
     return batches
-
-
-def _spec_hashes(settings: PipelineSettings, model_conn_id: str) -> dict[str, str]:
-    """Each stage's spec hash under ``settings``, its models resolved as the stages do."""
-    from replayable.stages.lineage import spec_hashes
-
-    model, dimensions = settings.model or "", settings.dimensions
-    chat_model = settings.summary_model or ""
-    if {"embed", "summarize"} & set(settings.effective_stages):
-        hook = EmbeddingsHook(model_conn_id)
-        choice = model_choice(settings, hook)
-        model, dimensions = choice.model, choice.dimensions
-        chat_model = chat_model_of(settings.summary_model, choice.provider)
-    return spec_hashes(
-        settings.chunk_config,
-        model,
-        dimensions,
-        settings.extractor,
-        settings.summary_config(chat_model),
-    )
 
 
 def _record_documents(conn: db.Connection, settings: PipelineSettings, context: Any) -> int:
@@ -133,10 +122,15 @@ def report(postgres_conn_id: str = LEDGER_CONN_ID) -> dict[str, Any]:
     context = get_current_context()
     ti = context["ti"]
     settings = PipelineSettings.from_params(context["params"])
+    stages = pipeline_of(ti.dag_id)
     result = _on_database(
         postgres_conn_id,
         lambda conn: pipeline.build_report(
-            conn, dag_id=ti.dag_id, run_id=ti.run_id, stages_run=settings.effective_stages
+            conn,
+            dag_id=ti.dag_id,
+            run_id=ti.run_id,
+            stages_run=stages.effective_stages(settings),
+            pipeline_stages=stages.names,
         ),
         "report",
     )
@@ -166,7 +160,10 @@ def sweep(
     params = context["params"]
     max_attempts = int(params["max_attempts"])
     settings = PipelineSettings(max_attempts=max_attempts, stages=STAGES)
-    hashes = _spec_hashes(settings, model_conn_id)
+    document_pipeline = pipeline_of(PIPELINE_DAG_ID)
+    hashes = document_pipeline.spec_hashes(
+        settings, run_models(settings, model_conn_id, document_pipeline.names)
+    )
     conn = db.connect(connection_dsn(postgres_conn_id))
     try:
         found = sweeper.select_failed(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import socket
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
 from datetime import timedelta
 from typing import Any
@@ -16,16 +16,13 @@ from airflow.sdk.exceptions import AirflowSkipException
 
 from replayable import db
 from replayable.context import triggered_by
-from replayable.hooks import EmbeddingsHook, connection_dsn, model_choice
+from replayable.hooks import connection_dsn, run_models
 from replayable.ledger import Revival, RunContext
-from replayable.retry import CallRetry, Classified
-from replayable.runner import DEADLINE, BatchResult, Limits, StageSpec, run_batch
+from replayable.retry import Classified
+from replayable.runner import DEADLINE, BatchResult, Limits, run_batch
 from replayable.settings import PipelineSettings
+from replayable.stage import BuildContext, Pipeline, pipeline_of
 from replayable.vocabulary import LEDGER_CONN_ID, MODEL_CONN_ID, STAGES
-
-# Added to the longest healthy call before a request's transaction counts as abandoned, for a
-# worker that is only slow (short of CPU, pausing for garbage collection).
-CALL_SLACK_S = 30.0
 
 
 class BatchIncompleteError(Exception):
@@ -124,13 +121,16 @@ class IdempotentStageOperator(BaseOperator):
     it) while any item is failed and under its attempt cap; it succeeds once every item
     is done or dead. It returns counts of the documents in each end state.
 
-    :param stage: one of ``extract``, ``chunk``, ``embed``, ``summarize``.
+    :param stage: the name of one of the pipeline's stages (``extract``, ``chunk``, ``embed``,
+        ``summarize`` in the shipped one).
     :param batch: a batch reference from the plan task, ``{"index": n, "label": ..., "size":
         ...}`` (its documents are read from ``run_docs``), or explicit ids, as
         ``{"doc_ids": [...]}`` or a list.
     :param settings: run settings, usually ``"{{ params }}"`` (see PipelineSettings).
     :param postgres_conn_id: Airflow connection of the replayable database.
     :param model_conn_id: Airflow connection of the model provider (embeddings, chat).
+    :param pipeline: the pipeline whose stage this is (``pipeline_dag`` passes it); None:
+        the one registered for the DAG, else the shipped document pipeline.
     """
 
     template_fields: Sequence[str] = ("batch", "settings")
@@ -144,13 +144,17 @@ class IdempotentStageOperator(BaseOperator):
         settings: Mapping[str, Any] | str = "{{ params }}",
         postgres_conn_id: str = LEDGER_CONN_ID,
         model_conn_id: str = MODEL_CONN_ID,
+        pipeline: Pipeline | None = None,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("retry_policy", BatchRetryPolicy())
         super().__init__(**kwargs)
-        if stage not in STAGES:
+        if pipeline is not None:
+            pipeline.stage(stage)  # refuses a stage the pipeline does not have, naming it
+        elif stage not in STAGES:
             raise ValueError(f"stage: {stage!r} is not one of {list(STAGES)}")
         self.stage = stage
+        self.pipeline = pipeline
         self.batch = batch
         self.settings = settings
         self.postgres_conn_id = postgres_conn_id
@@ -184,9 +188,11 @@ class IdempotentStageOperator(BaseOperator):
                 f"settings must render to a mapping, got {type(self.settings).__name__}"
             )
         settings = PipelineSettings.from_params(self.settings)
-        if self.stage not in settings.effective_stages:
-            raise AirflowSkipException(f"stage {self.stage} is not in this run's stages")
         ti = context["ti"]
+        pipeline = self.pipeline or pipeline_of(ti.dag_id)
+        stages = pipeline.effective_stages(settings)
+        if self.stage not in stages:
+            raise AirflowSkipException(f"stage {self.stage} is not in this run's stages")
         started = time.monotonic()
         ctx = RunContext(
             owner=f"{socket.gethostname()}:{os.getpid()}:{ti.run_id}:{ti.map_index}:{ti.try_number}",
@@ -209,111 +215,23 @@ class IdempotentStageOperator(BaseOperator):
         def connect() -> db.Database:
             return db.Database(dsn)
 
+        models = run_models(settings, self.model_conn_id, stages)
         with ExitStack() as stack:
-            spec = self._spec(settings, stack, connect, len(doc_ids), ti.run_id)
+            build = BuildContext(
+                settings=settings,
+                run_id=ti.run_id,
+                documents=len(doc_ids),
+                connect=connect,
+                stack=stack,
+                spec_hashes=pipeline.spec_hashes(settings, models),
+                model_conn_id=self.model_conn_id,
+                models=models,
+            )
+            spec = pipeline.stage(self.stage).build(build)
             result = run_batch(
                 spec, doc_ids, connect=connect, ctx=ctx, limits=limits, revive=revive
             )
         return self._outcome(result, settings, time.monotonic() - started)
-
-    def _spec(
-        self,
-        settings: PipelineSettings,
-        stack: ExitStack,
-        connect: Callable[[], db.Database],
-        documents: int,
-        run_id: str,
-    ) -> StageSpec:
-        # Imported here: pypdf and the process pool are task-time needs, not parse-time ones.
-        from replayable import guards, sources
-        from replayable.budget import RequestBudget
-        from replayable.stages.chunk.spec import ChunkSpec
-        from replayable.stages.embed.spec import EmbedSpec
-        from replayable.stages.extract import extractor_id
-        from replayable.stages.extract.spec import ExtractSpec
-        from replayable.stages.lineage import default_workers
-        from replayable.stages.summarize.spec import SummarizeSpec
-
-        if self.stage == "extract":
-            pool = stack.enter_context(
-                guards.GuardedPool(
-                    timeout_s=settings.item_timeout_s,
-                    memory_mb=settings.memory_mb,
-                    workers=default_workers(documents),
-                )
-            )
-            return ExtractSpec(
-                pool=pool,
-                max_bytes=settings.max_bytes,
-                roots=sources.allowed_roots(),
-                max_text_chars=settings.max_text_chars,
-                engine=settings.extractor,
-            )
-        if self.stage == "chunk":
-            return ChunkSpec(
-                config=settings.chunk_config,
-                extractor_version=extractor_id(settings.extractor),
-                connect=connect,
-                max_text_chars=settings.max_text_chars,
-                max_chunks_per_doc=settings.max_chunks_per_doc,
-            )
-        hook = EmbeddingsHook(self.model_conn_id)
-        choice = model_choice(settings, hook)
-        retry = CallRetry()
-        # The slots and the rate every run shares are the connection's (ADR 0086); a run
-        # that asked for less sends with fewer threads and reserves its own rate as well.
-        # Both model stages draw on the one budget of the connection's provider.
-        own_rps = choice.max_rps if choice.max_rps != choice.shared_rps else None
-        budget = RequestBudget(
-            choice.provider.base_url,
-            choice.shared_in_flight,
-            max_rps=choice.shared_rps,
-            connect=connect,
-            own_rps=own_rps,
-            own_name=f"{choice.provider.base_url} run {run_id}",
-            max_tpm=choice.provider.max_tpm,
-        )
-        stack.callback(budget.close)
-        # A call ends by then: its retries and waits, then one last request.
-        max_call_s = retry.max_total_s + choice.provider.timeout_s + CALL_SLACK_S
-        if self.stage == "summarize":
-            chat = hook.get_chat_client(
-                model=settings.summary_model,
-                max_tokens=settings.summary_max_tokens,
-                max_in_flight=choice.max_in_flight,
-                retry=retry,
-            )
-            stack.callback(chat.close)
-            return SummarizeSpec(
-                provider=chat,
-                config=settings.summary_config(chat.model),
-                connect=connect,
-                budget=budget,
-                run_id=run_id,
-                max_in_flight=choice.max_in_flight,
-                extractor_version=extractor_id(settings.extractor),
-                max_call_s=max_call_s,
-            )
-        client = hook.get_client(
-            model=choice.model,
-            dimensions=choice.dimensions,
-            max_in_flight=choice.max_in_flight,
-            retry=retry,
-        )
-        stack.callback(client.close)
-        return EmbedSpec(
-            provider=client,
-            model=choice.model,
-            chunker_key=settings.chunk_config.key,
-            connect=connect,
-            budget=budget,
-            run_id=run_id,
-            dimensions=choice.dimensions,
-            extractor_version=extractor_id(settings.extractor),
-            inputs_per_call=settings.embed_inputs_per_call,
-            max_in_flight=choice.max_in_flight,
-            max_call_s=max_call_s,
-        )
 
     def _outcome(
         self, result: BatchResult, settings: PipelineSettings, seconds: float | None = None

@@ -96,13 +96,20 @@ def source_schema(roots: Sequence[str]) -> dict[str, Any]:
     }
 
 
-def pipeline_params(default_source: str, roots: Sequence[str] | None = None) -> dict[str, Param]:
-    """Params of ``document_pipeline``; a bad value is rejected at trigger time, naming it."""
+def pipeline_params(
+    default_source: str,
+    roots: Sequence[str] | None = None,
+    *,
+    stages: Sequence[str] = STAGES,
+    default_stages: Sequence[str] = DEFAULT_STAGES,
+) -> dict[str, Param]:
+    """Params of a pipeline of ``stages`` (``document_pipeline``'s by default); a bad value
+    is rejected at trigger time, naming it."""
     inside_roots = source_schema(roots) if roots else {}
     where = f"; it must be {roots_sentence(roots)}" if roots else ""
     stage_list: dict[str, Any] = {
         "type": "array",
-        "items": {"type": "string", "enum": list(STAGES)},
+        "items": {"type": "string", "enum": list(stages)},
         "minItems": 1,
         "uniqueItems": True,
     }
@@ -126,10 +133,14 @@ def pipeline_params(default_source: str, roots: Sequence[str] | None = None) -> 
             None,
             anyOf=[{"type": "null"}, stage_list],
             description="Stages to run; the others are skipped. Default: "
-            f"{', '.join(DEFAULT_STAGES)} (a re-run or redrive: its own stage and what reads "
-            "it). summarize, a chat "
-            "completion per document at many times the price of its embeddings, runs when "
-            "named here.",
+            f"{', '.join(default_stages)} (a re-run or redrive: its own stage and what reads "
+            "it)."
+            + (
+                " summarize, a chat completion per document at many times the price of its "
+                "embeddings, runs when named here."
+                if "summarize" in stages and "summarize" not in default_stages
+                else ""
+            ),
         ),
         "model": Param(
             None,
@@ -237,7 +248,7 @@ def pipeline_params(default_source: str, roots: Sequence[str] | None = None) -> 
             required=["stage"],
             properties=_keyed(
                 RERUN_KEYS,
-                stage={"type": "string", "enum": list(STAGES)},
+                stage={"type": "string", "enum": list(stages)},
                 status={
                     "type": "array",
                     "items": {"type": "string", "enum": list(STATUSES)},
@@ -258,7 +269,7 @@ def pipeline_params(default_source: str, roots: Sequence[str] | None = None) -> 
             required=["stage", "reason"],
             properties=_keyed(
                 REDRIVE_KEYS,
-                stage={"type": "string", "enum": list(STAGES)},
+                stage={"type": "string", "enum": list(stages)},
                 error_class=_names,
                 ids={
                     "type": "array",

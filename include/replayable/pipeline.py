@@ -21,7 +21,8 @@ from replayable import config, sources
 from replayable.db import Connection, execute, fetch_all
 from replayable.keys import sha256_bytes, sha256_file
 from replayable.settings import AUTO, BOUNDS, PipelineSettings
-from replayable.vocabulary import DEFAULT_STAGES, STAGES, stage_paths
+from replayable.stage import Pipeline, pipeline_of
+from replayable.vocabulary import DEFAULT_STAGES, STAGES
 
 log = logging.getLogger(__name__)
 
@@ -253,13 +254,15 @@ def plan_batches(
     dag_id: str,
     run_id: str,
     spec_hashes: Mapping[str, str],
+    stages: Pipeline | None = None,
     max_map_length: int = config.DEFAULT_MAX_MAP_LENGTH,
     slots: int = 1,
     revived_by: str | None = None,
 ) -> list[dict[str, Any]]:
     """Number the batches of the run's documents that have work left; return their refs.
 
-    A document has work when, walking some chain of inputs (``stage_paths``) in order, the
+    A document has work when, walking some chain of inputs of ``stages`` (the pipeline of
+    ``dag_id`` unless given; :meth:`Pipeline.paths`) in order, the
     first stage not done under its current spec is one this run executes and is not dead
     there (unless the run revives dead items of that stage). One query decides it for all
     stages at once; an identical re-run of a finished corpus therefore maps no batch at all.
@@ -273,18 +276,20 @@ def plan_batches(
     of its first stage whose documents are done there under the current spec already: no
     claim will take those items, and their work is done (ADR 0083).
     """
+    stages = stages or pipeline_of(dag_id)
+    effective = stages.effective_stages(settings)
     first = settings.first_stage
     revive = settings.revives_dead or bool(settings.redrive)
-    closes = revive and first is not None and first in settings.effective_stages
+    closes = revive and first is not None and first in effective
     # Every chain of inputs, flattened: each stage's path number, input first (ADR 0107).
-    cells = [(n, stage) for n, path in enumerate(stage_paths()) for stage in path]
+    cells = [(n, stage) for n, path in enumerate(stages.paths()) for stage in path]
     params = {
         "dag_id": dag_id,
         "run_id": run_id,
         "paths": [n for n, _ in cells],
         "stages": [stage for _, stage in cells],
         "spec_hashes": [spec_hashes[stage] for _, stage in cells],
-        "effective": [stage in settings.effective_stages for _, stage in cells],
+        "effective": [stage in effective for _, stage in cells],
         "revive": [revive and stage == first for _, stage in cells],
         "batch_size": None if settings.batch_size == AUTO else settings.batch_size,
         "auto_batches": max(1, slots) * BATCHES_PER_SLOT,
@@ -315,22 +320,30 @@ def batch_doc_ids(conn: Connection, *, dag_id: str, run_id: str, batch: int) -> 
 
 
 def build_report(
-    conn: Connection, *, dag_id: str, run_id: str, stages_run: Sequence[str] = DEFAULT_STAGES
+    conn: Connection,
+    *,
+    dag_id: str,
+    run_id: str,
+    stages_run: Sequence[str] = DEFAULT_STAGES,
+    pipeline_stages: Sequence[str] = STAGES,
 ) -> dict[str, Any]:
-    """Summarise a run: per stage, its documents by current status (and error class).
+    """Summarise a run: per stage of its pipeline, its documents by current status (and
+    error class).
 
     The stages the run executed (``stages_run``) are listed even where no item entered them;
-    another stage is listed when the run's documents have items in it.
+    another stage of ``pipeline_stages`` is listed when the run's documents have items in it.
     """
     stages: dict[str, dict[str, Any]] = {
         stage: {"done": 0, "failed": 0, "dead": 0, "running": 0, "pending": 0, "errors": {}}
-        for stage in STAGES
+        for stage in pipeline_stages
         if stage in stages_run
     }
     run = fetch_all(conn, "report/run", {"dag_id": dag_id, "run_id": run_id})
     documents = int(run[0]["documents"]) if run else 0
     for row in fetch_all(
-        conn, "report/stage_status", {"dag_id": dag_id, "run_id": run_id, "stages": list(STAGES)}
+        conn,
+        "report/stage_status",
+        {"dag_id": dag_id, "run_id": run_id, "stages": list(pipeline_stages)},
     ):
         entry = stages.setdefault(row["stage"], {"errors": {}})
         entry[row["status"]] = entry.get(row["status"], 0) + row["n"]
@@ -372,8 +385,11 @@ def format_report(report: dict[str, Any]) -> str:
         f"{report.get('batches', '?')} batches",
         f"{'stage':<10} {'done':>6} {'failed':>7} {'dead':>6} {'other':>6}  errors",
     ]
-    order = {stage: n for n, stage in enumerate(STAGES)}
-    for stage, entry in sorted(report["stages"].items(), key=lambda kv: order.get(kv[0], 99)):
+    # The shipped stages in pipeline order, then the others as build_report lists them.
+    order: dict[str, int] = {}
+    for stage in (*STAGES, *report["stages"]):
+        order.setdefault(stage, len(order))
+    for stage, entry in sorted(report["stages"].items(), key=lambda kv: order[kv[0]]):
         other = entry.get("running", 0) + entry.get("pending", 0) + entry.get("not_entered", 0)
         errors = ", ".join(f"{k}={v}" for k, v in sorted(entry.get("errors", {}).items()))
         lines.append(

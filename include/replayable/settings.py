@@ -7,15 +7,17 @@ where the values are used, so that a task run outside a DAG fails with the same 
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
 from typing import Any
 
+from replayable.stage import NAME_PATTERN
 from replayable.stages import extract
 from replayable.stages.chunk.chunker import ChunkConfig
 from replayable.stages.summarize.config import DEFAULT_PROMPT, SummaryConfig
-from replayable.vocabulary import DEFAULT_STAGES, ITEM_LEASE_S, ITEM_MAX_ATTEMPTS, downstream
+from replayable.vocabulary import ITEM_LEASE_S, ITEM_MAX_ATTEMPTS
 
 # Re-exported: the CLI, the UI, the operator, bench and many tests import it from here.
 from replayable.vocabulary import STAGES as STAGES
@@ -74,7 +76,8 @@ class PipelineSettings:
     source: str = ""
     # Documents per mapped batch, or "auto": a few batches per parallel slot (ADR 0104).
     batch_size: int | str = AUTO
-    # None: DEFAULT_STAGES, and for a re-run or a redrive its own stage too (ADR 0107).
+    # None: the pipeline's default stages, and for a re-run or a redrive its own stage too
+    # (stage.Pipeline.effective_stages, ADR 0107).
     stages: tuple[str, ...] | None = None
     model: str | None = None  # None: the connection's extra "model", else DEFAULT_MODEL
     dimensions: int | None = None
@@ -118,9 +121,10 @@ class PipelineSettings:
             elif value is not None or name not in ("dimensions", "max_in_flight", "max_rps"):
                 _within(name, value, low, high)
         extract.extractor_id(self.extractor)  # refuses an unknown engine, naming the field
-        unknown = [s for s in self.stages or () if s not in STAGES]
-        if unknown or self.stages == ():
-            raise ValueError(f"stages: {unknown or 'empty'} is not a list of {list(STAGES)}")
+        # Which names a pipeline has is its own check (stage.Pipeline.check, in plan).
+        unnamed = [s for s in self.stages or () if not _is_stage_name(s)]
+        if unnamed or self.stages == ():
+            raise ValueError(f"stages: {unnamed or 'empty'} is not a list of stage names")
         if self.item_timeout_s >= self.lease_s:
             raise ValueError(
                 f"item_timeout_s ({self.item_timeout_s}) must be below lease_s ({self.lease_s}), "
@@ -135,8 +139,8 @@ class PipelineSettings:
         if self.rerun and self.redrive:
             raise ValueError("rerun and redrive: give one or the other, not both")
         for name, value in (("rerun", self.rerun), ("redrive", self.redrive)):
-            if value and value.get("stage") not in STAGES:
-                raise ValueError(f"{name}.stage: {value.get('stage')!r} is not one of {STAGES}")
+            if value and not _is_stage_name(value.get("stage")):
+                raise ValueError(f"{name}.stage: {value.get('stage')!r} is not a stage name")
         times = [
             (f"{name}.{key}", selection.get(key))
             for name, selection in (("rerun", self.rerun), ("redrive", self.redrive))
@@ -156,22 +160,6 @@ class PipelineSettings:
         """The stage a re-run or redrive starts from, if this run is one."""
         selection = self.rerun or self.redrive
         return str(selection["stage"]) if selection else None
-
-    @property
-    def effective_stages(self) -> tuple[str, ...]:
-        """The stages to run, in STAGES order: ``stages``, or for a re-run or a redrive those
-        of them that are its stage or read it, directly or not (ADR 0107).
-
-        Without ``stages``, a run executes DEFAULT_STAGES, and a re-run or redrive its own
-        stage as well: a redrive of summaries redoes summaries, though a plain run skips them.
-        """
-        first = self.first_stage
-        chosen = self.stages
-        if chosen is None:
-            chosen = (*DEFAULT_STAGES, first) if first else DEFAULT_STAGES
-        if first is None:
-            return tuple(s for s in STAGES if s in chosen)
-        return tuple(s for s in downstream(first) if s in chosen)
 
     def summary_config(self, model: str) -> SummaryConfig:
         """The summarize stage's key config under the chat ``model`` the run resolved."""
@@ -255,6 +243,10 @@ def _unknown(given: Mapping[str, Any], known: tuple[str, ...], prefix: str) -> l
             listed = ", ".join(prefix + k for k in known)
             problems.append(f"unknown key {prefix + str(key)!r}; the known keys are {listed}")
     return problems
+
+
+def _is_stage_name(name: object) -> bool:
+    return isinstance(name, str) and re.match(NAME_PATTERN, name) is not None
 
 
 def _within(name: str, value: Any, low: float, high: float) -> None:

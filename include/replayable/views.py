@@ -18,7 +18,7 @@ from datetime import datetime
 from typing import Any
 
 from replayable import db
-from replayable.vocabulary import ITEM_STATUSES, OUTBOX_STATUSES, STAGES
+from replayable.vocabulary import ITEM_STATUSES, OUTBOX_STATUSES, PIPELINE_DAG_ID, STAGES
 
 Row = dict[str, Any]
 
@@ -64,7 +64,8 @@ class RedriveScope:
     """The open dead letters of one stage that a redrive would take, as the database saw them.
 
     ``ids`` lists the letters only when the redrive was asked for by id; ``as_of`` is when
-    they were counted, which pins the end of a filtered redrive to what was shown.
+    they were counted, which pins the end of a filtered redrive to what was shown;
+    ``dag_id`` is the pipeline DAG that redrives them, the one whose run made the newest.
     """
 
     stage: str
@@ -72,6 +73,7 @@ class RedriveScope:
     documents: int
     ids: list[int] | None
     as_of: datetime
+    dag_id: str = PIPELINE_DAG_ID
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,6 +117,12 @@ def stage_order(found: Iterable[str]) -> list[str]:
     return [*STAGES, *sorted(set(found) - set(STAGES))]
 
 
+def known_stages(conn: db.Connection) -> list[str]:
+    """Every stage in :func:`stage_order`: the shipped ones, then every stage the ledger has
+    items of (a stage of your own appears once a run has planned it)."""
+    return stage_order(row["stage"] for row in db.fetch_all(conn, "views/known_stages"))
+
+
 # ---- status per stage --------------------------------------------------------------------
 
 
@@ -123,7 +131,7 @@ def items_by_status(conn: db.Connection, run_id: str | None = None) -> dict[str,
 
     Without ``run_id`` the counters answer; with it, only the documents that run touched.
     """
-    params = {"run_id": run_id, "stages": list(STAGES)}
+    params = {"run_id": run_id, "stages": known_stages(conn) if run_id else list(STAGES)}
     return {
         row["stage"]: {key: int(row[key]) for key in (*ITEM_STATUSES, "total")}
         for row in db.fetch_all(conn, "views/status_stages", params)
@@ -271,6 +279,7 @@ def redrive_scope(
             documents=int(row["documents"]),
             ids=[int(i) for i in row["ids"]] if row["ids"] is not None else None,
             as_of=row["as_of"],
+            dag_id=row["dag_id"] or PIPELINE_DAG_ID,
         )
         for row in db.fetch_all(conn, "plan/redrive_scope", params)
     ]

@@ -7,42 +7,15 @@ than one layer states (the two leases, an item's attempt cap) are defined here t
 
 from __future__ import annotations
 
-# The stages of the document pipeline, in the order they run and are listed.
+# The stages of the document pipeline, in the order they run and are listed; which one reads
+# which is their definition's (replayable.stages.builtin).
 STAGES = ("extract", "chunk", "embed", "summarize")
-# The stage whose output each one reads (None: the document itself). Re-running a stage
-# re-runs the stages that read it, and no further (ADR 0107).
-STAGE_INPUTS: dict[str, str | None] = {
-    "extract": None,
-    "chunk": "extract",
-    "embed": "chunk",
-    "summarize": "extract",
-}
 # The stages a run executes unless its conf names others: summaries are chat completions,
 # many times the price of embeddings, so a run asks for them ("stages": [..., "summarize"]).
 DEFAULT_STAGES = ("extract", "chunk", "embed")
-
-
-def downstream(stage: str) -> tuple[str, ...]:
-    """``stage`` and every stage that reads its output, directly or not, in STAGES order."""
-    found = {stage}
-    for name in STAGES:  # an input always comes before its readers
-        if STAGE_INPUTS[name] in found:
-            found.add(name)
-    return tuple(name for name in STAGES if name in found)
-
-
-def stage_paths() -> tuple[tuple[str, ...], ...]:
-    """Each chain of inputs from a document to a stage no other stage reads, input first."""
-    read = {source for source in STAGE_INPUTS.values() if source}
-    paths = []
-    for leaf in (name for name in STAGES if name not in read):
-        path: list[str] = []
-        at: str | None = leaf
-        while at is not None:
-            path.insert(0, at)
-            at = STAGE_INPUTS[at]
-        paths.append(tuple(path))
-    return tuple(paths)
+# A stage's name, the shipped ones' and your own (replayable.stage): its identity in the
+# ledger, a metrics label, a URL filter and a SQL value alike.
+STAGE_NAME_PATTERN = r"^[a-z][a-z0-9_]{0,39}$"
 
 
 # An item's life in stage_runs (ARCHITECTURE.md, data model).

@@ -9,6 +9,8 @@ from conftest import ROOT
 from replayable import vocabulary
 from replayable.settings import BOUNDS, TASK_TIMEOUTS, PipelineSettings
 
+KEYWORDS = "keyword_pipeline"  # dags/keyword_pipeline.py, the example of your own stages
+
 
 @pytest.fixture(scope="module")
 def dagbag(monkeypatch_module):
@@ -22,6 +24,9 @@ def dagbag(monkeypatch_module):
 def monkeypatch_module():
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
+        # Airflow puts the DAG bundle's folder on sys.path before it parses a file, so that
+        # a DAG imports its own modules (keyword_pipeline's custom_stages) as top-level ones.
+        mp.syspath_prepend(str(ROOT / "dags"))
         yield mp
 
 
@@ -37,7 +42,31 @@ def test_the_dags_carry_the_ids_the_vocabulary_defines(dagbag):
         vocabulary.SWEEPER_DAG_ID,
         vocabulary.OUTBOX_PUBLISHER_DAG_ID,
         vocabulary.DEAD_LETTER_WATCH_DAG_ID,
+        KEYWORDS,
     }
+
+
+def test_a_pipeline_of_your_own_stages_has_the_same_shape(dagbag):
+    """keyword_pipeline (a stage defined in dags/custom_stages/, outside the package): plan,
+    a mapped group with a task per stage after the one it reads, report, publish; its params
+    know its stages and no others."""
+    dag = dagbag.dags[KEYWORDS]
+    assert {t.task_id for t in dag.tasks} == {
+        "plan",
+        "batch.extract",
+        "batch.keywords",
+        "report",
+        "publish",
+    }
+    assert dag.get_task("batch.keywords").upstream_task_ids == {"plan", "batch.extract"}
+    assert dag.get_task("batch.keywords").trigger_rule == "none_failed"
+    assert "label" in dag.get_task("batch.keywords").map_index_template
+    params = copy.deepcopy(dag.params)
+    params.update({"rerun": {"stage": "keywords", "error_class": ["no_words"]}})
+    params.validate()
+    with pytest.raises(ParamValidationError, match="stages"):
+        params.update({"stages": ["extract", "embed"]})
+        params.validate()
 
 
 def test_pipeline_defaults_validate(dagbag):
@@ -66,7 +95,7 @@ def test_bad_conf_is_rejected_naming_the_field(dagbag, conf, field):
 
 def test_mapped_stages_are_labelled_by_batch(dagbag):
     dag = dagbag.dags["document_pipeline"]
-    for task_id in ("batch.extract", "batch.chunk", "batch.embed"):
+    for task_id in ("batch.extract", "batch.chunk", "batch.embed", "batch.summarize"):
         assert "label" in dag.get_task(task_id).map_index_template
 
 

@@ -28,6 +28,7 @@ from replayable import db, sources
 from replayable.params import STATUSES, pipeline_params
 from replayable.pipeline import rerun_params
 from replayable.settings import BOUNDS, STAGES, PipelineSettings, check_conf_keys
+from replayable.stages.builtin import document_pipeline
 
 pytestmark = pytest.mark.db
 
@@ -185,7 +186,8 @@ def _refused_naming_a_field_or_runs(params: Any, database: Any, conf: Any) -> No
         return
     _seen["ran"] += 1
     # What the tasks derive from the settings before touching any document.
-    assert run.effective_stages and set(run.effective_stages) <= set(STAGES)
+    stages = document_pipeline().effective_stages(run)
+    assert stages and set(stages) <= set(STAGES)
     assert run.chunk_config.key and run.batch_deadline_s(10) > 0
     assert isinstance(run.revives_dead, bool)
     # The selection discover makes for a re-run or a redrive, against the real database.

@@ -49,7 +49,7 @@ def test_plan_refuses_an_unknown_conf_key_before_it_reads_any_source(monkeypatch
     context = {"ti": ti, "params": {**conf}, "dag_run": SimpleNamespace(conf=conf)}
     monkeypatch.setattr(dag_tasks, "get_current_context", lambda: context)
     reached: list[str] = []
-    monkeypatch.setattr(dag_tasks, "model_choice", lambda *a: reached.append("model") or None)
+    monkeypatch.setattr(dag_tasks, "run_models", lambda *a: reached.append("model") or None)
     monkeypatch.setattr(dag_tasks, "_on_database", lambda *a: reached.append("database") or None)
     with pytest.raises(AirflowFailException, match=re.escape(named)):
         dag_tasks.plan()

@@ -7,7 +7,7 @@ import psycopg2
 import pytest
 from airflow.sdk.definitions.retry_policy import RetryAction
 
-from replayable import db, hooks, operators, pipeline
+from replayable import db, hooks, pipeline
 from replayable.operators import (
     BatchIncompleteError,
     BatchRetryPolicy,
@@ -16,6 +16,9 @@ from replayable.operators import (
 )
 from replayable.retry import CallRetry, Classified, ErrorKind
 from replayable.settings import DEFAULT_MAX_IN_FLIGHT, PipelineSettings
+from replayable.stage import BuildContext
+from replayable.stages import builtin
+from replayable.vocabulary import MODEL_CONN_ID
 
 POLICY = BatchRetryPolicy()
 
@@ -115,10 +118,8 @@ def test_a_request_may_hold_its_chunks_for_as_long_as_a_healthy_call_lasts(monke
     call plus its last request, with slack: only an abandoned request loses its locks."""
     connection = {"conn_type": "http", "host": "http://127.0.0.1:9/v1", "extra": {"timeout_s": 7}}
     monkeypatch.setenv("AIRFLOW_CONN_REPLAYABLE_MODEL", json.dumps(connection))
-    op = IdempotentStageOperator(task_id="x", stage="embed", batch={"doc_ids": ["a"]})
-    with ExitStack() as stack:
-        spec = op._spec(PipelineSettings(), stack, lambda: None, 1, "run")
-    assert spec.max_call_s == CallRetry().max_total_s + 7 + operators.CALL_SLACK_S
+    spec = embed_spec_for(PipelineSettings())
+    assert spec.max_call_s == CallRetry().max_total_s + 7 + builtin.CALL_SLACK_S
 
 
 def flaky_connect(failures: int):
@@ -148,9 +149,18 @@ def model_connection(monkeypatch, **extra):
 
 
 def embed_spec_for(settings):
-    op = IdempotentStageOperator(task_id="x", stage="embed", batch={"doc_ids": ["a"]})
+    """The embed stage as a task builds it under ``settings`` (its budget is not opened)."""
     with ExitStack() as stack:
-        return op._spec(settings, stack, lambda: None, 1, "run")
+        context = BuildContext(
+            settings=settings,
+            run_id="run",
+            documents=1,
+            connect=lambda: None,
+            stack=stack,
+            spec_hashes={},
+            model_conn_id=MODEL_CONN_ID,
+        )
+        return builtin.EMBED.build(context)
 
 
 def test_a_conf_may_lower_the_connections_limits_but_never_raise_them(monkeypatch):

@@ -12,6 +12,7 @@ from replayable.ledger import Ledger, Outcome, RunContext
 from replayable.pipeline import discover, format_report, plan_batches
 from replayable.retry import Classified, ErrorKind
 from replayable.settings import PipelineSettings
+from replayable.stages.builtin import document_pipeline
 from replayable.stages.lineage import spec_hashes
 from replayable.vocabulary import STAGES
 
@@ -289,10 +290,10 @@ def test_xcoms_stay_the_same_size_for_ten_thousand_documents(conn, tmp_path):
         ({"max_bytes": 2**31}, "max_bytes"),
         ({"memory_mb": 100_000}, "memory_mb"),
         ({"lease_s": 100_000}, "lease_s"),
-        ({"stages": ("extract", "ocr")}, "stages"),
+        ({"stages": ("extract", "OCR pages")}, "stages"),
         ({"item_timeout_s": 900, "lease_s": 600}, "item_timeout_s"),
         ({"chunk_size": 100, "chunk_overlap": 80}, "overlap"),
-        ({"rerun": {"stage": "ocr"}}, "rerun.stage"),
+        ({"rerun": {"stage": "Embed;"}}, "rerun.stage"),
         ({"rerun": {"stage": "chunk"}, "redrive": {"stage": "chunk"}}, "rerun and redrive"),
     ],
 )
@@ -301,29 +302,40 @@ def test_bad_settings_are_rejected_naming_the_field(values, field):
         PipelineSettings(**values)
 
 
+@pytest.mark.parametrize(
+    ("values", "field"),
+    [
+        ({"stages": ("extract", "ocr")}, "stages"),
+        ({"rerun": {"stage": "ocr"}}, "rerun.stage"),
+        ({"redrive": {"stage": "ocr", "reason": "fixed"}}, "redrive.stage"),
+    ],
+)
+def test_a_stage_the_pipeline_does_not_have_is_refused_naming_the_field(values, field):
+    with pytest.raises(ValueError, match=field):
+        document_pipeline().check(PipelineSettings(**values))
+
+
+def runs(**settings) -> tuple[str, ...]:
+    """The stages a run of the document pipeline with ``settings`` executes."""
+    return document_pipeline().effective_stages(PipelineSettings(**settings))
+
+
 def test_a_rerun_covers_its_stage_and_the_ones_after_it():
-    assert PipelineSettings(rerun={"stage": "chunk"}).effective_stages == ("chunk", "embed")
-    narrowed = PipelineSettings(rerun={"stage": "extract"}, stages=("extract", "chunk"))
-    assert narrowed.effective_stages == ("extract", "chunk")
-    assert PipelineSettings().effective_stages == ("extract", "chunk", "embed")
+    assert runs(rerun={"stage": "chunk"}) == ("chunk", "embed")
+    assert runs(rerun={"stage": "extract"}, stages=("extract", "chunk")) == ("extract", "chunk")
+    assert runs() == ("extract", "chunk", "embed")
 
 
 def test_a_rerun_reaches_only_the_stages_that_read_its_stage():
     """summarize reads extract, not chunk: a re-run of chunk never summarises, a re-run of
     summarize redoes summaries alone, and a plain run summarises only when asked to."""
     everything = ("extract", "chunk", "embed", "summarize")
-    assert PipelineSettings(rerun={"stage": "chunk"}, stages=everything).effective_stages == (
-        "chunk",
-        "embed",
-    )
-    assert PipelineSettings(rerun={"stage": "extract"}, stages=everything).effective_stages == (
-        everything
-    )
-    assert PipelineSettings(rerun={"stage": "summarize"}).effective_stages == ("summarize",)
-    redrive = PipelineSettings(redrive={"stage": "summarize", "reason": "model fixed"})
-    assert redrive.effective_stages == ("summarize",)
-    assert PipelineSettings(stages=everything).effective_stages == everything
-    assert "summarize" not in PipelineSettings(rerun={"stage": "extract"}).effective_stages
+    assert runs(rerun={"stage": "chunk"}, stages=everything) == ("chunk", "embed")
+    assert runs(rerun={"stage": "extract"}, stages=everything) == everything
+    assert runs(rerun={"stage": "summarize"}) == ("summarize",)
+    assert runs(redrive={"stage": "summarize", "reason": "model fixed"}) == ("summarize",)
+    assert runs(stages=everything) == everything
+    assert "summarize" not in runs(rerun={"stage": "extract"})
 
 
 def test_only_a_rerun_that_asks_for_dead_items_revives_them():

@@ -12,11 +12,30 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
+from replayable.vocabulary import STAGE_NAME_PATTERN, STAGES
+
 # The same pattern as replayable.params (the CLI tests check that they agree); importing
 # params here would load Airflow, which costs seconds on every command.
 VERSION_PATTERN = r"^[0-9]{1,9}(\.[0-9]{1,9})*$"
 
 _DOC_PREFIX = re.compile(r"[0-9a-f]{6,64}")
+
+
+def stage(value: str) -> str:
+    """A stage's name: a shipped one (extract, chunk, embed, summarize) or one of your own."""
+    if not re.match(STAGE_NAME_PATTERN, value):
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a stage name (lowercase letters, digits and _), e.g. "
+            + ", ".join(STAGES)
+        )
+    return value
+
+
+def dag_id(value: str) -> str:
+    """A DAG id as Airflow allows it: letters, digits, ``_``, ``.`` and ``-``."""
+    if not re.fullmatch(r"[A-Za-z0-9_.-]{1,250}", value):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a DAG id")
+    return value
 
 
 def letter_id(value: str) -> int:

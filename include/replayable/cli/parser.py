@@ -18,6 +18,7 @@ from replayable.vocabulary import (
     DEAD_LETTER_STATUSES,
     ITEM_STATUSES,
     LEDGER_CONN_ID,
+    PIPELINE_DAG_ID,
     STAGES,
 )
 
@@ -94,7 +95,7 @@ def _add_failed(sub: Commands, common: argparse.ArgumentParser) -> None:
         help="items whose current status is failed",
         description="Items whose current status is failed (retryable, under the attempt cap).",
     )
-    command.add_argument("--stage", choices=STAGES)
+    command.add_argument("--stage", type=arguments.stage, metavar="STAGE")
     command.add_argument("--error-class", nargs="+", type=non_empty, metavar="CLASS")
     command.add_argument("--limit", type=positive(int), default=50, help="(default: %(default)s)")
     command.set_defaults(handler=failures.run_failed)
@@ -107,7 +108,7 @@ def _add_dead_letters(sub: Commands, common: argparse.ArgumentParser) -> None:
         help="the dead-letter queue",
         description="Dead letters, newest first.",
     )
-    command.add_argument("--stage", choices=STAGES)
+    command.add_argument("--stage", type=arguments.stage, metavar="STAGE")
     command.add_argument(
         "--status",
         choices=(*DEAD_LETTER_STATUSES, "all"),
@@ -131,7 +132,18 @@ def _add_rerun(sub: Commands, common: argparse.ArgumentParser) -> None:
         "--error-class http_429 --code-version-lt 1.3",
     )
     command.add_argument(
-        "--stage", required=True, choices=STAGES, help="the stage to re-run from: %(choices)s"
+        "--stage",
+        required=True,
+        type=arguments.stage,
+        metavar="STAGE",
+        help=f"the stage to re-run from: {', '.join(STAGES)}, or one of your own",
+    )
+    command.add_argument(
+        "--dag-id",
+        default=PIPELINE_DAG_ID,
+        type=arguments.dag_id,
+        metavar="DAG",
+        help="the pipeline DAG the re-run is a run of (default: %(default)s)",
     )
     command.add_argument(
         "--status",
@@ -190,7 +202,11 @@ def _add_redrive(sub: Commands, common: argparse.ArgumentParser) -> None:
         "--reason 'provider fixed' --trigger --username ana",
     )
     command.add_argument(
-        "--stage", required=True, choices=STAGES, help="the stage to redrive: %(choices)s"
+        "--stage",
+        required=True,
+        type=arguments.stage,
+        metavar="STAGE",
+        help=f"the stage to redrive: {', '.join(STAGES)}, or one of your own",
     )
     command.add_argument(
         "--id",

@@ -14,7 +14,13 @@ read connections themselves, nor import each other for it (ADR 0090, ADR 0098).
 from __future__ import annotations
 
 from replayable.get_provider_info import CONNECTION_FIELDS, UI_FIELD_BEHAVIOUR
-from replayable.hooks.embeddings import EmbeddingsHook, ModelChoice, chat_model_of, model_choice
+from replayable.hooks.embeddings import (
+    EmbeddingsHook,
+    ModelChoice,
+    chat_model_of,
+    model_choice,
+    run_models,
+)
 from replayable.hooks.ledger import connection_dsn
 from replayable.hooks.webhook import ConnectionFields, connection_fields
 
@@ -28,4 +34,5 @@ __all__ = [
     "connection_dsn",
     "connection_fields",
     "model_choice",
+    "run_models",
 ]

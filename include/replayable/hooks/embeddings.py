@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -37,10 +38,14 @@ from replayable.vocabulary import MODEL_CONN_ID
 if TYPE_CHECKING:
     from replayable.retry import CallRetry
     from replayable.settings import PipelineSettings
+    from replayable.stage import Models
     from replayable.stages.embed.client import HttpEmbeddingClient
     from replayable.stages.summarize.client import HttpChatClient
 
-__all__ = ["EmbeddingsHook", "ModelChoice", "chat_model_of", "model_choice"]
+__all__ = ["EmbeddingsHook", "ModelChoice", "chat_model_of", "model_choice", "run_models"]
+
+# The shipped stages that call the model provider: their keys name the models a run resolves.
+MODEL_STAGES = frozenset({"embed", "summarize"})
 
 log = logging.getLogger(__name__)
 
@@ -250,4 +255,23 @@ def model_choice(settings: PipelineSettings, conn: str | EmbeddingsHook) -> Mode
         max_rps=rps,
         shared_in_flight=shared_in_flight,
         shared_rps=provider.max_rps,
+    )
+
+
+def run_models(
+    settings: PipelineSettings, conn: str | EmbeddingsHook, stages: Iterable[str]
+) -> Models:
+    """The models that key a run's ``stages``, resolved as the stages resolve them.
+
+    The connection is read only when a model stage runs: a run of extract and chunk alone
+    needs no model connection.
+    """
+    from replayable.stage import Models
+
+    if not MODEL_STAGES & set(stages):
+        return Models(settings.model or "", settings.dimensions, settings.summary_model or "")
+    hook = conn if isinstance(conn, EmbeddingsHook) else EmbeddingsHook(conn)
+    choice = model_choice(settings, hook)
+    return Models(
+        choice.model, choice.dimensions, chat_model_of(settings.summary_model, choice.provider)
     )

@@ -3,7 +3,8 @@
 A stage's folder holds its work as plain typed functions without Airflow (``extract.pdf``,
 ``chunk.chunker``, ``embed.client``, ``summarize.client``), its
 :class:`~replayable.runner.StageSpec` (``spec``: keys, inputs, outputs) and, in its
-``__init__``, its code version. Which stage reads which is ``vocabulary.STAGE_INPUTS``.
+``__init__``, its code version. Their definitions, what each reads and how it is built, are in
+:mod:`~replayable.stages.builtin` (the API: :mod:`replayable.stage`).
 
 What the stages share: the lineage a spec hash is made of (:mod:`~replayable.stages.lineage`),
 the items of a stage that reads extracted text (:mod:`~replayable.stages.texts`), what every

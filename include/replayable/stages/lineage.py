@@ -52,6 +52,33 @@ def summary_lineage(config: SummaryConfig, extractor_version: str) -> dict[str, 
     return {**config.key(), "extractor": extractor_version}
 
 
+def extract_hash(engine: str = extract.DEFAULT_ENGINE) -> str:
+    """The extract stage's spec hash: its version and engine policy."""
+    return spec_hash_of("extract", extract.VERSION, {"engine": engine})
+
+
+def chunk_hash(config: ChunkConfig, engine: str = extract.DEFAULT_ENGINE) -> str:
+    """The chunk stage's spec hash: its version, size and overlap, and the extractor."""
+    return spec_hash_of("chunk", chunk.VERSION, chunk_lineage(config, extract.extractor_id(engine)))
+
+
+def embed_hash(
+    model: str,
+    dimensions: int | None,
+    config: ChunkConfig,
+    engine: str = extract.DEFAULT_ENGINE,
+) -> str:
+    """The embed stage's spec hash: its version, model and dimensions, chunker, extractor."""
+    lineage = embed_lineage(model, dimensions, config.key, extract.extractor_id(engine))
+    return spec_hash_of("embed", embed.VERSION, lineage)
+
+
+def summary_hash(config: SummaryConfig, engine: str = extract.DEFAULT_ENGINE) -> str:
+    """The summarize stage's spec hash: its version and key config, and the extractor."""
+    lineage = summary_lineage(config, extract.extractor_id(engine))
+    return spec_hash_of("summarize", summarize.VERSION, lineage)
+
+
 def spec_hashes(
     config: ChunkConfig,
     model: str,
@@ -59,18 +86,12 @@ def spec_hashes(
     engine: str = extract.DEFAULT_ENGINE,
     summary: SummaryConfig | None = None,
 ) -> dict[str, str]:
-    """Each stage's spec hash for a run's settings, without building the stages."""
-    extractor = extract.extractor_id(engine)
-    summary = summary or SummaryConfig(model=DEFAULT_CHAT_MODEL)
+    """Each shipped stage's spec hash for a run's settings, without building the stages."""
     return {
-        "extract": spec_hash_of("extract", extract.VERSION, {"engine": engine}),
-        "chunk": spec_hash_of("chunk", chunk.VERSION, chunk_lineage(config, extractor)),
-        "embed": spec_hash_of(
-            "embed", embed.VERSION, embed_lineage(model, dimensions, config.key, extractor)
-        ),
-        "summarize": spec_hash_of(
-            "summarize", summarize.VERSION, summary_lineage(summary, extractor)
-        ),
+        "extract": extract_hash(engine),
+        "chunk": chunk_hash(config, engine),
+        "embed": embed_hash(model, dimensions, config, engine),
+        "summarize": summary_hash(summary or SummaryConfig(model=DEFAULT_CHAT_MODEL), engine),
     }
 
 

@@ -19,11 +19,11 @@ from fastapi import Depends, Form, Path, Query
 from pydantic import AfterValidator, BeforeValidator, StringConstraints
 
 from replayable import views
+from replayable.stage import NAME_PATTERN
 from replayable.web.models import DeadLetterList, FailedList
 
-Stage = Literal[
-    "extract", "chunk", "embed", "summarize"
-]  # replayable.vocabulary.STAGES; a test checks
+# A stage's name: the shipped ones (replayable.vocabulary.STAGES) or one of your own.
+Stage = Annotated[str, StringConstraints(pattern=NAME_PATTERN)]
 # replayable.vocabulary.DEAD_LETTER_STATUSES and "all" for any; a test checks.
 LetterStatus = Literal["open", "redriven", "ignored", "all"]
 Limit = Annotated[int, Query(ge=1, le=500)]

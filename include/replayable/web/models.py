@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import BaseModel, computed_field
 
 from replayable import airflow_http
+from replayable.vocabulary import PIPELINE_DAG_ID
 
 
 class StageSummary(BaseModel):
@@ -196,6 +197,7 @@ class RedriveRun(BaseModel):
     letters: int
     documents: int
     conf: dict[str, Any]
+    dag_id: str = PIPELINE_DAG_ID  # the pipeline whose run made the letters
     run_id: str | None = None
     run_link: str | None = None  # relative to Airflow's base URL
     refused: str | None = None

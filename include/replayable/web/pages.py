@@ -14,7 +14,14 @@ from replayable.web.charts import chart_bars
 from replayable.web.database import ReadConn
 from replayable.web.filters import FailedQuery, LetterFilters, LetterId, LetterQuery, next_query
 from replayable.web.models import ANY_ROUTE, ONE, PAGED
-from replayable.web.reads import dead_letter, dead_letters, failed_items, letters_per_hour, summary
+from replayable.web.reads import (
+    dead_letter,
+    dead_letters,
+    failed_items,
+    letters_per_hour,
+    stages,
+    summary,
+)
 from replayable.web.render import page
 
 router = APIRouter(responses=ANY_ROUTE)
@@ -32,7 +39,13 @@ def failed_page(conn: ReadConn, filters: FailedQuery) -> HTMLResponse:
     """Items whose current status is failed, filtered by stage and error class."""
     data = failed_items(conn, filters.stage, filters.error_classes, filters.limit, filters.after)
     shown = filters.shown()
-    return page("failed.html", data=data, filters=shown, next_query=next_query(shown, data))
+    return page(
+        "failed.html",
+        data=data,
+        filters=shown,
+        next_query=next_query(shown, data),
+        stages=stages(conn),
+    )
 
 
 @router.get("/dead-letters", response_class=HTMLResponse, responses=PAGED)
@@ -54,7 +67,13 @@ def dead_letters_page(conn: ReadConn, filters: LetterQuery) -> HTMLResponse:
         until=filters.until,
     )
     shown = filters.shown()
-    return page("dead_letters.html", data=data, filters=shown, next_query=next_query(shown, data))
+    return page(
+        "dead_letters.html",
+        data=data,
+        filters=shown,
+        next_query=next_query(shown, data),
+        stages=stages(conn),
+    )
 
 
 @router.get("/dead-letters/{letter_id}", response_class=HTMLResponse, responses=ONE)

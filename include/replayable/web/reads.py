@@ -17,6 +17,7 @@ from http import HTTPStatus
 from typing import Any
 
 from fastapi import HTTPException
+from fastapi.exceptions import RequestValidationError
 
 from replayable import db, views
 from replayable.web.charts import CHART_HOURS
@@ -62,6 +63,28 @@ def outbox_summary(conn: db.Connection) -> OutboxSummary:
     return OutboxSummary(**dataclasses.asdict(counts))
 
 
+def stages(conn: db.Connection) -> list[str]:
+    """The stages a filter offers: the shipped ones, then those of your own the ledger has."""
+    return views.known_stages(conn)
+
+
+def _known(conn: db.Connection, stage: str | None) -> None:
+    """422 for a stage the ledger has no items of: a misspelt filter is an error, not an
+    empty page."""
+    if stage is not None and stage not in (known := views.known_stages(conn)):
+        # As FastAPI answers any other bad query value: a 422 that names the parameter.
+        raise RequestValidationError(
+            [
+                {
+                    "type": "enum",
+                    "loc": ("query", "stage"),
+                    "msg": f"Input should be one of {', '.join(known)}",
+                    "input": stage,
+                }
+            ]
+        )
+
+
 def failed_items(
     conn: db.Connection,
     stage: str | None,
@@ -70,6 +93,7 @@ def failed_items(
     after: str | None = None,
 ) -> FailedList:
     """Items whose current status is failed, newest first, one keyset page at a time."""
+    _known(conn, stage)
     cursor = _cursor(after, 3) if after else None
     page = views.failed_items(
         conn,
@@ -98,6 +122,7 @@ def dead_letters(
     until: datetime | None = None,
 ) -> DeadLetterList:
     """Dead letters with ``letter_status`` ("all" for any), newest first, one page at a time."""
+    _known(conn, stage)
     cursor = _cursor(after, 2) if after else None
     page = views.dead_letters(
         conn,

@@ -17,7 +17,6 @@ import httpx
 from fastapi import HTTPException, Request
 
 from replayable import airflow_http, config, db, views
-from replayable.vocabulary import PIPELINE_DAG_ID
 from replayable.web.models import RedriveRun
 
 log = logging.getLogger(__name__)
@@ -34,7 +33,9 @@ def plan_redrive(
     since: datetime | None = None,
     until: datetime | None = None,
 ) -> list[RedriveRun]:
-    """The document_pipeline runs that redrive open dead letters, one per stage; none asked yet.
+    """The pipeline runs that redrive open dead letters, one per stage (each of the DAG whose
+    run made the stage's newest letter, document_pipeline for the shipped stages); none
+    asked yet.
 
     The letters are ``ids`` (ticked on the page), or else every open letter matching the
     filters; a filtered redrive ends at ``until`` or, at the latest, when the letters were
@@ -67,6 +68,7 @@ def plan_redrive(
                 letters=scope.letters,
                 documents=scope.documents,
                 conf={"redrive": selection},
+                dag_id=scope.dag_id,
             )
         )
     return runs
@@ -90,7 +92,7 @@ async def ask_airflow(
         note = f"Redrive of {run.letters} {run.stage} dead letters by {by}: {reason}"
         try:
             started = await airflow_http.trigger_run_async(
-                api_root, token, PIPELINE_DAG_ID, run.conf, note=note[:1000]
+                api_root, token, run.dag_id, run.conf, note=note[:1000]
             )
         except (airflow_http.AirflowRefusedError, httpx.HTTPError) as err:
             refusal = _airflow_refusal(err, api_root)
@@ -100,7 +102,7 @@ async def ask_airflow(
             run.refused = str(refusal.detail)
             continue
         run.run_id = str(started["dag_run_id"])
-        run.run_link = airflow_http.run_path(PIPELINE_DAG_ID, run.run_id)
+        run.run_link = airflow_http.run_path(run.dag_id, run.run_id)
     return runs
 
 

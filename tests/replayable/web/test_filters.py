@@ -8,6 +8,7 @@ from typing import Any, get_args
 
 import pytest
 from fastapi.testclient import TestClient
+from pydantic import TypeAdapter, ValidationError
 from ui_fixtures import (  # noqa: F401 - fixtures
     B,
     _iso,
@@ -21,8 +22,14 @@ from replayable.vocabulary import DEAD_LETTER_STATUSES, STAGES
 from replayable.web.filters import LetterStatus, Stage
 
 
-def test_the_stage_literal_lists_the_pipeline_stages() -> None:
-    assert get_args(Stage) == STAGES
+def test_the_stage_filter_takes_every_stage_name_and_refuses_others() -> None:
+    """The shipped stages and a stage of your own ("wordcount") alike; nothing else."""
+    stage = TypeAdapter(Stage)
+    for name in (*STAGES, "wordcount"):
+        assert stage.validate_python(name) == name
+    for bad in ("Embed", "embed;drop", "", "x" * 41):
+        with pytest.raises(ValidationError):
+            stage.validate_python(bad)
 
 
 def test_the_status_filter_offers_every_letter_status_and_all() -> None:
@@ -65,6 +72,25 @@ def test_invalid_stage_status_or_limit_is_422(
     client: TestClient, ledger: dict[str, int], query: str
 ) -> None:
     assert client.get("/replayable" + query).status_code == 422
+
+
+def test_a_stage_of_your_own_is_a_filter_once_the_ledger_has_its_items(
+    client: TestClient, conn: Any, ledger: dict[str, int]
+) -> None:
+    """No edit to the package: the pages offer the stages the ledger has items of."""
+    assert client.get("/replayable/api/failed?stage=wordcount").status_code == 422
+    with conn.cursor() as cur:
+        cur.execute(
+            "INSERT INTO replayable.stage_runs (stage, item_key, doc_id, status, attempts,"
+            " error_class, code_version, config_hash, is_current)"
+            " SELECT 'wordcount', 'wc-a', doc_id, 'failed', 1, 'poisoned', '1.0', 'c', true"
+            " FROM replayable.documents ORDER BY doc_id LIMIT 1"
+        )
+    conn.commit()
+    data = client.get("/replayable/api/failed?stage=wordcount").json()
+    assert [i["item_key"] for i in data["items"]] == ["wc-a"]
+    page = client.get("/replayable/failed?stage=wordcount").text
+    assert '<option value="wordcount" selected>wordcount</option>' in page
 
 
 def test_dead_letters_filter_by_error_class_and_creation_time(

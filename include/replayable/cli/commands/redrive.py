@@ -65,7 +65,8 @@ def redrive_data(
         "conf": conf,
         "letters": found.letters if found else 0,
         "documents": found.documents if found else 0,
-        "commands": trigger_commands(conf),
+        "dag_id": found.dag_id if found else PIPELINE_DAG_ID,
+        "commands": trigger_commands(conf, found.dag_id if found else PIPELINE_DAG_ID),
     }
 
 
@@ -90,12 +91,12 @@ def run(conn: db.Connection, args: argparse.Namespace, console: Console, as_json
         started = airflow_http.trigger_run(
             args.airflow_url,
             token,
-            PIPELINE_DAG_ID,
+            data["dag_id"],
             data["conf"],
             note=f"Redrive of {data['letters']} {args.stage} dead letters: {args.reason}"[:1000],
         )
         data["run_id"] = str(started["dag_run_id"])
-        path = airflow_http.run_path(PIPELINE_DAG_ID, data["run_id"])
+        path = airflow_http.run_path(data["dag_id"], data["run_id"])
         data["run_url"] = f"{args.airflow_url.rstrip('/')}/{path}"
     print_redrive(console, as_json, data)
     return 0

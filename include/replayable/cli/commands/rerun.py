@@ -42,7 +42,9 @@ def rerun_conf(
     return {"rerun": rerun}
 
 
-def rerun_data(conn: db.Connection, conf: dict[str, Any]) -> dict[str, Any]:
+def rerun_data(
+    conn: db.Connection, conf: dict[str, Any], dag_id: str = PIPELINE_DAG_ID
+) -> dict[str, Any]:
     """The conf, the query and its bound values, the count it matches now, the commands."""
     rerun = conf["rerun"]
     params = rerun_params(rerun)
@@ -54,14 +56,14 @@ def rerun_data(conn: db.Connection, conf: dict[str, Any]) -> dict[str, Any]:
         "matching_documents": views.count_rerun_documents(conn, params),
         # Mirrors PipelineSettings.revives_dead: such a run reopens dead items.
         "revives_dead": "status" not in rerun or "dead" in rerun["status"],
-        "commands": trigger_commands(conf),
+        "commands": trigger_commands(conf, dag_id),
     }
 
 
-def trigger_commands(conf: dict[str, Any]) -> list[str]:
-    """The shell commands that trigger a run of document_pipeline with ``conf``."""
+def trigger_commands(conf: dict[str, Any], dag_id: str = PIPELINE_DAG_ID) -> list[str]:
+    """The shell commands that trigger a run of the pipeline ``dag_id`` with ``conf``."""
     text = shlex.quote(json.dumps(conf))
-    return [f"airflow dags trigger {PIPELINE_DAG_ID} --conf {text}"]
+    return [f"airflow dags trigger {shlex.quote(dag_id)} --conf {text}"]
 
 
 def run(conn: db.Connection, args: argparse.Namespace, console: Console, as_json: bool) -> int:
@@ -74,7 +76,7 @@ def run(conn: db.Connection, args: argparse.Namespace, console: Console, as_json
         since=args.since,
         doc_ids=_resolve_doc_ids(conn, args.doc_id) if args.doc_id else None,
     )
-    data = rerun_data(conn, conf)
+    data = rerun_data(conn, conf, args.dag_id)
     if as_json:
         print_json(data)
     else:

@@ -2,8 +2,10 @@
 -- them (`as_of`, which pins the end of a filtered redrive to what was seen). The filters
 -- match as in list_dead_letters (a NULL filter means any); `ids` narrows them to the
 -- letters a person ticked, which come back listed per stage. Letters that are no longer
--- open are never taken: the redrive itself only closes open ones.
+-- open are never taken: the redrive itself only closes open ones. `dag_id` is the pipeline
+-- whose run made the newest of them: its DAG redrives the stage's letters (ADR 0108).
 SELECT stage, count(*) AS letters, count(DISTINCT doc_id) AS documents,
+       (array_agg(dag_id ORDER BY id DESC) FILTER (WHERE dag_id IS NOT NULL))[1] AS dag_id,
        array_agg(id ORDER BY id) FILTER (WHERE %(ids)s::bigint[] IS NOT NULL) AS ids,
        now() AS as_of
 FROM replayable.dead_letters

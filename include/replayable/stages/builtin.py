@@ -1,0 +1,231 @@
+"""The stages Replayable ships, as :class:`~replayable.stage.Stage` definitions.
+
+``extract`` reads the document, ``chunk`` and ``summarize`` read the extracted text, and
+``embed`` reads the chunks. Their spec hashes are the lineage of
+:mod:`replayable.stages.lineage`, so that a ledger written before stages were definitions
+keeps its keys. Each one builds its spec at task time from the run's settings; the model
+stages ask the model connection's hook for their client and share its budget.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from replayable.stage import BuildContext, Models, Pipeline, Stage
+from replayable.stages import lineage
+from replayable.vocabulary import DEFAULT_STAGES, PIPELINE_DAG_ID
+
+if TYPE_CHECKING:
+    from replayable.budget import RequestBudget
+    from replayable.hooks import EmbeddingsHook, ModelChoice
+    from replayable.runner import StageSpec
+    from replayable.settings import PipelineSettings
+
+# Added to the longest healthy call before a request's transaction counts as abandoned, for a
+# worker that is only slow (short of CPU, pausing for garbage collection).
+CALL_SLACK_S = 30.0
+
+
+class _PackageVersion:
+    """A shipped stage's code version: its package's ``VERSION``, read each time it is asked
+    for, as the planner and the specs read it (ADR 0102)."""
+
+    def __init__(self, package: str) -> None:
+        self.package = package
+
+    def __get__(self, instance: object, owner: type | None = None) -> str:
+        return str(importlib.import_module(f"replayable.stages.{self.package}").VERSION)
+
+
+class ExtractStage(Stage):
+    """Text from each document's PDF, read in a guarded worker process (ADR 0103)."""
+
+    name = "extract"
+    reads = None
+
+    version = _PackageVersion("extract")  # type: ignore[assignment]
+
+    def spec_hash(
+        self, settings: PipelineSettings, models: Models, hashes: Mapping[str, str]
+    ) -> str:
+        return lineage.extract_hash(settings.extractor)
+
+    def build(self, ctx: BuildContext) -> StageSpec:
+        # Imported here: PDFium, pypdf and the process pool are task-time needs.
+        from replayable import guards, sources
+        from replayable.stages.extract.spec import ExtractSpec
+
+        settings = ctx.settings
+        pool = ctx.stack.enter_context(
+            guards.GuardedPool(
+                timeout_s=settings.item_timeout_s,
+                memory_mb=settings.memory_mb,
+                workers=lineage.default_workers(ctx.documents),
+            )
+        )
+        return ExtractSpec(
+            pool=pool,
+            max_bytes=settings.max_bytes,
+            roots=sources.allowed_roots(),
+            max_text_chars=settings.max_text_chars,
+            engine=settings.extractor,
+        )
+
+
+class ChunkStage(Stage):
+    """Each document's text in content-addressed chunks."""
+
+    name = "chunk"
+    reads = "extract"
+
+    version = _PackageVersion("chunk")  # type: ignore[assignment]
+
+    def spec_hash(
+        self, settings: PipelineSettings, models: Models, hashes: Mapping[str, str]
+    ) -> str:
+        return lineage.chunk_hash(settings.chunk_config, settings.extractor)
+
+    def build(self, ctx: BuildContext) -> StageSpec:
+        from replayable.stages.chunk.spec import ChunkSpec
+        from replayable.stages.extract import extractor_id
+
+        settings = ctx.settings
+        return ChunkSpec(
+            config=settings.chunk_config,
+            extractor_version=extractor_id(settings.extractor),
+            connect=ctx.connect,
+            max_text_chars=settings.max_text_chars,
+            max_chunks_per_doc=settings.max_chunks_per_doc,
+        )
+
+
+class EmbedStage(Stage):
+    """A vector per chunk from the model connection's embeddings endpoint."""
+
+    name = "embed"
+    reads = "chunk"
+    last = True
+
+    version = _PackageVersion("embed")  # type: ignore[assignment]
+
+    def spec_hash(
+        self, settings: PipelineSettings, models: Models, hashes: Mapping[str, str]
+    ) -> str:
+        return lineage.embed_hash(
+            models.embed, models.dimensions, settings.chunk_config, settings.extractor
+        )
+
+    def build(self, ctx: BuildContext) -> StageSpec:
+        from replayable.stages.embed.spec import EmbedSpec
+        from replayable.stages.extract import extractor_id
+
+        settings = ctx.settings
+        hook, choice, budget, retry = model_resources(ctx)
+        client = hook.get_client(
+            model=choice.model,
+            dimensions=choice.dimensions,
+            max_in_flight=choice.max_in_flight,
+            retry=retry,
+        )
+        ctx.stack.callback(client.close)
+        return EmbedSpec(
+            provider=client,
+            model=choice.model,
+            chunker_key=settings.chunk_config.key,
+            connect=ctx.connect,
+            budget=budget,
+            run_id=ctx.run_id,
+            dimensions=choice.dimensions,
+            extractor_version=extractor_id(settings.extractor),
+            inputs_per_call=settings.embed_inputs_per_call,
+            max_in_flight=choice.max_in_flight,
+            max_call_s=max_call_s(choice, retry.max_total_s),
+        )
+
+
+class SummarizeStage(Stage):
+    """A summary per document from the model connection's chat endpoint (ADR 0107)."""
+
+    name = "summarize"
+    reads = "extract"
+
+    version = _PackageVersion("summarize")  # type: ignore[assignment]
+
+    def spec_hash(
+        self, settings: PipelineSettings, models: Models, hashes: Mapping[str, str]
+    ) -> str:
+        return lineage.summary_hash(settings.summary_config(models.chat), settings.extractor)
+
+    def build(self, ctx: BuildContext) -> StageSpec:
+        from replayable.stages.extract import extractor_id
+        from replayable.stages.summarize.spec import SummarizeSpec
+
+        settings = ctx.settings
+        hook, choice, budget, retry = model_resources(ctx)
+        chat = hook.get_chat_client(
+            model=settings.summary_model,
+            max_tokens=settings.summary_max_tokens,
+            max_in_flight=choice.max_in_flight,
+            retry=retry,
+        )
+        ctx.stack.callback(chat.close)
+        return SummarizeSpec(
+            provider=chat,
+            config=settings.summary_config(chat.model),
+            connect=ctx.connect,
+            budget=budget,
+            run_id=ctx.run_id,
+            max_in_flight=choice.max_in_flight,
+            extractor_version=extractor_id(settings.extractor),
+            max_call_s=max_call_s(choice, retry.max_total_s),
+        )
+
+
+def model_resources(
+    ctx: BuildContext,
+) -> tuple[EmbeddingsHook, ModelChoice, RequestBudget, Any]:
+    """The model connection's hook, the run's model choice, the shared budget and the retry
+    bounds of one call, for a stage that calls the model provider.
+
+    The slots and the rate every run shares are the connection's (ADR 0086); a run that
+    asked for less sends with fewer threads and reserves its own rate as well. Every model
+    stage draws on the one budget of the connection's provider.
+    """
+    from replayable.budget import RequestBudget
+    from replayable.hooks import EmbeddingsHook, model_choice
+    from replayable.retry import CallRetry
+
+    hook = EmbeddingsHook(ctx.model_conn_id)
+    choice = model_choice(ctx.settings, hook)
+    own_rps = choice.max_rps if choice.max_rps != choice.shared_rps else None
+    budget = RequestBudget(
+        choice.provider.base_url,
+        choice.shared_in_flight,
+        max_rps=choice.shared_rps,
+        connect=ctx.connect,
+        own_rps=own_rps,
+        own_name=f"{choice.provider.base_url} run {ctx.run_id}",
+        max_tpm=choice.provider.max_tpm,
+    )
+    ctx.stack.callback(budget.close)
+    return hook, choice, budget, CallRetry()
+
+
+def max_call_s(choice: ModelChoice, retries_s: float) -> float:
+    """When a call has surely ended: its retries and waits, then one last request."""
+    return retries_s + choice.provider.timeout_s + CALL_SLACK_S
+
+
+EXTRACT = ExtractStage()
+CHUNK = ChunkStage()
+EMBED = EmbedStage()
+SUMMARIZE = SummarizeStage()
+# The stages of document_pipeline, in order (vocabulary.STAGES names them).
+BUILTIN = (EXTRACT, CHUNK, EMBED, SUMMARIZE)
+
+
+def document_pipeline(dag_id: str = PIPELINE_DAG_ID) -> Pipeline:
+    """The shipped pipeline: extract, chunk, embed, and summarize when a run asks for it."""
+    return Pipeline(dag_id, BUILTIN, default_stages=DEFAULT_STAGES)
