@@ -319,7 +319,8 @@ def airflow_env(
 
 
 class DagRunner:
-    """Runs document_pipeline through ``airflow dags test`` and reads back its report."""
+    """Runs a pipeline DAG (document_pipeline unless ``dag_id`` says) through ``airflow dags
+    test`` and reads back its report."""
 
     def __init__(self, env: dict[str, str], dsn: str, log_dir: Path) -> None:
         self.env = env
@@ -328,7 +329,11 @@ class DagRunner:
         self.runs = 0
 
     def __call__(
-        self, conf: dict[str, Any], *, env: dict[str, str] | None = None
+        self,
+        conf: dict[str, Any],
+        *,
+        env: dict[str, str] | None = None,
+        dag_id: str = devenv.DAG_ID,
     ) -> dict[str, Any]:
         self.runs += 1
         log_path = self.log_dir / f"dags-test-{self.runs}.log"
@@ -336,7 +341,7 @@ class DagRunner:
         started = datetime.now(UTC)
         with open(log_path, "w") as log:
             done = subprocess.run(
-                [airflow, "dags", "test", devenv.DAG_ID, "--conf", json.dumps(conf)],
+                [airflow, "dags", "test", dag_id, "--conf", json.dumps(conf)],
                 env={**os.environ, **self.env, **(env or {})},
                 stdout=log,
                 stderr=subprocess.STDOUT,

@@ -44,7 +44,9 @@ DAGS = (PIPELINE_DAG_ID, SWEEPER_DAG_ID)
 # Every DAG in dags/: all stay paused outside `scheduling`. The scheduled ones (the watch,
 # the publisher) would otherwise run on their own schedule and take the tasks of a test's
 # `airflow dags test` run of the same DAG in the shared metadata database.
-ALL_DAGS = (*DAGS, DEAD_LETTER_WATCH_DAG_ID, OUTBOX_PUBLISHER_DAG_ID)
+# The example pipeline of a stage of your own (dags/keyword_pipeline.py).
+KEYWORD_PIPELINE = "keyword_pipeline"
+ALL_DAGS = (*DAGS, DEAD_LETTER_WATCH_DAG_ID, OUTBOX_PUBLISHER_DAG_ID, KEYWORD_PIPELINE)
 
 
 def free_port() -> int:

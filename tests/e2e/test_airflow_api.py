@@ -17,7 +17,7 @@ import pytest
 import corpus
 from checks import assert_nothing_lost, rows, subset
 from replayable.vocabulary import PIPELINE_DAG_ID
-from shared_airflow import SharedAirflow
+from shared_airflow import SharedAirflow, delete_queued_runs
 
 pytestmark = pytest.mark.e2e
 DAG = PIPELINE_DAG_ID
@@ -209,3 +209,74 @@ def test_the_ui_plugin_is_mounted_behind_airflow_auth(airflow):
     listed = airflow.http.get("/plugins").json()["plugins"]
     views = [v for p in listed if p["name"] == "replayable" for v in p["external_views"]]
     assert views and views[0]["url_route"] == "replayable"
+
+
+def test_a_stage_of_your_own_runs_under_the_scheduler_and_a_ui_redrive_reruns_its_letter(
+    airflow, scheduling, conn, tmp_path
+):
+    """keyword_pipeline (Keywords is defined in dags/custom_stages/, not in the package),
+    triggered through the REST API and run by the scheduler: its poisoned document ends dead
+    with the stage's own class, and the UI's redrive of that letter starts a run of the
+    pipeline that made it, which takes the letter back to work (the text still has no
+    words, so the item ends dead again, with a new letter)."""
+    from shared_airflow import KEYWORD_PIPELINE
+
+    scheduling.pause(KEYWORD_PIPELINE, False)
+    try:
+        folder = subset(tmp_path, 3)
+        corpus.write_pdf(folder / "numbers.pdf", ["123 456 789 0 42"])
+        with scheduling.api() as api:
+            started = api.post(
+                f"/dags/{KEYWORD_PIPELINE}/dagRuns",
+                json={"logical_date": None, "conf": {"source": str(folder)}},
+            )
+            assert started.status_code == 200, started.text
+            first = started.json()["dag_run_id"]
+        assert _wait(scheduling, KEYWORD_PIPELINE, first) == "success"
+        assert rows(
+            conn, "SELECT stage, count(*) FROM replayable.stage_runs GROUP BY 1 ORDER BY 1"
+        ) == [("extract", 4), ("keywords", 4)]
+        ((letter, made_by),) = rows(
+            conn,
+            "SELECT id, dag_id FROM replayable.dead_letters"
+            " WHERE stage = 'keywords' AND error_class = 'no_words' AND status = 'open'",
+        )
+        assert made_by == KEYWORD_PIPELINE
+
+        with httpx.Client(
+            base_url=scheduling.url,
+            headers={"Authorization": f"Bearer {scheduling.token('op')}"},
+            timeout=30,
+        ) as ui:
+            answer = ui.post(
+                "/replayable/dead-letters/redrive",
+                data={"scope": "selected", "ids": [str(letter)], "reason": "try again"},
+            )
+        assert answer.status_code == 200, answer.text
+        link = answer.text.split('class="run" href="', 1)[1].split('"', 1)[0]
+        assert f"/dags/{KEYWORD_PIPELINE}/runs/" in link
+        second = link.rsplit("/", 1)[1]
+        assert _wait(scheduling, KEYWORD_PIPELINE, second) == "success"
+        assert rows(conn, "SELECT status FROM replayable.dead_letters WHERE id = %s", letter) == [
+            ("redriven",)
+        ]
+        assert rows(
+            conn,
+            "SELECT count(*) FROM replayable.dead_letters WHERE stage = 'keywords'"
+            " AND status = 'open' AND run_id = %s",
+            second,
+        ) == [(1,)]
+    finally:
+        scheduling.pause(KEYWORD_PIPELINE, True)
+        delete_queued_runs(scheduling, KEYWORD_PIPELINE)
+
+
+def _wait(shared, dag_id: str, run_id: str, timeout_s: float = 300) -> str:
+    deadline = time.monotonic() + timeout_s
+    with shared.api() as api:
+        while time.monotonic() < deadline:
+            state = api.get(f"/dags/{dag_id}/dagRuns/{run_id}").json()["state"]
+            if state in ("success", "failed"):
+                return str(state)
+            time.sleep(1)
+    raise AssertionError(f"{dag_id} run {run_id} did not end in {timeout_s}s")

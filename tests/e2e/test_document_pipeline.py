@@ -143,3 +143,30 @@ def test_a_killed_run_redoes_only_its_unfinished_items(
     # same key, and the provider answered it again without charging.
     assert set(model.stats()["input_success_counts"].values()) == {1}
     assert_nothing_lost(conn)
+
+
+def test_a_pipeline_with_a_stage_of_your_own_runs_through_airflow_and_reruns_for_free(
+    run_dag, conn, tmp_path
+):
+    """keyword_pipeline: extract, then Keywords, a stage defined in dags/custom_stages/ and
+    not in the package, as Airflow parses and runs it; a poisoned document (no words) ends
+    dead with the stage's own class, and a second run maps nothing."""
+    import corpus
+
+    folder = subset(tmp_path, 4)
+    corpus.write_pdf(folder / "numbers.pdf", ["123 456 789 0 42"])
+    first = run_dag({"source": str(folder)}, dag_id="keyword_pipeline")
+    assert first["_returncode"] == 0, first["_log"]
+    assert first["dag_id"] == "keyword_pipeline"
+    assert list(first["stages"]) == ["extract", "keywords"]
+    assert (first["stages"]["keywords"]["done"], first["stages"]["keywords"]["dead"]) == (4, 1)
+    assert rows(conn, "SELECT stage, error_class FROM replayable.dead_letters") == [
+        ("keywords", "no_words")
+    ]
+    stored = scalar(conn, "SELECT count(*) FROM replayable.artifacts WHERE stage = 'keywords'")
+    assert stored == 4
+
+    second = run_dag({"source": str(folder)}, dag_id="keyword_pipeline")
+    assert second["_returncode"] == 0, second["_log"]
+    assert (second["to_do"], second["batches"]) == (0, 0)
+    assert scalar(conn, "SELECT count(*) FROM replayable.artifacts") == stored
