@@ -49,7 +49,10 @@ def pipeline_dag(
     """
     pipeline = register(Pipeline(dag_id, tuple(stages), default_stages=tuple(default_stages)))
     # Backstops fixed at parse time; each batch also keeps its run's own deadline (ADR 0012).
-    stage_args = {"map_index_template": LABEL, "execution_timeout": TASK_TIMEOUTS["stage"]}
+    stage_args: dict[str, Any] = {
+        "map_index_template": LABEL,
+        "execution_timeout": TASK_TIMEOUTS["stage"],
+    }
     dag_args.setdefault("catchup", False)
 
     @dag(
@@ -68,14 +71,14 @@ def pipeline_dag(
         **dag_args,
     )
     def build() -> None:
-        batches = task(dag_tasks.plan, execution_timeout=TASK_TIMEOUTS["plan"])()
+        batches = task(execution_timeout=TASK_TIMEOUTS["plan"])(dag_tasks.plan)()
 
         @task_group(group_id="batch")
         def process(batch: dict[str, object]) -> None:
             made: dict[str, IdempotentStageOperator] = {}
             for stage in pipeline.stages:
                 # A stage that reads another waits for it; a skipped input lets it run.
-                rule = {"trigger_rule": "none_failed"} if stage.reads else {}
+                rule: dict[str, Any] = {"trigger_rule": "none_failed"} if stage.reads else {}
                 made[stage.name] = IdempotentStageOperator(
                     task_id=stage.name,
                     stage=stage.name,
@@ -88,8 +91,8 @@ def pipeline_dag(
                     made[stage.reads] >> made[stage.name]
 
         done = process.expand(batch=batches)
-        report = task(
-            dag_tasks.report, trigger_rule="all_done", execution_timeout=TASK_TIMEOUTS["report"]
+        report = task(trigger_rule="all_done", execution_timeout=TASK_TIMEOUTS["report"])(
+            dag_tasks.report
         )()
         # A teardown runs however the run went, and the run's state stays the report's verdict.
         (

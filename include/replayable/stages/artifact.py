@@ -240,8 +240,8 @@ class ArtifactBatch:
             self.sessions.get().transaction(
                 lambda conn: self._produce_in(conn, item), describe=f"{self.spec.name}: produce"
             )
-        except SystemicStopError as stop:
-            self.io.stop(stop.error)
+        except SystemicStopError as stopped:
+            self.io.stop(stopped.error)
             return
         except Exception as error:
             stop = self.streak.failed(error)

@@ -45,7 +45,7 @@ class ExtractStage(Stage):
     name = "extract"
     reads = None
 
-    version = _PackageVersion("extract")  # type: ignore[assignment]
+    version = _PackageVersion("extract")
 
     def spec_hash(
         self, settings: PipelineSettings, models: Models, hashes: Mapping[str, str]
@@ -80,7 +80,7 @@ class ChunkStage(Stage):
     name = "chunk"
     reads = "extract"
 
-    version = _PackageVersion("chunk")  # type: ignore[assignment]
+    version = _PackageVersion("chunk")
 
     def spec_hash(
         self, settings: PipelineSettings, models: Models, hashes: Mapping[str, str]
@@ -108,7 +108,7 @@ class EmbedStage(Stage):
     reads = "chunk"
     last = True
 
-    version = _PackageVersion("embed")  # type: ignore[assignment]
+    version = _PackageVersion("embed")
 
     def spec_hash(
         self, settings: PipelineSettings, models: Models, hashes: Mapping[str, str]
@@ -151,7 +151,7 @@ class SummarizeStage(Stage):
     name = "summarize"
     reads = "extract"
 
-    version = _PackageVersion("summarize")  # type: ignore[assignment]
+    version = _PackageVersion("summarize")
 
     def spec_hash(
         self, settings: PipelineSettings, models: Models, hashes: Mapping[str, str]
