@@ -111,6 +111,15 @@ def reads() -> dict[str, Read]:
         "rerun: code_version_lt": rerun(code_version_lt="1.1"),
         "rerun: doc ids": rerun(doc_ids=some_docs),
         "metrics scrape": lambda c: metrics.render(c),
+        "ui filter's stages (the shipped and your own)": views.known_stages,
+        "a model stage's letters of one item (its revival key)": lambda c: db.fetch_all(
+            c, "stages/item_letters", {"stage": "embed", "item_key": some_docs[0]}
+        ),
+        "an artifact stage's inputs, 100 docs": lambda c: db.fetch_all(
+            c,
+            "stages/artifact_inputs",
+            {"stage": "chunk", "doc_ids": some_docs, "spec_hash": "s"},
+        ),
         "report of a 1,000-doc run": lambda c: db.fetch_all(
             c,
             "report/stage_status",
