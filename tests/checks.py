@@ -195,7 +195,8 @@ class ProviderSampler:
     def __init__(self, model: Any, every_s: float = 0.05) -> None:
         self.model = model
         self.every_s = every_s
-        self.samples: list[tuple[float, int]] = []
+        self.samples: list[tuple[float, int]] = []  # (when the answer came, requests)
+        self._asked: list[float] = []  # when each sample was asked for
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="provider-sampler", daemon=True)
 
@@ -209,8 +210,10 @@ class ProviderSampler:
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            asked = time.monotonic()
             requests = int(self.model.stats()["requests"])
             self.samples.append((time.monotonic(), requests))
+            self._asked.append(asked)
             self._stop.wait(self.every_s)
 
     def worst_window(self, rate: float) -> tuple[int, float]:
@@ -218,16 +221,22 @@ class ProviderSampler:
 
         Returns (excess, window seconds): ``excess`` is max(arrived - rate * window), which a
         budget of ``rate`` with a burst of B keeps at or below B (plus one for the sampling).
+        The server counted each sample somewhere between asking for it and its answer, so
+        the requests between two samples arrived within the widest window that allows:
+        from the first one's asking to the second one's answer. On a loaded machine the
+        stats call itself can take a while; the narrow window would count that as a burst.
         """
-        # max over t1 < t2 of (c2 - rate*t2) - (c1 - rate*t1): one pass with a running minimum.
+        # max over i < j of (c_j - rate*answered_j) - (c_i - rate*asked_i): one pass with a
+        # running minimum.
         worst, window = float("-inf"), 0.0
         low, low_t = float("inf"), 0.0
-        for t, c in self.samples:
+        for (t, c), asked in zip(self.samples, self._asked, strict=True):
             level = c - rate * t
             if level - low > worst:
                 worst, window = level - low, t - low_t
-            if level < low:
-                low, low_t = level, t
+            start = c - rate * asked
+            if start < low:
+                low, low_t = start, asked
         return (int(worst) if worst != float("-inf") else 0), window
 
     def busy_span(self) -> tuple[int, float]:
