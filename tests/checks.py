@@ -105,6 +105,35 @@ def subset(tmp_path: Path, n: int) -> Path:
     return folder
 
 
+def scrape_metrics(
+    dsn: str, monkeypatch: Any
+) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """``/replayable/metrics`` of a UI app on ``dsn``, scraped with its token, keyed like
+    :func:`ledger_metrics`."""
+    from airflow.api_fastapi.app import create_auth_manager
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from replayable.web import create_app
+    from replayable.web.metrics import TOKEN_VARIABLE
+
+    token = "scrape-token"  # noqa: S105 - a test value
+    monkeypatch.setenv(f"AIRFLOW_VAR_{TOKEN_VARIABLE.upper()}", token)
+    create_auth_manager()
+    root = FastAPI()
+    root.mount("/replayable", create_app(dsn_provider=lambda: dsn))
+    response = TestClient(root).get(
+        "/replayable/metrics", headers={"Authorization": f"Bearer {token}"}
+    )
+    assert response.status_code == 200, response.text
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(response.text)
+        for s in family.samples
+    }
+
+
 def ledger_metrics(conn: Any) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     """What /replayable/metrics must say, counted from the ledger's own tables.
 

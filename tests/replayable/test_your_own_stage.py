@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 import pytest
 
 import corpus
-from checks import rows, scalar, subset
+from checks import rows, scalar, scrape_metrics, subset
 from in_process import PipelineInProcess
 from replayable import ArtifactStage, Document, Pipeline
 from replayable.retry import ItemError
@@ -146,14 +146,7 @@ def test_its_stages_appear_in_the_cli_the_ui_the_metrics_and_the_events(
     run_mine, conn, dsn, tmp_path, capsys, monkeypatch
 ):
     """No edit to the package: the stage names come from the ledger and the pipeline."""
-    from airflow.api_fastapi.app import create_auth_manager
-    from fastapi import FastAPI
-    from fastapi.testclient import TestClient
-    from prometheus_client.parser import text_string_to_metric_families
-
     from replayable.cli import main
-    from replayable.web import create_app
-    from replayable.web.metrics import TOKEN_VARIABLE
 
     folder = subset(tmp_path, 2)
     corpus.write_pdf(folder / "poisoned.pdf", [f"And {POISON} once more."])
@@ -171,20 +164,8 @@ def test_its_stages_appear_in_the_cli_the_ui_the_metrics_and_the_events(
     letters = json.loads(capsys.readouterr().out)
     assert [letter["error_class"] for letter in letters["dead_letters"]] == ["poisoned"]
 
-    # The UI: the stage in the overview, its dead letter under its filter, in the dropdown.
-    token = "scrape-token"  # noqa: S105 - a test value
-    monkeypatch.setenv(f"AIRFLOW_VAR_{TOKEN_VARIABLE.upper()}", token)
-    create_auth_manager()
-    root = FastAPI()
-    root.mount("/replayable", create_app(dsn_provider=lambda: dsn))
-    scrape = TestClient(root).get(
-        "/replayable/metrics", headers={"Authorization": f"Bearer {token}"}
-    )
-    samples = {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(scrape.text)
-        for s in family.samples
-    }
+    # The metrics, labelled by its stages (the UI's pages: tests/replayable/web/test_filters).
+    samples = scrape_metrics(dsn, monkeypatch)
     assert samples[("replayable_items", (("stage", "wordcount"), ("status", "done")))] == 2
     assert samples[("replayable_dead_letters_open", (("stage", "wordcount"),))] == 1
 

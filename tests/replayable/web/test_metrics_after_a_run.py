@@ -8,15 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow.api_fastapi.app import create_auth_manager
-from fastapi import FastAPI
-from fastapi.testclient import TestClient
-from prometheus_client.parser import text_string_to_metric_families
-
 import corpus
-from checks import assert_nothing_lost, ledger_metrics, subset
-from replayable.web import create_app
-from replayable.web.metrics import TOKEN_VARIABLE
+from checks import assert_nothing_lost, ledger_metrics, scrape_metrics, subset
 
 TOKEN = "scrape-token"  # noqa: S105 - a test value
 
@@ -37,19 +30,7 @@ def test_a_scrape_after_a_run_with_faults_matches_the_ledger(
     assert not report["_failed"], report["_tasks"]
     assert_nothing_lost(conn)
 
-    monkeypatch.setenv(f"AIRFLOW_VAR_{TOKEN_VARIABLE.upper()}", TOKEN)
-    create_auth_manager()
-    root = FastAPI()
-    root.mount("/replayable", create_app(dsn_provider=lambda: dsn))
-    response = TestClient(root).get(
-        "/replayable/metrics", headers={"Authorization": f"Bearer {TOKEN}"}
-    )
-    assert response.status_code == 200, response.text
-    samples = {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(response.text)
-        for s in family.samples
-    }
+    samples = scrape_metrics(dsn, monkeypatch)
     assert samples == ledger_metrics(conn)
 
     def get(name: str, **labels: str) -> float:
