@@ -11,7 +11,6 @@ from typing import Any
 import corpus
 from checks import assert_nothing_lost, ledger_metrics, scrape_metrics, subset
 
-TOKEN = "scrape-token"  # noqa: S105 - a test value
 
 
 def test_a_scrape_after_a_run_with_faults_matches_the_ledger(
