@@ -12,7 +12,6 @@ import corpus
 from checks import assert_nothing_lost, ledger_metrics, scrape_metrics, subset
 
 
-
 def test_a_scrape_after_a_run_with_faults_matches_the_ledger(
     run_in_process: Any, conn: Any, model: Any, dsn: str, tmp_path: Any, monkeypatch: Any
 ) -> None:
