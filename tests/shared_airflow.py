@@ -44,9 +44,18 @@ DAGS = (PIPELINE_DAG_ID, SWEEPER_DAG_ID)
 # Every DAG in dags/: all stay paused outside `scheduling`. The scheduled ones (the watch,
 # the publisher) would otherwise run on their own schedule and take the tasks of a test's
 # `airflow dags test` run of the same DAG in the shared metadata database.
-# The example pipeline of a stage of your own (dags/keyword_pipeline.py).
+# The example pipeline of a stage of your own (dags/keyword_pipeline.py), and a pipeline of
+# a stage defined only in tests/ (tests/airflow_dags/, a second DAG bundle of this Airflow).
 KEYWORD_PIPELINE = "keyword_pipeline"
-ALL_DAGS = (*DAGS, DEAD_LETTER_WATCH_DAG_ID, OUTBOX_PUBLISHER_DAG_ID, KEYWORD_PIPELINE)
+WORDCOUNT_PIPELINE = "wordcount_pipeline"
+TEST_BUNDLE = Path(__file__).resolve().parent / "airflow_dags"
+ALL_DAGS = (
+    *DAGS,
+    DEAD_LETTER_WATCH_DAG_ID,
+    OUTBOX_PUBLISHER_DAG_ID,
+    KEYWORD_PIPELINE,
+    WORDCOUNT_PIPELINE,
+)
 
 
 def free_port() -> int:
@@ -139,6 +148,16 @@ def shared_airflow(
 ) -> Iterator[SharedAirflow]:
     """Airflow's API server, scheduler, DAG processor and triggerer, started once."""
     env = devenv.airflow_env(services, state_dir, api_port=free_port())
+    # dags/, and tests/airflow_dags/: a pipeline whose stage is defined only in tests/.
+    local = "airflow.dag_processing.bundles.local.LocalDagBundle"
+    env["AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST"] = json.dumps(
+        [
+            {"name": "dags-folder", "classpath": local, "kwargs": {}},
+            {"name": "tests", "classpath": local, "kwargs": {"path": str(TEST_BUNDLE)}},
+        ]
+    )
+    # The file whose existence ships wordcount's fix (tests/airflow_dags/wordcount_stage.py).
+    env["WORDCOUNT_FIXED_FLAG"] = str(tmp_path_factory.getbasetemp() / "wordcount-fixed")
     # The tests' documents live in their temporary folders: allow those as source roots.
     env[sources.ROOTS_ENV] = str(tmp_path_factory.getbasetemp())
     env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS"] = USERS

@@ -280,3 +280,86 @@ def _wait(shared, dag_id: str, run_id: str, timeout_s: float = 300) -> str:
                 return str(state)
             time.sleep(1)
     raise AssertionError(f"{dag_id} run {run_id} did not end in {timeout_s}s")
+
+
+def test_a_stage_defined_only_in_tests_keeps_every_promise_under_the_scheduler(
+    airflow, scheduling, conn, tmp_path
+):
+    """wordcount_pipeline (tests/airflow_dags/: the stage is defined in tests/, the DAG made
+    by pipeline_dag) through the scheduler: the first run does the work, an identical one
+    maps nothing, the poisoned documents end dead with their classes, a re-run of one class
+    redoes only that document once the fix ships, and the UI's redrive finishes the other."""
+    from shared_airflow import WORDCOUNT_PIPELINE
+
+    def run(conf: dict[str, Any]) -> str:
+        with scheduling.api() as api:
+            started = api.post(
+                f"/dags/{WORDCOUNT_PIPELINE}/dagRuns", json={"logical_date": None, "conf": conf}
+            )
+        assert started.status_code == 200, started.text
+        run_id = str(started.json()["dag_run_id"])
+        assert _wait(scheduling, WORDCOUNT_PIPELINE, run_id) == "success"
+        return run_id
+
+    def processed(run_id: str) -> list[tuple[str, str]]:
+        return rows(
+            conn,
+            "SELECT stage, status FROM replayable.stage_runs WHERE run_id = %s"
+            " AND stage = 'wordcount' ORDER BY 1, 2",
+            run_id,
+        )
+
+    fixed = Path(scheduling.env["WORDCOUNT_FIXED_FLAG"])
+    fixed.unlink(missing_ok=True)
+    scheduling.pause(WORDCOUNT_PIPELINE, False)
+    try:
+        folder = subset(tmp_path, 3)
+        corpus.write_pdf(folder / "a.pdf", ["This one carries POISON-A inside."])
+        corpus.write_pdf(folder / "b.pdf", ["And this one carries POISON-B."])
+        first = run({"source": str(folder)})
+        assert processed(first) == [("wordcount", "dead")] * 2 + [("wordcount", "done")] * 3
+        letters = dict(
+            rows(conn, "SELECT error_class, id FROM replayable.dead_letters WHERE status = 'open'")
+        )
+        assert set(letters) == {"poisoned_a", "poisoned_b"}
+
+        again = run({"source": str(folder)})
+        assert rows(
+            conn, "SELECT to_do, batches FROM replayable.runs WHERE run_id = %s", again
+        ) == [(0, 0)]
+
+        fixed.touch()
+        rerun = run(
+            {"rerun": {"stage": "wordcount", "error_class": ["poisoned_a"], "status": ["dead"]}}
+        )
+        assert processed(rerun) == [("wordcount", "done")]
+        assert rows(
+            conn, "SELECT status FROM replayable.dead_letters WHERE id = %s", letters["poisoned_a"]
+        ) == [("redriven",)]
+
+        with httpx.Client(
+            base_url=scheduling.url,
+            headers={"Authorization": f"Bearer {scheduling.token('op')}"},
+            timeout=30,
+        ) as ui:
+            answer = ui.post(
+                "/replayable/dead-letters/redrive",
+                data={
+                    "scope": "selected",
+                    "ids": [str(letters["poisoned_b"])],
+                    "reason": "fix shipped",
+                },
+            )
+        assert answer.status_code == 200, answer.text
+        link = answer.text.split('class="run" href="', 1)[1].split('"', 1)[0]
+        assert f"/dags/{WORDCOUNT_PIPELINE}/runs/" in link
+        redrive = link.rsplit("/", 1)[1]
+        assert _wait(scheduling, WORDCOUNT_PIPELINE, redrive) == "success"
+        assert processed(redrive) == [("wordcount", "done")]
+        assert rows(conn, "SELECT count(*) FROM replayable.dead_letters WHERE status = 'open'") == [
+            (0,)
+        ]
+    finally:
+        fixed.unlink(missing_ok=True)
+        scheduling.pause(WORDCOUNT_PIPELINE, True)
+        delete_queued_runs(scheduling, WORDCOUNT_PIPELINE)
