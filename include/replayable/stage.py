@@ -15,6 +15,7 @@ registers it under its DAG id, so that each task of the DAG finds its stages aga
 from __future__ import annotations
 
 import re
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -62,7 +63,7 @@ class BuildContext:
     models: Models = field(default_factory=Models)
 
 
-class Stage:
+class Stage(ABC):
     """One stage of a pipeline. Subclasses set the class attributes and implement
     :meth:`build`; :class:`~replayable.stages.artifact.ArtifactStage` implements it for
     stages whose output is JSON.
@@ -93,9 +94,9 @@ class Stage:
             lineage["input"] = hashes[self.reads]
         return spec_hash_of(self.name, self.version, lineage)
 
+    @abstractmethod
     def build(self, ctx: BuildContext) -> StageSpec:
         """The spec that plans, keys and processes a batch of this stage."""
-        raise NotImplementedError(f"stage {self.name!r} does not say how it is built")
 
     def __repr__(self) -> str:
         return f"<stage {self.name} {self.version} reads {self.reads}>"

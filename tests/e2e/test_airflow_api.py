@@ -225,14 +225,7 @@ def test_a_stage_of_your_own_runs_under_the_scheduler_and_a_ui_redrive_reruns_it
     try:
         folder = subset(tmp_path, 3)
         corpus.write_pdf(folder / "numbers.pdf", ["123 456 789 0 42"])
-        with scheduling.api() as api:
-            started = api.post(
-                f"/dags/{KEYWORD_PIPELINE}/dagRuns",
-                json={"logical_date": None, "conf": {"source": str(folder)}},
-            )
-            assert started.status_code == 200, started.text
-            first = started.json()["dag_run_id"]
-        assert _wait(scheduling, KEYWORD_PIPELINE, first) == "success"
+        _run(scheduling, KEYWORD_PIPELINE, {"source": str(folder)})
         assert rows(
             conn, "SELECT stage, count(*) FROM replayable.stage_runs GROUP BY 1 ORDER BY 1"
         ) == [("extract", 4), ("keywords", 4)]
@@ -243,20 +236,7 @@ def test_a_stage_of_your_own_runs_under_the_scheduler_and_a_ui_redrive_reruns_it
         )
         assert made_by == KEYWORD_PIPELINE
 
-        with httpx.Client(
-            base_url=scheduling.url,
-            headers={"Authorization": f"Bearer {scheduling.token('op')}"},
-            timeout=30,
-        ) as ui:
-            answer = ui.post(
-                "/replayable/dead-letters/redrive",
-                data={"scope": "selected", "ids": [str(letter)], "reason": "try again"},
-            )
-        assert answer.status_code == 200, answer.text
-        link = answer.text.split('class="run" href="', 1)[1].split('"', 1)[0]
-        assert f"/dags/{KEYWORD_PIPELINE}/runs/" in link
-        second = link.rsplit("/", 1)[1]
-        assert _wait(scheduling, KEYWORD_PIPELINE, second) == "success"
+        second = _redrive_from_ui(scheduling, KEYWORD_PIPELINE, letter, "try again")
         assert rows(conn, "SELECT status FROM replayable.dead_letters WHERE id = %s", letter) == [
             ("redriven",)
         ]
@@ -269,6 +249,36 @@ def test_a_stage_of_your_own_runs_under_the_scheduler_and_a_ui_redrive_reruns_it
     finally:
         scheduling.pause(KEYWORD_PIPELINE, True)
         delete_queued_runs(scheduling, KEYWORD_PIPELINE)
+
+
+def _run(shared, dag_id: str, conf: dict[str, Any]) -> str:
+    """Trigger a run of ``dag_id`` through the REST API; wait for it to succeed."""
+    with shared.api() as api:
+        started = api.post(f"/dags/{dag_id}/dagRuns", json={"logical_date": None, "conf": conf})
+    assert started.status_code == 200, started.text
+    run_id = str(started.json()["dag_run_id"])
+    assert _wait(shared, dag_id, run_id) == "success"
+    return run_id
+
+
+def _redrive_from_ui(shared, dag_id: str, letter: int, reason: str) -> str:
+    """Redrive one letter from the UI as ``op``; the run it starts must be of ``dag_id``
+    and succeed. Returns the run's id."""
+    with httpx.Client(
+        base_url=shared.url,
+        headers={"Authorization": f"Bearer {shared.token('op')}"},
+        timeout=30,
+    ) as ui:
+        answer = ui.post(
+            "/replayable/dead-letters/redrive",
+            data={"scope": "selected", "ids": [str(letter)], "reason": reason},
+        )
+    assert answer.status_code == 200, answer.text
+    link = answer.text.split('class="run" href="', 1)[1].split('"', 1)[0]
+    assert f"/dags/{dag_id}/runs/" in link
+    run_id = link.rsplit("/", 1)[1]
+    assert _wait(shared, dag_id, run_id) == "success"
+    return run_id
 
 
 def _wait(shared, dag_id: str, run_id: str, timeout_s: float = 300) -> str:
@@ -292,14 +302,7 @@ def test_a_stage_defined_only_in_tests_keeps_every_promise_under_the_scheduler(
     from shared_airflow import WORDCOUNT_PIPELINE
 
     def run(conf: dict[str, Any]) -> str:
-        with scheduling.api() as api:
-            started = api.post(
-                f"/dags/{WORDCOUNT_PIPELINE}/dagRuns", json={"logical_date": None, "conf": conf}
-            )
-        assert started.status_code == 200, started.text
-        run_id = str(started.json()["dag_run_id"])
-        assert _wait(scheduling, WORDCOUNT_PIPELINE, run_id) == "success"
-        return run_id
+        return _run(scheduling, WORDCOUNT_PIPELINE, conf)
 
     def processed(run_id: str) -> list[tuple[str, str]]:
         return rows(
@@ -337,24 +340,9 @@ def test_a_stage_defined_only_in_tests_keeps_every_promise_under_the_scheduler(
             conn, "SELECT status FROM replayable.dead_letters WHERE id = %s", letters["poisoned_a"]
         ) == [("redriven",)]
 
-        with httpx.Client(
-            base_url=scheduling.url,
-            headers={"Authorization": f"Bearer {scheduling.token('op')}"},
-            timeout=30,
-        ) as ui:
-            answer = ui.post(
-                "/replayable/dead-letters/redrive",
-                data={
-                    "scope": "selected",
-                    "ids": [str(letters["poisoned_b"])],
-                    "reason": "fix shipped",
-                },
-            )
-        assert answer.status_code == 200, answer.text
-        link = answer.text.split('class="run" href="', 1)[1].split('"', 1)[0]
-        assert f"/dags/{WORDCOUNT_PIPELINE}/runs/" in link
-        redrive = link.rsplit("/", 1)[1]
-        assert _wait(scheduling, WORDCOUNT_PIPELINE, redrive) == "success"
+        redrive = _redrive_from_ui(
+            scheduling, WORDCOUNT_PIPELINE, letters["poisoned_b"], "fix shipped"
+        )
         assert processed(redrive) == [("wordcount", "done")]
         assert rows(conn, "SELECT count(*) FROM replayable.dead_letters WHERE status = 'open'") == [
             (0,)

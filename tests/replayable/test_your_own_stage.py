@@ -176,3 +176,13 @@ def test_its_stages_appear_in_the_cli_the_ui_the_metrics_and_the_events(
         ("document.ready", "shout"),
         ("document.ready", "shout"),
     ]
+
+
+def test_a_stage_that_does_not_say_how_it_processes_cannot_be_made():
+    """The definition is refused when the DAG file is parsed, not when a task first runs."""
+
+    class Unfinished(ArtifactStage):
+        name = "unfinished"
+
+    with pytest.raises(TypeError, match="process"):
+        Unfinished()

@@ -25,9 +25,10 @@ Outputs live in ``replayable.artifacts`` (by stage and content address) and
 from __future__ import annotations
 
 import json
+from abc import abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from replayable.db import Connection, Database, execute, fetch_all
@@ -82,9 +83,9 @@ class ArtifactStage(Stage):
         changing a value redoes exactly this stage's items (and those of its readers)."""
         return {}
 
+    @abstractmethod
     def process(self, document: Document) -> Mapping[str, Any]:
         """The output for one document: a JSON object (keys are strings)."""
-        raise NotImplementedError(f"stage {self.name!r} does not say how it processes")
 
     def key_config(self, settings: Any, models: Models) -> dict[str, Any]:
         found = dict(self.config())
@@ -153,14 +154,15 @@ class ArtifactSpec(StageSpec):
     # its session and frees its lock; None: no limit (see EmbedSpec.max_call_s).
     max_call_s: float | None = None
     systemic_after: int = 5
+    # An instance field here: StageSpec declares it a ClassVar, as the shipped specs set it
+    # per class, while an artifact stage's comes from its definition's ``last``.
     last_stage: bool = False  # type: ignore[misc]
-    lineage_extra: dict[str, Any] = field(default_factory=dict)
 
     def key_config(self) -> dict[str, Any]:
         return dict(self.key)
 
     def lineage(self) -> dict[str, Any]:
-        return {**self.key, "input": self.input_hash, **self.lineage_extra}
+        return {**self.key, "input": self.input_hash}
 
     def artifact_key(self, input_address: str) -> str:
         """An output's content address: this stage's version and key over this input."""

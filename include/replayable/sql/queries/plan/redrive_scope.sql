@@ -5,10 +5,10 @@
 -- open are never taken: the redrive itself only closes open ones. `dag_id` is the pipeline
 -- whose run made the newest of them: its DAG redrives the stage's letters (ADR 0108).
 SELECT stage, count(*) AS letters, count(DISTINCT doc_id) AS documents,
-       (array_agg(dag_id ORDER BY id DESC) FILTER (WHERE dag_id IS NOT NULL))[1] AS dag_id,
+       (SELECT n.dag_id FROM replayable.dead_letters n WHERE n.id = max(d.id)) AS dag_id,
        array_agg(id ORDER BY id) FILTER (WHERE %(ids)s::bigint[] IS NOT NULL) AS ids,
        now() AS as_of
-FROM replayable.dead_letters
+FROM replayable.dead_letters d
 WHERE status = 'open'
   AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
   AND (%(stage)s::text IS NULL OR stage = %(stage)s::text)
