@@ -8,6 +8,8 @@ against the real Postgres (tests/in_process.py), sharing the ledger with documen
 from __future__ import annotations
 
 import json
+import threading
+import time
 from typing import Any, ClassVar
 
 import pytest
@@ -186,3 +188,82 @@ def test_a_stage_that_does_not_say_how_it_processes_cannot_be_made():
 
     with pytest.raises(TypeError, match="process"):
         Unfinished()
+
+
+class Frozen(ArtifactStage):
+    """Its first caller freezes (until ``thawed``) while it holds its output's lock."""
+
+    name = "frozen"
+    max_item_s = 0.5
+    thawed: ClassVar[threading.Event] = threading.Event()
+    first: ClassVar[list[str]] = []
+    lock: ClassVar[threading.Lock] = threading.Lock()
+    woken_by_peer: ClassVar[list[bool]] = []  # False: the wait timed out
+
+    def process(self, document: Document) -> dict[str, Any]:
+        with Frozen.lock:
+            first = not Frozen.first
+            Frozen.first.append(document.doc_id)
+        if first:
+            Frozen.woken_by_peer.append(Frozen.thawed.wait(timeout=15))
+        return {"chars": len(document.text or "")}
+
+
+def test_a_worker_frozen_in_process_holds_no_peer_past_max_item_s(conn, dsn):
+    """Two documents with one text, in two workers: the first freezes inside process. After
+    max_item_s its session ends, and with it its lock on the output; the peer computes the
+    output and finishes while the first is still frozen, and the first then finishes too."""
+    from checks import seed_extraction
+    from replayable import db
+    from replayable.ledger import RunContext
+    from replayable.runner import run_batch
+    from replayable.stage import BuildContext, Models
+
+    text = "The same words in two documents, read by a stage that freezes once."
+    docs = ["e" * 64, "f" * 64]
+    for doc_id in docs:
+        seed_extraction(conn, doc_id, f"/docs/{doc_id[0]}.pdf", text)
+    conn.commit()
+    Frozen.thawed.clear()
+    Frozen.first.clear()
+    Frozen.woken_by_peer.clear()
+    results = {}
+
+    def connect() -> db.Database:
+        return db.Database(dsn, outage_s=30)
+
+    def work(doc_id: str) -> None:
+        from contextlib import ExitStack
+
+        from replayable.settings import PipelineSettings
+
+        with ExitStack() as stack:
+            spec = Frozen().build(
+                BuildContext(
+                    settings=PipelineSettings(),
+                    run_id="r",
+                    documents=1,
+                    connect=connect,
+                    stack=stack,
+                    spec_hashes={"extract": "x"},
+                    model_conn_id="unused",
+                    models=Models(),
+                )
+            )
+            results[doc_id] = run_batch(
+                spec, [doc_id], connect=connect, ctx=RunContext(owner=doc_id[0], run_id="r")
+            )
+        if Frozen.first[0] != doc_id:
+            Frozen.thawed.set()  # the peer is done: let the frozen worker go on
+
+    first = threading.Thread(target=work, args=(docs[0],))
+    first.start()
+    while not Frozen.first:
+        time.sleep(0.01)
+    peer = threading.Thread(target=work, args=(docs[1],))
+    peer.start()
+    peer.join(timeout=30)
+    first.join(timeout=30)
+    assert Frozen.woken_by_peer == [True]  # the peer finished while the first was frozen
+    assert all(results[d].done == [d] for d in docs), results
+    assert rows(conn, "SELECT count(*) FROM replayable.artifacts WHERE stage = 'frozen'") == [(1,)]

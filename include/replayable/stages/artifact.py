@@ -71,12 +71,16 @@ class ArtifactStage(Stage):
 
     Class attributes: ``name``; ``reads`` (``extract``, the default, or an artifact stage
     before it); ``version``; ``input_chars``, how much of the text a stage reading
-    ``extract`` gets; ``workers``, how many documents of a batch it works on at once.
+    ``extract`` gets; ``workers``, how many documents of a batch it works on at once;
+    ``max_item_s``, how long ``process`` may hold its output's lock: past it the item's
+    database session ends, so that a worker frozen in ``process`` holds no peer up (its
+    output, if it ever comes, is still stored, by a new session).
     """
 
     reads: str | None = TEXT_STAGE
     input_chars: int = 100_000
     workers: int = 1
+    max_item_s: float = 600.0
 
     def config(self) -> dict[str, Any]:
         """What shapes this stage's output besides its code: part of every item key, so
@@ -110,6 +114,7 @@ class ArtifactStage(Stage):
             extractor_version=extractor_id(ctx.settings.extractor),
             input_chars=self.input_chars,
             workers=self.workers,
+            max_call_s=self.max_item_s,
             last_stage=self.last,
         )
 
