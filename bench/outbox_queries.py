@@ -39,6 +39,7 @@ from replayable import db
 
 TARGET_S = 0.050
 SWEEP = {
+    "dag_id": synthetic_ledger.PIPELINE,
     "stages": list(synthetic_ledger.SPEC),
     "spec_hashes": list(synthetic_ledger.SPEC.values()),
     "min_age_s": 1800.0,

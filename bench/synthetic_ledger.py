@@ -31,6 +31,11 @@ SHARES: dict[str, tuple[int, int]] = {
     "ready_dead": (50, 55),  # embedded; its event was refused for good
 }
 HISTORY_EVERY = 5  # one document in five also has an older, non-current embed row
+# Pipelines share the ledger: one document in four was run by another pipeline's DAG, whose
+# own sweeper takes its failed items (ADR 0109); the rest by document_pipeline.
+PIPELINE = "document_pipeline"
+OTHER_PIPELINE = "other_pipeline"
+OTHER_PIPELINE_EVERY = 4
 SPEC = {"extract": "spec-extract", "chunk": "spec-chunk", "embed": "spec-embed"}
 OLD_EMBED_SPEC = "spec-embed-old"
 MAX_ATTEMPTS = 3
@@ -38,7 +43,9 @@ MAX_ATTEMPTS = 3
 _SQL = """
 CREATE TEMP TABLE synthetic ON COMMIT DROP AS
 SELECT i, encode(sha256(int8send(i)), 'hex') AS doc_id, (i * 7919) %% 1000 AS bucket,
-       now() - make_interval(mins => (i %% 43200)::int) AS changed
+       now() - make_interval(mins => (i %% 43200)::int) AS changed,
+       CASE WHEN i %% %(other_every)s = 0 THEN %(other_pipeline)s ELSE %(pipeline)s END
+           AS dag_id
 FROM generate_series(1, %(documents)s::bigint) AS i;
 
 INSERT INTO replayable.documents (doc_id, uri, size_bytes, first_seen)
@@ -46,27 +53,27 @@ SELECT doc_id, '/synthetic/' || i || '.pdf', 10000 + i %% 90000, changed FROM sy
 
 INSERT INTO replayable.stage_runs
     (stage, item_key, doc_id, status, attempts, code_version, config_hash, spec_hash,
-     is_current, started_at, finished_at, updated_at, created_at)
+     is_current, started_at, finished_at, updated_at, created_at, dag_id)
 SELECT 'extract', 'x-' || doc_id, doc_id, 'done', 1, '1.0', 'c', %(extract)s, true,
-       changed, changed, changed, changed
+       changed, changed, changed, changed, dag_id
 FROM synthetic;
 
 INSERT INTO replayable.stage_runs
     (stage, item_key, doc_id, status, attempts, error_class, error_kind, last_error,
      code_version, config_hash, spec_hash, is_current, started_at, finished_at, updated_at,
-     created_at)
+     created_at, dag_id)
 SELECT 'chunk', 'c-' || doc_id, doc_id,
        CASE WHEN bucket < %(chunk_failed_hi)s THEN 'failed' ELSE 'done' END,
        1, CASE WHEN bucket < %(chunk_failed_hi)s THEN 'timeout' END,
        CASE WHEN bucket < %(chunk_failed_hi)s THEN 'retryable' END,
        CASE WHEN bucket < %(chunk_failed_hi)s THEN 'synthetic failure' END,
-       '1.0', 'c', %(chunk)s, true, changed, changed, changed, changed
+       '1.0', 'c', %(chunk)s, true, changed, changed, changed, changed, dag_id
 FROM synthetic;
 
 INSERT INTO replayable.stage_runs
     (stage, item_key, doc_id, status, attempts, error_class, error_kind, last_error,
      code_version, config_hash, spec_hash, is_current, lease_owner, lease_expires,
-     started_at, finished_at, updated_at, created_at)
+     started_at, finished_at, updated_at, created_at, dag_id)
 SELECT 'embed', 'e-' || doc_id, doc_id,
        CASE WHEN bucket < %(embed_dead_lo)s THEN 'failed'
             WHEN bucket < %(embed_running_lo)s THEN 'dead'
@@ -84,16 +91,16 @@ SELECT 'embed', 'e-' || doc_id, doc_id,
             THEN 'worker-' || i %% 7 END,
        CASE WHEN bucket >= %(embed_running_lo)s AND bucket < %(embed_running_hi)s
             THEN now() + interval '10 minutes' END,
-       changed, changed, changed, changed
+       changed, changed, changed, changed, dag_id
 FROM synthetic
 WHERE bucket >= %(embed_failed_lo)s;
 
 INSERT INTO replayable.stage_runs
     (stage, item_key, doc_id, status, attempts, code_version, config_hash, spec_hash,
-     is_current, started_at, finished_at, updated_at, created_at)
+     is_current, started_at, finished_at, updated_at, created_at, dag_id)
 SELECT 'embed', 'e-old-' || doc_id, doc_id, 'done', 1, '0.9', 'c', %(old_embed)s, false,
        changed - interval '60 days', changed - interval '60 days',
-       changed - interval '60 days', changed - interval '60 days'
+       changed - interval '60 days', changed - interval '60 days', dag_id
 FROM synthetic
 WHERE i %% %(history_every)s = 0;
 
@@ -141,6 +148,9 @@ def _params(documents: int) -> dict[str, Any]:
         "embed": SPEC["embed"],
         "old_embed": OLD_EMBED_SPEC,
         "history_every": HISTORY_EVERY,
+        "pipeline": PIPELINE,
+        "other_pipeline": OTHER_PIPELINE,
+        "other_every": OTHER_PIPELINE_EVERY,
         "chunk_failed_hi": SHARES["chunk_failed"][1],
         "embed_failed_lo": SHARES["embed_failed"][0],
         "old_spec_lo": SHARES["embed_failed_old_spec"][0],
@@ -169,7 +179,8 @@ def expected(documents: int) -> dict[str, int]:
 
 
 def sweepable(documents: int, min_age_minutes: int) -> dict[str, int]:
-    """Documents per stage that a sweep with ``min_age_minutes`` may take (no item cap)."""
+    """Documents per stage that document_pipeline's sweep with ``min_age_minutes`` may take
+    (no item cap)."""
     ages = {i: i % 43200 for i in range(1, documents + 1)}  # minutes, as generated
     counts = {}
     for stage, share in (("chunk", "chunk_failed"), ("embed", "embed_failed")):
@@ -177,7 +188,9 @@ def sweepable(documents: int, min_age_minutes: int) -> dict[str, int]:
         counts[stage] = sum(
             1
             for i, age in ages.items()
-            if low <= (i * 7919) % 1000 < high and age >= min_age_minutes
+            if low <= (i * 7919) % 1000 < high
+            and age >= min_age_minutes
+            and i % OTHER_PIPELINE_EVERY
         )
     return counts
 

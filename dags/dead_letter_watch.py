@@ -13,7 +13,7 @@ from airflow.sdk import Param, dag, task
 
 from replayable.notifications import WebhookNotifier
 from replayable.sensors import DeadLetterGrowthSensor, alert
-from replayable.vocabulary import DEAD_LETTER_WATCH_DAG_ID, STAGES
+from replayable.vocabulary import DEAD_LETTER_WATCH_DAG_ID, STAGE_NAME_PATTERN, STAGES
 
 INTERVAL_S = 15 * 60
 
@@ -28,7 +28,12 @@ INTERVAL_S = 15 * 60
         "max_new": Param(
             10, type="integer", minimum=0, description="Alert above this many new letters."
         ),
-        "stage": Param(None, type=["null", "string"], enum=[None, *STAGES]),
+        "stage": Param(
+            None,
+            type=["null", "string"],
+            pattern=STAGE_NAME_PATTERN,
+            description=f"One stage's letters only: {', '.join(STAGES)} or one of your own.",
+        ),
         "poke_interval_s": Param(60, type="integer", minimum=1, maximum=INTERVAL_S),
         # A little under the schedule interval, so the next run finds this one finished.
         "timeout_s": Param(INTERVAL_S - 60, type="integer", minimum=1, maximum=INTERVAL_S),

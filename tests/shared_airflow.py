@@ -55,6 +55,9 @@ ALL_DAGS = (
     OUTBOX_PUBLISHER_DAG_ID,
     KEYWORD_PIPELINE,
     WORDCOUNT_PIPELINE,
+    # Each pipeline's own sweeper (replayable.dag_factory.sweeper_dag).
+    f"{KEYWORD_PIPELINE}_sweeper",
+    f"{WORDCOUNT_PIPELINE}_sweeper",
 )
 
 

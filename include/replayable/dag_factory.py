@@ -5,6 +5,9 @@ batches with work left), one mapped task group per batch with a task per stage (
 the stage it reads, ``none_failed``, so a stage a run skips lets its readers run), then
 ``report`` and the ``publish`` teardown. The pipeline is registered under its DAG id, so each
 task finds its stages again when the worker parses the file (:func:`replayable.stage.pipeline_of`).
+
+Beside it, in the same file, the pipeline gets its sweeper DAG (ADR 0042, 0109), so the
+sweep's task finds the same stages when its worker parses that file.
 """
 
 from __future__ import annotations
@@ -13,13 +16,14 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
-from airflow.sdk import DAG, dag, task, task_group
+from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
+from airflow.sdk import DAG, Param, dag, task, task_group
 
-from replayable import dag_tasks, sources
+from replayable import config, dag_tasks, sources
 from replayable.operators import IdempotentStageOperator
 from replayable.params import pipeline_params
 from replayable.publisher import PublishEventsOperator
-from replayable.settings import TASK_TIMEOUTS
+from replayable.settings import TASK_TIMEOUTS, PipelineSettings
 from replayable.stage import Pipeline, Stage, register
 
 LABEL = "{{ task.batch['label'] }}"
@@ -32,6 +36,7 @@ def pipeline_dag(
     source: str,
     default_stages: Sequence[str] = (),
     schedule: Any = None,
+    sweeper: str | bool = True,
     retries: int = 4,
     retry_delay: timedelta = timedelta(seconds=5),
     tags: Sequence[str] = ("replayable",),
@@ -45,6 +50,9 @@ def pipeline_dag(
     :param default_stages: the stages a run executes when its conf names none (default:
         every stage).
     :param schedule: the DAG's schedule; None: runs are triggered.
+    :param sweeper: the id of the pipeline's hourly sweeper DAG (True: ``<dag_id>_sweeper``;
+        False: none), which re-runs the items the pipeline's runs left failed under their
+        attempt cap.
     :param dag_args: passed to ``@dag`` (``start_date``, ``max_active_runs``, …).
     """
     pipeline = register(Pipeline(dag_id, tuple(stages), default_stages=tuple(default_stages)))
@@ -102,5 +110,59 @@ def pipeline_dag(
                 task_id="publish", execution_timeout=TASK_TIMEOUTS["report"]
             ).as_teardown()
         )
+
+    if sweeper:
+        sweeper_dag(pipeline, f"{dag_id}_sweeper" if sweeper is True else sweeper)
+    return build()
+
+
+SWEEPER_DOC = """Hourly, re-run the items `{pipeline}`'s runs left failed under their cap.
+
+`sweep` selects at most `max_items` items that runs of `{pipeline}` left failed, older than
+`min_age_minutes` (so a live run's own retries are not raced), and asks for one `{pipeline}`
+re-run per stage; with nothing to sweep it asks for none and nothing is triggered. Each
+trigger waits (deferred, no worker slot) until its re-run ends, so with `max_active_runs=1`
+no later sweep starts while a re-run it would sweep again is unfinished. See
+`replayable.sweeper`, ADR 0042, 0076 and 0109.
+"""
+
+
+def sweeper_dag(pipeline: Pipeline, dag_id: str) -> DAG:
+    """The sweeper DAG of ``pipeline``: an hourly sweep, then one mapped re-run per stage."""
+
+    @dag(
+        dag_id=dag_id,
+        schedule="@hourly",
+        catchup=False,
+        max_active_runs=1,
+        params={
+            "min_age_minutes": Param(30, type="number", minimum=0, maximum=7 * 24 * 60),
+            "max_items": Param(500, type="integer", minimum=1, maximum=5000),
+            "max_attempts": Param(
+                PipelineSettings().max_attempts,
+                type="integer",
+                minimum=1,
+                maximum=20,
+                description="Items at this many attempts are left alone; the re-run uses it too.",
+            ),
+        },
+        tags=["replayable"],
+        doc_md=SWEEPER_DOC.format(pipeline=pipeline.dag_id),
+    )
+    def build() -> None:
+        reruns = task(dag_tasks.sweep)(pipeline.dag_id)
+        TriggerDagRunOperator.partial(
+            task_id="trigger_rerun",
+            trigger_dag_id=pipeline.dag_id,
+            logical_date=None,
+            skip_when_already_exists=True,
+            wait_for_completion=True,
+            deferrable=True,
+            poke_interval=config.sweeper_poke_interval_s(),
+            # A re-run that never ends (its DAG paused for good) holds sweeping up this long.
+            execution_timeout=timedelta(hours=12),
+            openlineage_inject_parent_info=False,
+            map_index_template="{{ task.conf['rerun']['stage'] }}",
+        ).expand_kwargs(reruns)
 
     return build()

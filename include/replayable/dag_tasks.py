@@ -18,7 +18,7 @@ from replayable.context import triggered_by
 from replayable.hooks import connection_dsn, run_models
 from replayable.settings import PipelineSettings, check_conf_keys
 from replayable.stage import pipeline_of
-from replayable.vocabulary import LEDGER_CONN_ID, MODEL_CONN_ID, PIPELINE_DAG_ID, STAGES
+from replayable.vocabulary import LEDGER_CONN_ID, MODEL_CONN_ID, PIPELINE_DAG_ID
 
 log = logging.getLogger(__name__)
 
@@ -145,13 +145,15 @@ def report(postgres_conn_id: str = LEDGER_CONN_ID) -> dict[str, Any]:
 
 
 def sweep(
-    postgres_conn_id: str = LEDGER_CONN_ID, model_conn_id: str = MODEL_CONN_ID
+    pipeline_dag_id: str = PIPELINE_DAG_ID,
+    postgres_conn_id: str = LEDGER_CONN_ID,
+    model_conn_id: str = MODEL_CONN_ID,
 ) -> list[dict[str, Any]]:
-    """Find the failed items runs left behind; return one re-run request per stage.
+    """Find the failed items runs of ``pipeline_dag_id`` left; return one re-run per stage.
 
-    The requests are ``TriggerDagRunOperator`` arguments for ``document_pipeline``; an empty
-    list maps no trigger, so a sweep with nothing to do starts nothing. Items are matched
-    against the spec a run with the default settings has now (ADR 0042).
+    The requests are ``TriggerDagRunOperator`` arguments for that pipeline; an empty list
+    maps no trigger, so a sweep with nothing to do starts nothing. Items are matched against
+    the spec a run with the default settings has now (ADR 0042, 0109).
     """
     from replayable import sweeper
 
@@ -159,15 +161,15 @@ def sweep(
     ti = context["ti"]
     params = context["params"]
     max_attempts = int(params["max_attempts"])
-    settings = PipelineSettings(max_attempts=max_attempts, stages=STAGES)
-    document_pipeline = pipeline_of(PIPELINE_DAG_ID)
-    hashes = document_pipeline.spec_hashes(
-        settings, run_models(settings, model_conn_id, document_pipeline.names)
-    )
+    swept = pipeline_of(pipeline_dag_id)
+    settings = PipelineSettings(max_attempts=max_attempts, stages=swept.names)
+    hashes = swept.spec_hashes(settings, run_models(settings, model_conn_id, swept.names))
     conn = db.connect(connection_dsn(postgres_conn_id))
     try:
         found = sweeper.select_failed(
             conn,
+            dag_id=swept.dag_id,
+            stages=swept.names,
             spec_hashes=hashes,
             min_age_s=float(params["min_age_minutes"]) * 60,
             max_items=int(params["max_items"]),

@@ -41,6 +41,7 @@ Literal values are checked when the sensor is built, templated ones once rendere
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import timedelta
@@ -52,7 +53,7 @@ from airflow.sdk.bases.sensor import PokeReturnValue
 from airflow.sdk.exceptions import AirflowFailException
 
 from replayable import db
-from replayable.vocabulary import LEDGER_CONN_ID, STAGES
+from replayable.vocabulary import LEDGER_CONN_ID, STAGE_NAME_PATTERN, STAGES
 
 __all__ = ["DeadLetterGrowth", "DeadLetterGrowthSensor", "alert"]
 
@@ -235,9 +236,17 @@ def _check_parameters(
     stage = parameters.get("stage")
     checked_window = 0 if skip(window) else _whole("window_minutes", window, 1)
     checked_max = 0 if skip(max_new) else _whole("max_new", max_new, 0)
-    if not (stage is None or skip(stage) or stage in STAGES):
+    # Any pipeline's stage, a user's own included: the ledger is shared (ADR 0108).
+    if not (stage is None or skip(stage) or _is_stage_name(stage)):
         hint = ""
         if stage in ("None", ""):
             hint = " (render with render_template_as_native_obj=True so a null param stays None)"
-        raise ValueError(f"stage must be one of {', '.join(STAGES)} or None, got {stage!r}{hint}")
+        raise ValueError(
+            f"stage must be a stage name ({', '.join(STAGES)} or one of your own) or None,"
+            f" got {stage!r}{hint}"
+        )
     return checked_window, checked_max, stage
+
+
+def _is_stage_name(value: object) -> bool:
+    return isinstance(value, str) and re.match(STAGE_NAME_PATTERN, value) is not None

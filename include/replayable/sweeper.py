@@ -1,10 +1,11 @@
 """The sweep: find the failed items runs left behind and ask for re-runs that finish them.
 
 An item is left ``failed`` when its task's retries ran out while it was under its attempt
-cap. The sweep (ADR 0042) selects such items through the partial index of current failed
-rows, at most ``max_items`` of them, oldest first, and turns them into one ``rerun`` conf of
-``document_pipeline`` per stage (a document failed in two stages is re-run from the earlier
-one, which redoes the later one too). Nothing here imports Airflow.
+cap. Each pipeline has a sweeper DAG of its own (ADR 0042, 0109). Its sweep selects the items
+the pipeline's own runs left failed, through the partial index of current failed rows, at
+most ``max_items`` of them, oldest first, and turns them into one ``rerun`` conf of that
+pipeline per stage (a document failed in two stages is re-run from the earlier one, which
+redoes the later one too). Nothing here imports Airflow.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from datetime import datetime
 from typing import Any
 
 from replayable.db import Connection, fetch_all
-from replayable.vocabulary import STAGES
 
 
 @dataclass(frozen=True)
@@ -33,16 +33,19 @@ class Sweep:
 def select_failed(
     conn: Connection,
     *,
+    dag_id: str,
+    stages: Sequence[str],
     spec_hashes: Mapping[str, str],
     min_age_s: float,
     max_items: int,
     max_attempts: int,
-    stages: Sequence[str] = STAGES,
 ) -> Sweep:
-    """Select at most ``max_items`` documents with failed items to re-run, oldest first."""
+    """Select at most ``max_items`` documents with items that runs of ``dag_id`` left failed
+    in ``stages`` (in pipeline order) to re-run, oldest first."""
     if max_items < 1:
         raise ValueError(f"max_items must be at least 1, got {max_items}")
     params = {
+        "dag_id": dag_id,
         "stages": list(stages),
         "spec_hashes": [spec_hashes[stage] for stage in stages],
         "min_age_s": float(min_age_s),

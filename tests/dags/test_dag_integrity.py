@@ -43,6 +43,7 @@ def test_the_dags_carry_the_ids_the_vocabulary_defines(dagbag):
         vocabulary.OUTBOX_PUBLISHER_DAG_ID,
         vocabulary.DEAD_LETTER_WATCH_DAG_ID,
         KEYWORDS,
+        f"{KEYWORDS}_sweeper",
     }
 
 

@@ -1,5 +1,7 @@
 """The outbox and sweeper wiring: publish ends the pipeline without deciding its state."""
 
+import copy
+
 import pytest
 from airflow.models import DagBag
 
@@ -12,6 +14,7 @@ from replayable.outbox import PublishLimits
 def dagbag():
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
+        mp.syspath_prepend(str(ROOT / "dags"))  # as Airflow does for a bundle's own modules
         yield DagBag(dag_folder=str(ROOT / "dags"))
 
 
@@ -40,17 +43,33 @@ def test_the_sweeper_is_hourly_and_triggers_the_pipeline_per_stage(dagbag):
     assert trigger.upstream_task_ids == {"sweep"}
 
 
+def test_every_pipeline_has_a_sweeper_of_its_own(dagbag):
+    """A pipeline built by pipeline_dag gets `<dag_id>_sweeper`, which re-runs it; the
+    document pipeline's keeps its name, replayable_sweeper (ADR 0109)."""
+    sweepers = {
+        dag_id: dag.get_task("trigger_rerun").partial_kwargs["trigger_dag_id"]
+        for dag_id, dag in dagbag.dags.items()
+        if "trigger_rerun" in dag.task_dict
+    }
+    assert sweepers == {
+        "replayable_sweeper": "document_pipeline",
+        "keyword_pipeline_sweeper": "keyword_pipeline",
+    }
+    sweep = dagbag.dags["keyword_pipeline_sweeper"].get_task("sweep")
+    assert list(sweep.op_args) == ["keyword_pipeline"]
+
+
 def test_a_sweep_checks_its_rerun_as_often_as_the_deployment_says(monkeypatch):
     """``[replayable] sweeper_poke_interval_s`` (default 30 s), read when the DAG is parsed."""
     monkeypatch.setenv("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
     monkeypatch.delenv("AIRFLOW__REPLAYABLE__SWEEPER_POKE_INTERVAL_S", raising=False)
-    default = DagBag(dag_folder=str(ROOT / "dags" / "replayable_sweeper.py"))
+    default = DagBag(dag_folder=str(ROOT / "dags" / "document_pipeline.py"))
     assert (
         default.dags["replayable_sweeper"].get_task("trigger_rerun").partial_kwargs["poke_interval"]
         == 30
     )
     monkeypatch.setenv("AIRFLOW__REPLAYABLE__SWEEPER_POKE_INTERVAL_S", "2")
-    quick = DagBag(dag_folder=str(ROOT / "dags" / "replayable_sweeper.py"))
+    quick = DagBag(dag_folder=str(ROOT / "dags" / "document_pipeline.py"))
     trigger = quick.dags["replayable_sweeper"].get_task("trigger_rerun")
     assert trigger.partial_kwargs["poke_interval"] == 2
 
@@ -62,3 +81,15 @@ def test_the_publisher_dag_defaults_are_the_outbox_limits_defaults(dagbag):
     assert params["lease_s"] == limits.lease_s and params["batch_size"] == limits.claim_size
     assert params["max_events"] == limits.max_events
     assert params["max_attempts"] == limits.max_attempts
+
+
+def test_the_dead_letter_watch_takes_any_stage_name(dagbag):
+    """A stage of your own (keywords) can be watched alone; a name no stage can have is
+    refused at trigger time, naming the field."""
+    from airflow.sdk.exceptions import ParamValidationError
+
+    params = copy.deepcopy(dagbag.dags["dead_letter_watch"].params)
+    params["stage"] = "keywords"
+    params.validate()
+    with pytest.raises(ParamValidationError, match="stage"):
+        params["stage"] = "Key Words"

@@ -351,3 +351,47 @@ def test_a_stage_defined_only_in_tests_keeps_every_promise_under_the_scheduler(
         fixed.unlink(missing_ok=True)
         scheduling.pause(WORDCOUNT_PIPELINE, True)
         delete_queued_runs(scheduling, WORDCOUNT_PIPELINE)
+
+
+def test_a_pipeline_of_your_own_is_swept_by_its_own_sweeper(airflow, scheduling, conn, tmp_path):
+    """wordcount_pipeline's outage leaves its items failed under their cap; once the fix
+    ships, its own sweeper (wordcount_pipeline_sweeper, made by pipeline_dag) re-runs them in
+    wordcount_pipeline and they finish (ADR 0109)."""
+    from shared_airflow import WORDCOUNT_PIPELINE
+
+    sweeper = f"{WORDCOUNT_PIPELINE}_sweeper"
+    fixed = Path(scheduling.env["WORDCOUNT_FIXED_FLAG"])
+    fixed.unlink(missing_ok=True)
+    for dag_id in (WORDCOUNT_PIPELINE, sweeper):
+        scheduling.pause(dag_id, False)
+    try:
+        folder = subset(tmp_path, 2)
+        corpus.write_pdf(folder / "outage.pdf", ["The service this one needs is down: OUTAGE."])
+        with scheduling.api() as api:
+            started = api.post(
+                f"/dags/{WORDCOUNT_PIPELINE}/dagRuns",
+                json={"logical_date": None, "conf": {"source": str(folder)}},
+            )
+        assert started.status_code == 200, started.text
+        first = str(started.json()["dag_run_id"])
+        assert _wait(scheduling, WORDCOUNT_PIPELINE, first) == "failed"
+        left = rows(
+            conn,
+            "SELECT status, attempts FROM replayable.stage_runs"
+            " WHERE stage = 'wordcount' AND status <> 'done'",
+        )
+        assert left and all(status == "failed" for status, _ in left), left
+
+        fixed.touch()
+        sweep = _run(scheduling, sweeper, {"min_age_minutes": 0})
+        assert _wait(scheduling, WORDCOUNT_PIPELINE, f"sweep__wordcount__{sweep}") == "success"
+        assert rows(
+            conn,
+            "SELECT status, count(*) FROM replayable.stage_runs WHERE stage = 'wordcount'"
+            " GROUP BY 1",
+        ) == [("done", 3)]
+    finally:
+        fixed.unlink(missing_ok=True)
+        for dag_id in (WORDCOUNT_PIPELINE, sweeper):
+            scheduling.pause(dag_id, True)
+            delete_queued_runs(scheduling, dag_id)

@@ -76,6 +76,15 @@ def test_letters_resolved_since_they_arrived_still_count_as_growth(replayable_db
     assert (growth.new_letters, growth.open_letters) == (3, 0)
 
 
+def test_a_stage_of_your_own_is_watched_by_its_name(replayable_db):
+    """No stage list is fixed here: a user's stage (keywords) gets its own alert."""
+    add_letters(replayable_db, 3, stage="keywords", error_class="no_words")
+    add_letters(replayable_db, 2, stage="embed")
+    fired, growth = poke(max_new=2, stage="keywords")
+    assert fired
+    assert (growth.new_letters, growth.stage) == (3, "keywords")
+
+
 def test_a_stage_counts_only_its_own_letters_and_depth(replayable_db):
     add_letters(replayable_db, 5, stage="embed")
     add_letters(replayable_db, 1, stage="extract")
@@ -133,7 +142,7 @@ def test_templated_arguments_are_rendered_then_checked(replayable_db):
         ({"window_minutes": "an hour"}, r"window_minutes.*got 'an hour'"),
         ({"max_new": -1}, r"max_new.*got -1$"),
         ({"max_new": True}, r"max_new.*got True$"),
-        ({"stage": "ocr"}, r"stage.*got 'ocr'$"),
+        ({"stage": "OCR pages"}, r"stage.*got 'OCR pages'$"),
         ({"stage": "None"}, r"stage.*got 'None' .*render_template_as_native_obj"),
         ({"timeout": -5}, r"timeout.*got -5$"),
         ({"poke_interval": "soon"}, r"poke_interval.*got 'soon'$"),

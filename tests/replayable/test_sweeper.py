@@ -11,6 +11,7 @@ from replayable import db, sweeper
 pytestmark = pytest.mark.db
 
 HASHES = {"extract": "sx", "chunk": "sc", "embed": "se", "summarize": "ss"}
+PIPELINE = "document_pipeline"
 
 
 def doc(n: int) -> str:
@@ -28,6 +29,7 @@ def add_item(
     spec_hash: str | None = None,
     lease_s: float | None = None,
     current: bool = True,
+    dag_id: str = PIPELINE,
 ) -> None:
     """One stage_runs row of document ``n``, last changed ``age_s`` ago."""
     with conn.cursor() as cur:
@@ -39,11 +41,11 @@ def add_item(
         cur.execute(
             "INSERT INTO replayable.stage_runs (stage, item_key, doc_id, status, attempts,"
             " code_version, config_hash, spec_hash, is_current, lease_owner, lease_expires,"
-            " updated_at)"
+            " updated_at, dag_id)"
             " VALUES (%s, %s, %s, %s, %s, '1.0', 'c', %s, %s,"
             " CASE WHEN %s::float8 IS NULL THEN NULL ELSE 'w' END,"
             " now() + make_interval(secs => %s::float8),"
-            " now() - make_interval(secs => %s::float8))",
+            " now() - make_interval(secs => %s::float8), %s)",
             (
                 stage,
                 f"{stage}-{n}-{spec_hash or HASHES[stage]}",
@@ -55,13 +57,21 @@ def add_item(
                 lease_s,
                 lease_s,
                 age_s,
+                dag_id,
             ),
         )
     conn.commit()
 
 
 def select(conn, **overrides):
-    options = {"spec_hashes": HASHES, "min_age_s": 600, "max_items": 100, "max_attempts": 3}
+    options = {
+        "dag_id": PIPELINE,
+        "stages": list(HASHES),
+        "spec_hashes": HASHES,
+        "min_age_s": 600,
+        "max_items": 100,
+        "max_attempts": 3,
+    }
     return sweeper.select_failed(conn, **{**options, **overrides})
 
 
@@ -85,6 +95,15 @@ def test_what_a_sweep_must_leave_alone_is_left_alone(conn):
     add_item(conn, 7, "embed", lease_s=300)  # leased right now
     add_item(conn, 8, "embed", lease_s=-300)  # a lease that has ended does not count
     assert select(conn).by_stage == {"embed": [doc(8)]}
+
+
+def test_a_sweep_takes_only_what_its_own_pipelines_runs_left(conn):
+    """Pipelines share the ledger, and a stage of the same name and spec in two of them
+    shares its items: each pipeline's sweep re-runs, in its own DAG, what its runs left."""
+    add_item(conn, 1, "extract")
+    add_item(conn, 2, "extract", dag_id="keyword_pipeline")
+    assert select(conn).by_stage == {"extract": [doc(1)]}
+    assert select(conn, dag_id="keyword_pipeline").by_stage == {"extract": [doc(2)]}
 
 
 def test_a_document_failed_in_two_stages_is_rerun_from_the_earlier_one(conn):
@@ -139,6 +158,7 @@ def test_the_selection_reads_current_rows_through_an_index(conn):
         cur.execute(
             "EXPLAIN " + db.sql("plan/sweep_failed_items"),
             {
+                "dag_id": PIPELINE,
                 "stages": list(HASHES),
                 "spec_hashes": list(HASHES.values()),
                 "min_age_s": 600.0,

@@ -1,7 +1,7 @@
 -- Failed items a sweep may re-run (ADR 0042): current rows, failed, under the attempt cap,
 -- not leased, last changed at least min_age_s ago (so a live run's own retries are not
--- raced), and failed under the spec a default run has now (the re-run would redo the
--- others under other keys). Per stage the oldest first, at most `limit`: each stage reads
+-- raced), failed by a run of the sweeping pipeline's DAG (ADR 0109), and under the spec a
+-- default run has now (the re-run would redo the others under other keys). Per stage the oldest first, at most `limit`: each stage reads
 -- the partial index of current failed rows in updated_at order and stops at its limit.
 SELECT st.stage, st.position, f.doc_id, f.attempts, f.error_class, f.updated_at
 FROM unnest(%(stages)s::text[], %(spec_hashes)s::text[]) WITH ORDINALITY
@@ -12,6 +12,7 @@ CROSS JOIN LATERAL (
     WHERE s.is_current AND s.status = 'failed' AND s.stage = st.stage
       AND s.updated_at <= now() - make_interval(secs => %(min_age_s)s)
       AND s.spec_hash = st.spec_hash
+      AND s.dag_id = %(dag_id)s
       AND s.attempts < %(max_attempts)s
       AND (s.lease_expires IS NULL OR s.lease_expires <= now())
     ORDER BY s.updated_at, s.doc_id
