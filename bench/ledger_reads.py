@@ -111,6 +111,9 @@ def reads() -> dict[str, Read]:
         "rerun: code_version_lt": rerun(code_version_lt="1.1"),
         "rerun: doc ids": rerun(doc_ids=some_docs),
         "metrics scrape": lambda c: metrics.render(c),
+        "ui/cli model cost, last 30 days": lambda c: views.model_costs(c),
+        "ui newest runs with their cost (10 running)": lambda c: views.recent_runs(c),
+        "report: a run's cost (1,000 calls)": lambda c: views.model_costs(c, "run-7"),
         "ui filter's stages (the shipped and your own)": views.known_stages,
         "a model stage's letters of one item (its revival key)": lambda c: db.fetch_all(
             c, "stages/item_letters", {"stage": "embed", "item_key": some_docs[0]}

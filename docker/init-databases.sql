@@ -55,8 +55,9 @@ DECLARE
     work_list_column text;
 BEGIN
     FOREACH relation IN ARRAY ARRAY[
-        'documents', 'stage_runs', 'stage_counts', 'runs', 'run_docs', 'dead_letters',
-        'dead_letter_history', 'dead_letter_counts', 'model_call_counts', 'outbox_counts'
+        'documents', 'stage_runs', 'stage_counts', 'runs', 'run_docs', 'run_reports',
+        'dead_letters', 'dead_letter_history', 'dead_letter_counts', 'model_call_counts',
+        'model_cost_counts', 'outbox_counts'
     ] LOOP
         IF to_regclass('replayable.' || relation) IS NOT NULL THEN
             EXECUTE format('GRANT SELECT ON replayable.%I TO replayable_ui', relation);
@@ -65,6 +66,14 @@ BEGIN
     -- The outbox's backlog age on the overview: its order, status and age, not its payloads.
     IF to_regclass('replayable.outbox') IS NOT NULL THEN
         EXECUTE 'GRANT SELECT (seq, status, created_at) ON replayable.outbox TO replayable_ui';
+    END IF;
+    -- What runs cost (ADR 0110): a run's answered calls, their model, tokens and cost.
+    IF EXISTS (
+        SELECT FROM pg_attribute
+        WHERE attrelid = to_regclass('replayable.model_calls') AND attname = 'cost_usd'
+    ) THEN
+        EXECUTE 'GRANT SELECT (run_id, status, model, mode, tokens, output_tokens, cost_usd)'
+            ' ON replayable.model_calls TO replayable_ui';
     END IF;
     FOREACH work_list_column IN ARRAY ARRAY[
         'owner', 'note', 'status', 'resolved_at', 'resolved_by', 'resolution'

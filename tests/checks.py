@@ -194,6 +194,16 @@ def ledger_metrics(conn: Any) -> dict[tuple[str, tuple[tuple[str, str], ...]], f
                 stage,
                 bound,
             )
+    # What answered calls cost, by model and mode (ADR 0110); a call with no model recorded
+    # (before migration 0011) is the model "unknown".
+    for model, mode, usd, unpriced in rows(
+        conn,
+        "SELECT coalesce(model, 'unknown'), mode, coalesce(sum(cost_usd), 0)::float8,"
+        " count(*) FILTER (WHERE cost_usd IS NULL) FROM replayable.model_calls"
+        " WHERE status = 'ok' GROUP BY 1, 2",
+    ):
+        expected[key("replayable_model_cost_total", mode=mode, model=model)] = usd
+        expected[key("replayable_model_unpriced_calls_total", mode=mode, model=model)] = unpriced
     # The outbox (ADR 0072). The backlog's age is exact only with nothing pending (0): a
     # scrape and this count read the clock at different moments.
     outbox = {

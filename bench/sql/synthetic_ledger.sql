@@ -75,17 +75,24 @@ WHERE n <= %(letters)s;
 
 INSERT INTO replayable.model_calls
     (stage, item_key, attempt, call_try, status, http_status, latency_ms, n_inputs, tokens,
-     idempotency_key, run_id, created_at)
+     idempotency_key, run_id, created_at, model, cost_usd)
 SELECT 'embed', NULL, 1, CASE WHEN i %% 20 = 1 THEN 2 ELSE 1 END,
        CASE WHEN i %% 20 = 0 THEN 'http_503' ELSE 'ok' END,
        CASE WHEN i %% 20 = 0 THEN 503 ELSE 200 END,
        20 + (i * 37) %% 400, 32, CASE WHEN i %% 20 = 0 THEN 0 ELSE 6400 END,
-       'bench-' || i, 'run-' || (i %% 1000), now() - (i %% 43200) * interval '1 minute'
+       'bench-' || i, 'run-' || (i %% 1000), now() - (i %% 43200) * interval '1 minute',
+       'text-embedding-3-small',
+       CASE WHEN i %% 20 = 0 THEN NULL ELSE 6400 * 0.02 / 1000000 END
 FROM generate_series(1, %(calls)s) AS i;
 
 INSERT INTO replayable.runs (dag_id, run_id, documents, to_do, batches)
 VALUES ('document_pipeline', 'run-small', 1000, 0, 0),
        ('document_pipeline', 'run-large', 10000, 0, 0);
+-- The overview's newest runs, unreported, each with its share of the calls above (a
+-- thousandth of them): their cost is summed from their calls.
+INSERT INTO replayable.runs (dag_id, run_id, documents, to_do, batches, created_at)
+SELECT 'document_pipeline', 'run-' || i, 1000, 1000, 4, now() + i * interval '1 second'
+FROM generate_series(1, 10) AS i;
 
 INSERT INTO replayable.run_docs (dag_id, run_id, doc_id)
 SELECT 'document_pipeline', 'run-small', encode(sha256(('doc-' || i)::bytea), 'hex')

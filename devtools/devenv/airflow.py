@@ -87,7 +87,15 @@ def airflow_env(
         {
             "conn_type": "http",
             "host": services.model_url,
-            "extra": {"model": "text-embedding-3-small"},
+            # OpenAI's list prices (USD per million tokens), so that a run's report shows
+            # what it would have cost there (ADR 0110).
+            "extra": {
+                "model": "text-embedding-3-small",
+                "prices": {
+                    "text-embedding-3-small": {"input": 0.02},
+                    "gpt-4o-mini": {"input": 0.15, "output": 0.6},
+                },
+            },
         }
     )
     # Events go to the local server's webhook receiver, standing in for a downstream system.

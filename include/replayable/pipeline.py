@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from replayable import config, sources
+from replayable import config, sources, views
 from replayable.db import Connection, execute, fetch_all
 from replayable.keys import sha256_bytes, sha256_file
 from replayable.settings import AUTO, BOUNDS, PipelineSettings
@@ -357,6 +357,7 @@ def build_report(
     calls = dict(fetch_all(conn, "report/model_calls", {"run_id": run_id})[0])
     by_stage = {str(k): int(v) for k, v in (calls.pop("by_stage") or {}).items()}
     dead = fetch_all(conn, "report/dead_letters", {"run_id": run_id})[0]
+    costs = views.model_costs(conn, run_id).as_dict()
     report = {
         "dag_id": dag_id,
         "run_id": run_id,
@@ -366,6 +367,7 @@ def build_report(
         "stages": stages,
         "model_calls": {k: int(v) for k, v in calls.items()},
         "model_calls_by_stage": by_stage,
+        "cost": costs,
         "dead_letters_opened": int(dead["opened"]),
     }
     execute(
@@ -375,6 +377,18 @@ def build_report(
     )
     conn.commit()
     return report
+
+
+def format_cost(cost: dict[str, Any]) -> str:
+    """``$0.000123``, and the calls no price covered, if any."""
+    text = f"${cost['usd']:.6f}"
+    if cost.get("unpriced_calls"):
+        unpriced = sorted({e["model"] for e in cost.get("by_model", ()) if e["unpriced_calls"]})
+        text += (
+            f" + {cost['unpriced_calls']} unpriced call(s) ({', '.join(unpriced)}: no price in"
+            " the model connection's extra prices)"
+        )
+    return text
 
 
 def format_report(report: dict[str, Any]) -> str:
@@ -406,4 +420,7 @@ def format_report(report: dict[str, Any]) -> str:
         lines.append(
             "model calls by stage: " + ", ".join(f"{k}={v}" for k, v in sorted(by_stage.items()))
         )
+    cost = report.get("cost")
+    if cost and cost.get("by_model"):
+        lines.append(f"cost: {format_cost(cost)}")
     return "\n".join(lines)

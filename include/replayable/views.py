@@ -27,6 +27,38 @@ Row = dict[str, Any]
 RERUN_COUNT = "plan/count_rerun_docs"
 
 
+# The overview's and `status`'s window of costs when no run is named.
+COST_DAYS = 30
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelCost:
+    """Answered calls of one model and mode: their tokens, and what they cost in USD at the
+    prices of the time (``unpriced_calls`` of them had no price and count 0 in ``usd``)."""
+
+    model: str
+    mode: str
+    calls: int
+    input_tokens: int
+    output_tokens: int
+    usd: float
+    unpriced_calls: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Costs:
+    """What model calls cost: in all, the calls no price covered, and by model and mode."""
+
+    usd: float = 0.0
+    unpriced_calls: int = 0
+    by_model: tuple[ModelCost, ...] = ()
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self) | {
+            "by_model": [dataclasses.asdict(m) for m in self.by_model]
+        }
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelCalls:
     """Billable model calls: all of them, the ones answered ok, and the tokens they used."""
@@ -145,6 +177,50 @@ def model_calls_by_stage(conn: db.Connection, run_id: str | None = None) -> dict
         row["stage"]: ModelCalls(int(row["calls"]), int(row["ok"]), int(row["tokens"] or 0))
         for row in db.fetch_all(conn, "views/status_model_calls", params)
     }
+
+
+def model_costs(conn: db.Connection, run_id: str | None = None, days: int = COST_DAYS) -> Costs:
+    """What answered model calls cost (ADR 0110): those of ``run_id``; without it, those of
+    the last ``days`` days, from the counters."""
+    by_model = tuple(
+        ModelCost(
+            model=row["model"],
+            mode=row["mode"],
+            calls=int(row["calls"]),
+            input_tokens=int(row["input_tokens"]),
+            output_tokens=int(row["output_tokens"]),
+            usd=float(row["usd"]),
+            unpriced_calls=int(row["unpriced"]),
+        )
+        for row in db.fetch_all(conn, "views/model_costs", {"run_id": run_id, "days": days})
+    )
+    return Costs(
+        usd=sum(m.usd for m in by_model),
+        unpriced_calls=sum(m.unpriced_calls for m in by_model),
+        by_model=by_model,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class RunCost:
+    """A run, newest first: when it was planned, its documents, and its model calls' cost."""
+
+    dag_id: str
+    run_id: str
+    created_at: datetime
+    documents: int
+    to_do: int | None
+    reported: bool
+    usd: float
+    unpriced_calls: int
+
+
+def recent_runs(conn: db.Connection, limit: int = 10) -> list[RunCost]:
+    """The ``limit`` newest runs with their cost: reported, or so far (ADR 0110)."""
+    return [
+        RunCost(**{**row, "unpriced_calls": int(row["unpriced_calls"])})
+        for row in db.fetch_all(conn, "views/recent_runs", {"limit": limit})
+    ]
 
 
 def open_dead_letters_by_stage(conn: db.Connection, run_id: str | None = None) -> dict[str, int]:

@@ -56,7 +56,32 @@ def status_tables(data: dict[str, Any]) -> RenderableType:
         if s["model_calls"]["calls"]:
             calls.add_row(cell(s["stage"]), *numbers(s["model_calls"].values()))
     calls.add_row(Text("all", style="bold"), *numbers(data["model_calls"].values()))
-    return Group(items, calls)
+    return Group(items, calls, cost_table(data["cost"], data.get("cost_days")))
+
+
+def cost_table(cost: dict[str, Any], days: int | None) -> RenderableType:
+    """What the model calls cost, by model and mode (a run's, or the last ``days`` days')."""
+    scope = f"last {days} days" if days else "this run"
+    table = Table(title=f"Model cost ({scope}, USD at the connection's prices)")
+    table.add_column("Model")
+    table.add_column("Mode")
+    for name in ("Calls", "Input tokens", "Output tokens", "Unpriced", "USD"):
+        table.add_column(name, justify="right")
+    for m in cost["by_model"]:
+        table.add_row(
+            cell(m["model"]),
+            cell(m["mode"]),
+            *numbers((m["calls"], m["input_tokens"], m["output_tokens"], m["unpriced_calls"])),
+            usd(m["usd"]),
+        )
+    table.add_row(
+        Text("all", style="bold"), "", "", "", "", number(cost["unpriced_calls"]), usd(cost["usd"])
+    )
+    return table
+
+
+def usd(amount: float) -> Text:
+    return Text(f"${amount:,.6f}")
 
 
 def failed_table(data: dict[str, Any]) -> RenderableType:

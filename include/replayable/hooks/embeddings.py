@@ -110,6 +110,7 @@ class EmbeddingsHook(BaseHook):
             timeout_s=settings.timeout_s,
             retry=retry or CallRetry(),
             max_connections=max_in_flight or _shared_in_flight(settings),
+            price=settings.price_of(chosen_model),
         )
 
     def get_chat_client(
@@ -129,14 +130,16 @@ class EmbeddingsHook(BaseHook):
         from replayable.stages.summarize.client import HttpChatClient
 
         settings = self.get_settings()
+        chosen = chat_model_of(model, settings)
         return HttpChatClient(
             base_url=settings.base_url,
-            model=chat_model_of(model, settings),
+            model=chosen,
             api_key=settings.api_key,
             max_tokens=max_tokens,
             timeout_s=settings.timeout_s,
             retry=retry or CallRetry(),
             max_connections=max_in_flight or _shared_in_flight(settings),
+            price=settings.price_of(chosen),
         )
 
     def get_conn(self) -> HttpEmbeddingClient:

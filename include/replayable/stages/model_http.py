@@ -26,8 +26,24 @@ R = TypeVar("R")
 
 
 @dataclass(frozen=True)
+class Price:
+    """What a model's tokens cost, in USD per million: ``input`` (the prompt) and ``output``
+    (the completion), as the model connection's extra ``prices`` states them (ADR 0110)."""
+
+    input: float
+    output: float = 0.0
+
+    def of(self, input_tokens: int, output_tokens: int) -> float:
+        return (input_tokens * self.input + output_tokens * self.output) / 1_000_000
+
+
+@dataclass(frozen=True)
 class CallRecord:
-    """One HTTP request to the provider, successful or not."""
+    """One HTTP request to the provider, successful or not.
+
+    ``tokens`` are all the tokens the provider counted, ``output_tokens`` those of them it
+    generated; ``cost_usd`` is None when the model has no price (or the call no answer).
+    """
 
     idempotency_key: str
     attempt: int
@@ -36,6 +52,9 @@ class CallRecord:
     latency_ms: int
     n_inputs: int
     tokens: int
+    model: str = ""
+    output_tokens: int = 0
+    cost_usd: float | None = None
 
 
 Gate = Callable[[], AbstractContextManager[Any]]
@@ -51,6 +70,7 @@ class HttpModelClient:
         server that trickles its answer is cut off at it.
     :param retry: bounds for retrying one call.
     :param max_connections: HTTP connections kept open (requests in flight at once).
+    :param price: the model's price, which each answered call is costed at; None: unpriced.
     """
 
     def __init__(
@@ -62,8 +82,10 @@ class HttpModelClient:
         timeout_s: float = 30.0,
         retry: CallRetry | None = None,
         max_connections: int = 16,
+        price: Price | None = None,
     ) -> None:
         self.model = model
+        self.price = price
         self.retry = retry or CallRetry()
         self.timeout_s = timeout_s
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -105,7 +127,7 @@ class HttpModelClient:
         """
         started = time.monotonic()
         http_status: int | None = None
-        status, tokens = "interrupted", 0
+        status, tokens, output_tokens = "interrupted", 0, 0
         try:
             with self._http.stream(
                 "POST", call.path, json=call.body, headers={"Idempotency-Key": key}
@@ -115,14 +137,29 @@ class HttpModelClient:
             response.raise_for_status()
             result = call.parse(parse_json(content))
             status, tokens = "ok", call.tokens(result)
+            output_tokens = call.output_tokens(result) if call.output_tokens else 0
         except Exception as exc:
             status, tokens = classify(exc).error_class, 0
             raise
         finally:
             if on_call is not None:
                 latency_ms = int((time.monotonic() - started) * 1000)
+                cost = None
+                if status == "ok" and self.price is not None:
+                    cost = self.price.of(tokens - output_tokens, output_tokens)
                 on_call(
-                    CallRecord(key, attempt, status, http_status, latency_ms, call.inputs, tokens)
+                    CallRecord(
+                        key,
+                        attempt,
+                        status,
+                        http_status,
+                        latency_ms,
+                        call.inputs,
+                        tokens,
+                        model=self.model,
+                        output_tokens=output_tokens,
+                        cost_usd=cost,
+                    )
                 )
         return result
 
@@ -137,6 +174,7 @@ class Request(Generic[R]):
     inputs: int
     parse: Callable[[object], R]
     tokens: Callable[[R], int]
+    output_tokens: Callable[[R], int] | None = None
 
 
 def read_within(response: httpx.Response, deadline: float, limit: int) -> bytes:

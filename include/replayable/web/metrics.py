@@ -3,9 +3,9 @@
 Airflow has no Prometheus endpoint of its own, so the Replayable UI app serves one. Each
 scrape builds a fresh registry with one :class:`LedgerCollector`, which reads the counter
 tables that triggers keep in the transaction of every change (``stage_counts``,
-``dead_letter_counts``, ``model_call_counts``): there is no global mutable metric, every API
-server worker answers the same, and a scrape costs the same at a thousand documents as at a
-million (ADR 0050).
+``dead_letter_counts``, ``model_call_counts``, ``model_cost_counts``): there is no global
+mutable metric, every API server worker answers the same, and a scrape costs the same at a
+thousand documents as at a million (ADR 0050).
 
 Exported families (every label value comes from the ledger):
 
@@ -22,6 +22,11 @@ Exported families (every label value comes from the ledger):
     requests that were a retry inside an item's attempt (``call_try > 1``).
 ``replayable_model_tokens_total{stage}`` (counter)
     tokens the provider billed.
+``replayable_model_cost_total{model,mode}`` (counter)
+    USD the answered calls cost at the model connection's prices when they were made
+    (ADR 0110); ``mode`` is ``sync``. A model with no price adds nothing here and counts in
+``replayable_model_unpriced_calls_total{model,mode}`` (counter)
+    answered calls no price covered.
 ``replayable_model_call_latency_seconds{stage}`` (histogram)
     request latency of every call, failed ones included; buckets from 5 ms to 30 s.
 ``replayable_outbox_events{status}`` (gauge)
@@ -115,6 +120,7 @@ class LedgerSnapshot:
     dead_letters: list[Row]
     model_calls: list[Row]
     outbox: list[Row] = dataclasses.field(default_factory=list)
+    model_costs: list[Row] = dataclasses.field(default_factory=list)
     oldest_pending_age_s: float = 0.0
 
 
@@ -126,6 +132,7 @@ def read_snapshot(conn: db.Connection) -> LedgerSnapshot:
         dead_letters=db.fetch_all(conn, "metrics/dead_letters"),
         model_calls=db.fetch_all(conn, "metrics/model_calls"),
         outbox=db.fetch_all(conn, "metrics/outbox"),
+        model_costs=db.fetch_all(conn, "metrics/model_costs"),
         oldest_pending_age_s=max(float(oldest[0]["age_s"]), 0.0) if oldest else 0.0,
     )
 
@@ -140,6 +147,8 @@ class _Families:
     calls: CounterMetricFamily
     retries: CounterMetricFamily
     tokens: CounterMetricFamily
+    cost: CounterMetricFamily
+    unpriced: CounterMetricFamily
     latency: HistogramMetricFamily
     outbox: GaugeMetricFamily
     outbox_age: GaugeMetricFamily
@@ -179,6 +188,16 @@ class _Families:
                 "Tokens the model provider billed.",
                 labels=["stage"],
             ),
+            cost=CounterMetricFamily(
+                "replayable_model_cost",
+                "USD the answered model calls cost at the connection's prices.",
+                labels=["model", "mode"],
+            ),
+            unpriced=CounterMetricFamily(
+                "replayable_model_unpriced_calls",
+                "Answered model calls whose model had no price in the connection.",
+                labels=["model", "mode"],
+            ),
             latency=HistogramMetricFamily(
                 "replayable_model_call_latency_seconds",
                 "Model request latency, failed requests included.",
@@ -211,6 +230,8 @@ class _Families:
             self.calls,
             self.retries,
             self.tokens,
+            self.cost,
+            self.unpriced,
             self.latency,
             self.outbox,
             self.outbox_age,
@@ -292,6 +313,10 @@ class LedgerCollector:
                 buckets=_cumulative(by_bucket[stage], totals["count"]),
                 sum_value=totals["latency_ms"] / 1000,
             )
+
+        for row in snapshot.model_costs:
+            families.cost.add_metric([row["model"], row["mode"]], float(row["cost_usd"]))
+            families.unpriced.add_metric([row["model"], row["mode"]], int(row["unpriced_calls"]))
 
         outbox = {row["status"]: row for row in snapshot.outbox}
         for status in OUTBOX_STATUSES:

@@ -51,13 +51,56 @@ class OutboxSummary(BaseModel):
         return f"{minutes // 60} h {minutes % 60} min" if minutes >= 60 else f"{minutes} min"
 
 
+class ModelCostSummary(BaseModel):
+    """Answered calls of one model and mode, their tokens and cost (ADR 0110)."""
+
+    model: str
+    mode: str
+    calls: int
+    input_tokens: int
+    output_tokens: int
+    usd: float
+    unpriced_calls: int
+
+
+class CostSummary(BaseModel):
+    """What model calls cost in the last ``days`` days, in USD at the connection's prices;
+    ``unpriced_calls`` had no price and count 0."""
+
+    days: int
+    usd: float = 0.0
+    unpriced_calls: int = 0
+    by_model: list[ModelCostSummary] = []
+
+
+class RunSummary(BaseModel):
+    """A recent run and what its model calls cost: reported, or so far while it runs."""
+
+    dag_id: str
+    run_id: str
+    created_at: datetime
+    documents: int
+    to_do: int | None
+    reported: bool
+    usd: float
+    unpriced_calls: int
+
+    @computed_field  # type: ignore[prop-decorator]  # pydantic's documented pattern
+    @property
+    def link(self) -> str:
+        """The run in Airflow's UI, relative to Airflow's base URL."""
+        return airflow_http.run_path(self.dag_id, self.run_id)
+
+
 class Summary(BaseModel):
-    """Every stage (in pipeline order, empty ones too), the open dead letters in all, and
-    the outbox."""
+    """Every stage (in pipeline order, empty ones too), the open dead letters in all, the
+    outbox, what model calls cost lately and the newest runs with their cost."""
 
     stages: list[StageSummary]
     open_dead_letters: int
     outbox: OutboxSummary = OutboxSummary()
+    cost: CostSummary | None = None
+    runs: list[RunSummary] = []
 
 
 class AirflowLinks(BaseModel):

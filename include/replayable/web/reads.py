@@ -22,6 +22,7 @@ from fastapi.exceptions import RequestValidationError
 from replayable import db, views
 from replayable.web.charts import CHART_HOURS
 from replayable.web.models import (
+    CostSummary,
     DeadLetter,
     DeadLetterList,
     FailedItem,
@@ -30,6 +31,7 @@ from replayable.web.models import (
     LetterChange,
     LettersPerHour,
     OutboxSummary,
+    RunSummary,
     StageSummary,
     Summary,
 )
@@ -50,10 +52,13 @@ def summary(conn: db.Connection) -> Summary:
         )
         for found in views.stage_status(conn, with_model_calls=False)
     ]
+    costs = views.model_costs(conn)
     return Summary(
         stages=stages,
         open_dead_letters=sum(s.open_dead_letters for s in stages),
         outbox=outbox_summary(conn),
+        cost=CostSummary(days=views.COST_DAYS, **costs.as_dict()),
+        runs=[RunSummary(**dataclasses.asdict(run)) for run in views.recent_runs(conn)],
     )
 
 

@@ -41,6 +41,7 @@ _templates.filters.update(
     file_name=_file_name,
     filter_time=filter_time,
     hour_label=hour_label,
+    usd=lambda amount: f"${amount:,.6f}",
     # Plain text: autoescaping escapes it like every other value.
     pretty_json=lambda value: json.dumps(value, indent=2, ensure_ascii=False),
 )

@@ -65,11 +65,18 @@ def fill_ledger(conn: Any) -> None:
     _insert(
         conn,
         "INSERT INTO replayable.model_calls (stage, item_key, attempt, status, latency_ms,"
-        " n_inputs, tokens, idempotency_key, run_id)"
-        " VALUES ('embed', %s, 1, %s, 5, 1, %s, 'k', %s)",
-        [("ma", "ok", 100, "r1"), ("ma", "http_429", 0, "r1"), ("other", "ok", 50, "r2")],
+        " n_inputs, tokens, idempotency_key, run_id, model, cost_usd)"
+        " VALUES ('embed', %s, 1, %s, 5, 1, %s, 'k', %s, %s, %s)",
+        [
+            ("ma", "ok", 100, "r1", EMBED_MODEL, 0.000002),
+            ("ma", "http_429", 0, "r1", EMBED_MODEL, None),
+            ("other", "ok", 50, "r2", "unpriced-model", None),  # no price: unpriced
+        ],
     )
     conn.commit()
+
+
+EMBED_MODEL = "text-embedding-3-small"
 
 
 def run_json(capsys: Any, dsn: str, *args: str) -> Any:

@@ -3,7 +3,7 @@
 import json
 
 import pytest
-from cli_ledger import A, by_stage, fill_ledger, run_json
+from cli_ledger import EMBED_MODEL, A, by_stage, fill_ledger, run_json
 
 from replayable import db
 from replayable.cli import main
@@ -45,6 +45,28 @@ def test_status_run_filters_to_the_documents_and_calls_of_that_run(ledger, dsn, 
     assert (extract["done"], extract["failed"], extract["dead"], extract["total"]) == (1, 1, 0, 2)
     assert data["open_dead_letters"] == 0
     assert data["model_calls"] == {"calls": 2, "ok": 1, "tokens": 100}
+
+
+def test_status_shows_what_the_model_calls_cost_by_model(ledger, dsn, capsys, monkeypatch):
+    """The last 30 days for all runs, a run's own calls with --run; a model with no price
+    is counted as unpriced, not as free (ADR 0110)."""
+    data = run_json(capsys, dsn, "status")
+    assert (data["cost"]["usd"], data["cost"]["unpriced_calls"], data["cost_days"]) == (
+        pytest.approx(0.000002),
+        1,
+        30,
+    )
+    assert [(m["model"], m["calls"], m["unpriced_calls"]) for m in data["cost"]["by_model"]] == [
+        (EMBED_MODEL, 1, 0),
+        ("unpriced-model", 1, 1),
+    ]
+    run = run_json(capsys, dsn, "status", "--run", "r1")["cost"]
+    assert (run["usd"], run["unpriced_calls"]) == (pytest.approx(0.000002), 0)
+    monkeypatch.setenv("COLUMNS", "120")
+    assert main(["--dsn", dsn, "status"]) == 0
+    out = capsys.readouterr().out
+    assert "Model cost (last 30 days" in out
+    assert "$0.000002" in out
 
 
 def _report(conn, run_id):

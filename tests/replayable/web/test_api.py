@@ -14,7 +14,7 @@ from ui_fixtures import (  # noqa: F401 - fixtures
 
 def test_json_api_shapes(client: TestClient, ledger: dict[str, int]) -> None:
     summary = client.get("/replayable/api/summary").json()
-    assert set(summary) == {"stages", "open_dead_letters", "outbox"}
+    assert set(summary) == {"stages", "open_dead_letters", "outbox", "cost", "runs"}
     failed = client.get("/replayable/api/failed").json()
     assert set(failed) == {"matched", "items", "next_after"}
     assert set(failed["items"][0]) == {

@@ -289,6 +289,8 @@ def test_an_empty_ledger_still_declares_every_family(anonymous: TestClient, toke
         "replayable_model_calls",
         "replayable_model_call_retries",
         "replayable_model_tokens",
+        "replayable_model_cost",
+        "replayable_model_unpriced_calls",
         "replayable_model_call_latency_seconds",
         "replayable_outbox_events",
         "replayable_outbox_oldest_pending_age_seconds",

@@ -19,7 +19,8 @@ _IN_PROGRESS = ("pending", "running")
 
 
 def status_data(conn: db.Connection, run_id: str | None) -> dict[str, Any]:
-    """Per stage: items by current status, open dead letters and model calls; plus totals.
+    """Per stage: items by current status, open dead letters and model calls; plus totals
+    and what the model calls cost.
 
     With ``run_id``, the run's own documents (``run_docs``) only, and ``finished`` says the
     run has ended: its report is written (the report task runs however the run went). For
@@ -43,6 +44,9 @@ def status_data(conn: db.Connection, run_id: str | None) -> dict[str, Any]:
             k: sum(s["model_calls"][k] for s in stages) for k in ("calls", "ok", "tokens")
         },
         "open_dead_letters": sum(s["open_dead_letters"] for s in stages),
+        # The run's calls, or for all runs those of the last COST_DAYS days (ADR 0110).
+        "cost": views.model_costs(conn, run_id).as_dict(),
+        "cost_days": None if run_id else views.COST_DAYS,
     }
 
 

@@ -12,15 +12,20 @@ endpoint and the secret:
   summarize stage's default), ``max_in_flight``: the
   provider's budget of concurrent requests, ``max_rps``: its budget of requests per
   second, and ``max_tpm``: its budget of tokens per minute, all shared by every task and
-  worker.
+  worker; ``prices``: each model's price in USD per million tokens,
+  ``{"text-embedding-3-small": {"input": 0.02}, "gpt-4o-mini": {"input": 0.15,
+  "output": 0.6}}``, which each answered call is costed at (ADR 0110).
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from replayable.endpoints import url_from_fields
+from replayable.stages.model_http import Price
 
 
 @dataclass(frozen=True)
@@ -36,6 +41,10 @@ class ModelSettings:
     max_rps: float | None = None
     max_tpm: float | None = None
     chat_model: str | None = None
+    prices: Mapping[str, Price] = field(default_factory=dict)
+
+    def price_of(self, model: str) -> Price | None:
+        return self.prices.get(model)
 
 
 def settings_from_fields(
@@ -63,7 +72,50 @@ def settings_from_fields(
         max_rps=float(extra["max_rps"]) if extra.get("max_rps") else None,
         max_tpm=_positive(extra, "max_tpm"),
         chat_model=extra.get("chat_model") or None,
+        prices=prices_from_extra(extra.get("prices")),
     )
+
+
+PRICE_FIELDS = ("input", "output")
+
+
+def prices_from_extra(value: object) -> dict[str, Price]:
+    """The extra's ``prices``: model → ``{"input": usd, "output": usd}`` per million tokens
+    (``output`` defaults to 0); raises naming the first field that is not a number >= 0."""
+    if value in (None, ""):
+        return {}
+    if not isinstance(value, Mapping):
+        raise ValueError(
+            "the model connection's extra prices must map each model to its prices,"
+            f' e.g. {{"gpt-4o-mini": {{"input": 0.15, "output": 0.6}}}}, not {value!r}'
+        )
+    prices = {}
+    for model, fields in value.items():
+        name = f"prices.{model}"
+        if not isinstance(fields, Mapping) or "input" not in fields:
+            raise ValueError(
+                f"the model connection's extra {name} must hold at least input, not {fields!r}"
+            )
+        unknown = sorted(set(fields) - set(PRICE_FIELDS))
+        if unknown:
+            raise ValueError(
+                f"the model connection's extra {name} has unknown fields {unknown};"
+                f" known: {list(PRICE_FIELDS)}"
+            )
+        numbers = {}
+        for key in PRICE_FIELDS:
+            raw = fields.get(key, 0)
+            number = (
+                float(raw) if isinstance(raw, int | float) and not isinstance(raw, bool) else -1
+            )
+            if not (number >= 0 and math.isfinite(number)):
+                raise ValueError(
+                    f"the model connection's extra {name}.{key} must be USD per million"
+                    f" tokens, a number >= 0, not {raw!r}"
+                )
+            numbers[key] = number
+        prices[str(model)] = Price(**numbers)
+    return prices
 
 
 def _positive(extra: dict[str, Any], name: str) -> float | None:

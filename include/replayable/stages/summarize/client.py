@@ -24,11 +24,13 @@ RESPONSE_LIMIT = 4 * 2**20
 
 @dataclass(frozen=True)
 class ChatResult:
-    """The answer's text, why it ended (``stop``, or ``length`` at max_tokens), its tokens."""
+    """The answer's text, why it ended (``stop``, or ``length`` at max_tokens), its tokens
+    (all of them, and those the model generated)."""
 
     text: str
     finish_reason: str
     tokens: int
+    output_tokens: int = 0
 
 
 class HttpChatClient(HttpModelClient):
@@ -74,7 +76,13 @@ class HttpChatClient(HttpModelClient):
         if self.max_tokens:
             body["max_tokens"] = self.max_tokens
         request = Request(
-            "/chat/completions", body, RESPONSE_LIMIT, 1, parse_answer, lambda r: r.tokens
+            "/chat/completions",
+            body,
+            RESPONSE_LIMIT,
+            1,
+            parse_answer,
+            lambda r: r.tokens,
+            lambda r: r.output_tokens,
         )
         return self._post(request, key, attempt, on_call)
 
@@ -90,7 +98,10 @@ def parse_answer(payload: object) -> ChatResult:
         refusal = message.get("refusal")
         finish_reason = str(choice.get("finish_reason") or "stop")
         usage = payload.get("usage") or {}
-        tokens = int(usage.get("total_tokens") or 0)
+        output_tokens = int(usage.get("completion_tokens") or 0)
+        tokens = int(usage.get("total_tokens") or 0) or (
+            int(usage.get("prompt_tokens") or 0) + output_tokens
+        )
         assert content is None or isinstance(content, str)
     except (AssertionError, IndexError, KeyError, TypeError, ValueError) as exc:
         raise ItemError(
@@ -104,4 +115,6 @@ def parse_answer(payload: object) -> ChatResult:
             f"the model answered nothing (finish_reason {finish_reason})",
             ErrorKind.TERMINAL,
         )
-    return ChatResult(text=content, finish_reason=finish_reason, tokens=tokens)
+    return ChatResult(
+        text=content, finish_reason=finish_reason, tokens=tokens, output_tokens=output_tokens
+    )
