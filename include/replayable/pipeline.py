@@ -380,8 +380,18 @@ def build_report(
 
 
 def format_cost(cost: dict[str, Any]) -> str:
-    """``$0.000123``, and the calls no price covered, if any."""
+    """``$0.000123``, by model and mode, and the calls no price covered, if any."""
     text = f"${cost['usd']:.6f}"
+    by_model = cost.get("by_model") or []
+    if by_model:
+        text += (
+            " ("
+            + "; ".join(
+                f"{e['model']} {e['mode']}: {e['calls']} calls, ${e['usd'] or 0:.6f}"
+                for e in by_model
+            )
+            + ")"
+        )
     if cost.get("unpriced_calls"):
         unpriced = sorted({e["model"] for e in cost.get("by_model", ()) if e["unpriced_calls"]})
         text += (
