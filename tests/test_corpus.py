@@ -166,6 +166,7 @@ def test_guarded_extraction_of_a_sample_returns_its_text(
     assert guarded.run(extract_pages, samples[0].read_bytes()) == sample_texts[samples[0].name]
 
 
+@pytest.mark.containment
 def test_slow_times_out_under_the_guard(guarded: GuardedPool, poison: dict[str, Path]) -> None:
     """Extracting the slow file in a guarded worker ends in GuardError('timeout')."""
     with pytest.raises(GuardError) as caught:

@@ -12,6 +12,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 import corpus
 from checks import assert_nothing_lost, rows, scalar, subset
 from replayable.stages import extract
@@ -87,6 +89,7 @@ EXPECTED_POISON = {
 }
 
 
+@pytest.mark.containment
 def test_poison_documents_are_dead_lettered_and_the_rest_finish(
     run_in_process, conn, model, tmp_path
 ):

@@ -20,6 +20,9 @@ import pytest
 
 from replayable.guards import GuardedPool, GuardError, RemoteError, check_size
 
+# The containment tier: each test spends CPU, memory or time on purpose to prove a limit.
+pytestmark = pytest.mark.containment
+
 TIMEOUT_S = 1.0
 MEMORY_MB = 256
 

@@ -14,6 +14,9 @@ import corpus
 from replayable.guards import GuardedPool, GuardError
 from replayable.stages.extract.pdf import extract_pdf
 
+# The containment tier: each test spends CPU, memory or time on purpose to prove a limit.
+pytestmark = pytest.mark.containment
+
 SAMPLE = sorted((Path(__file__).resolve().parents[4] / "data" / "samples").glob("*.pdf"))[0]
 
 
