@@ -10,12 +10,16 @@ A batch packs the chunks no document has embedded yet into requests and sends th
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
+
+import psycopg2
 
 from replayable.budget import RequestBudget
 from replayable.db import Connection, Database, execute_values, fetch_all
@@ -42,6 +46,7 @@ class _Request:
     stored: list[str] = field(default_factory=list)
     busy: list[str] = field(default_factory=list)
     error: BaseException | None = None
+    counted: bool = False  # its failure is in the streak already (see _EmbedBatch._turn)
 
 
 @dataclass
@@ -164,14 +169,19 @@ class _EmbedBatch:
         self.too_long: set[str] = set()
         self.streak = FailureStreak(spec.systemic_after)
         self.sessions = Sessions(spec.connect)
+        # This task's own cap on requests in flight (a run's max_in_flight may only lower
+        # the shared budget); there are more senders than it, see run().
+        self._in_flight = threading.BoundedSemaphore(spec.max_in_flight)
         # Responses that came back but are not stored yet, by request: kept across a lost
         # database connection so that storing them again never pays again.
         self._answered: dict[str, tuple[EmbeddingResult, list[CallRecord]]] = {}
 
     def run(self) -> None:
         # One pool for every round: each thread keeps its one connection while the batch
-        # waits round after round for chunks a peer holds.
-        senders = min(self.spec.max_in_flight, self.spec.max_sessions)
+        # waits round after round for chunks a peer holds. Twice as many senders as slots:
+        # while one stores and commits its answer, another already holds the slot it freed,
+        # so no slot idles between two sends (the budget still caps requests in flight).
+        senders = min(2 * self.spec.max_in_flight, self.spec.max_sessions)
         self._threads = ThreadPoolExecutor(senders, thread_name_prefix="embed")
         try:
             self._run()
@@ -308,19 +318,26 @@ class _EmbedBatch:
             if request.stored:
                 self.streak.succeeded()
             return
-        stop = self.streak.failed(request.error)
+        if not request.counted:
+            self._failure(request.error)
+
+    def _failure(self, error: BaseException) -> None:
+        stop = self.streak.failed(error)
         if stop is not None:
             self.io.stop(stop)  # now, so that no other thread starts a request
 
     def _send(self, chunk_ids: list[str]) -> _Request:
         request = _Request(chunk_ids)
         if self.io.stopping:
-            request.error = ItemError("not_attempted", "the batch stopped", ErrorKind.RETRYABLE)
+            request.error = _NotAttempted("not_attempted", "the batch stopped", ErrorKind.RETRYABLE)
             return request
         try:
             self.sessions.get().transaction(
                 lambda conn: self._send_in(conn, request), describe="embed: request"
             )
+        except _NotAttempted as error:
+            request.error = error  # its turn came after the batch began to stop
+            return request
         except Exception as error:
             request.error = error
         self._count(request)
@@ -356,18 +373,27 @@ class _EmbedBatch:
             key = _request_key(spec, ids)
             calls: list[CallRecord] = []
             estimate = sum(self.tokens[cid] for cid in ids)
-            try:
-                result = spec.provider.embed(
-                    [row["text"] for row in todo],
-                    idempotency_key=key,
-                    on_call=calls.append,
-                    gate=lambda: spec.budget.slot(conn, estimate),
-                )
-            except Exception as error:
+            failure: BaseException | None = None
+            with self._turn():
+                try:
+                    result = spec.provider.embed(
+                        [row["text"] for row in todo],
+                        idempotency_key=key,
+                        on_call=calls.append,
+                        gate=lambda: spec.budget.slot(conn, estimate),
+                    )
+                except psycopg2.Error:
+                    raise  # the budget's database: the transaction runs this again
+                except Exception as error:
+                    # Counted before the turn passes on, so that a stop it causes is seen
+                    # by the sender that takes the turn next.
+                    failure, request.counted = error, True
+                    self._failure(error)
+            if failure is not None:
                 # The failed tries are billable records too; commit them, then report.
                 correct_tokens(spec.budget, estimate, calls, spec.name)
                 self._record(conn, ids, calls)
-                request.error = error
+                request.error = failure
                 return
             answered = (result, calls)
             self._answered[key] = answered  # kept before anything else can fail
@@ -388,6 +414,16 @@ class _EmbedBatch:
         request.stored = ids
         self._answered.pop(key, None)
 
+    @contextmanager
+    def _turn(self) -> Iterator[None]:
+        """One of this task's own slots, for a request and its retries (each try also takes
+        a slot of the shared budget). A sender whose turn comes after the batch began to
+        stop sends nothing and blames no item."""
+        with self._in_flight:
+            if self.io.stopping:
+                raise _NotAttempted("not_attempted", "the batch stopped", ErrorKind.RETRYABLE)
+            yield
+
     def _record(self, conn: Connection, chunk_ids: list[str], calls: list[CallRecord]) -> None:
         """Store each call with the items whose inputs it carried (each chunk counted once)."""
         share: dict[str, int] = defaultdict(int)
@@ -405,6 +441,10 @@ class _EmbedBatch:
             attempt=attempt,
             share=share,
         )
+
+
+class _NotAttempted(ItemError):
+    """A request the batch did not send because it began to stop: no item is to blame."""
 
 
 def _request_key(spec: EmbedSpec, chunk_ids: Sequence[str]) -> str:
