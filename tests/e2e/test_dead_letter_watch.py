@@ -93,7 +93,7 @@ def test_a_quiet_interval_skips_the_sensor_and_raises_no_alert(airflow_env, conn
     [
         ({"window_minutes": 0}, "window_minutes"),
         ({"max_new": -1}, "max_new"),
-        ({"stage": "ocr"}, "stage"),
+        ({"stage": "OCR pages"}, "stage"),  # any stage name is watched; this is none
         ({"timeout_s": 3600}, "timeout_s"),
     ],
 )
