@@ -146,6 +146,10 @@ def init_worker(limit_bytes: int | None, usage: Any, cpu_budget_s: int) -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, hard))
     # Ending the process is SIGXCPU's default action; make sure nothing inherited changed it.
     signal.signal(signal.SIGXCPU, signal.SIG_DFL)
+    # pebble stops a timed-out worker with SIGTERM, and its handler is Python code, which
+    # cannot run while the item is stuck in C (a lock, a native hang): pebble then waits 3 s
+    # before SIGKILL. The default action ends the worker at once, wherever it is.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _cpu_budget_s = cpu_budget_s
     _cpu_hard_limit = resource.getrlimit(resource.RLIMIT_CPU)[1]
     if limit_bytes is None:

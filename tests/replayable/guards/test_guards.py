@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import ctypes.util
 import mmap
 import os
 import pickle
@@ -102,6 +103,15 @@ def spin() -> None:
         pass
 
 
+def deadlock_in_c() -> None:
+    """Lock a default pthread mutex twice: the worker blocks in the kernel, spends no CPU,
+    and no signal makes the lock return to Python, as a native library's hang would."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c"))
+    mutex = ctypes.create_string_buffer(64)  # all zeros: PTHREAD_MUTEX_INITIALIZER (glibc)
+    libc.pthread_mutex_lock(mutex)
+    libc.pthread_mutex_lock(mutex)
+
+
 def spin_cpu_for(seconds: float) -> float:
     end = time.process_time() + seconds
     while time.process_time() < end:
@@ -179,6 +189,17 @@ def test_sleep_past_timeout_is_timeout_and_pool_keeps_working(pool: GuardedPool)
         pool.run(sleep_for, 30)
     assert caught.value.error_class == "timeout"
     assert time.monotonic() - started < TIMEOUT_S + 3
+    assert pool.run(add, 2, 2) == 4
+
+
+def test_an_item_stuck_in_native_code_is_killed_at_its_timeout(pool: GuardedPool) -> None:
+    """No Python signal handler runs while an item is blocked in C: the worker must not wait
+    for one (pebble's SIGTERM handler, then 3 s more before SIGKILL), so it ends at once."""
+    started = time.monotonic()
+    with pytest.raises(GuardError) as caught:
+        pool.run(deadlock_in_c)
+    assert caught.value.error_class == "timeout"
+    assert time.monotonic() - started < TIMEOUT_S + 1.5  # pebble's grace would be 3 s more
     assert pool.run(add, 2, 2) == 4
 
 
