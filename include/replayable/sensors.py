@@ -41,7 +41,6 @@ Literal values are checked when the sensor is built, templated ones once rendere
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import timedelta
@@ -53,7 +52,7 @@ from airflow.sdk.bases.sensor import PokeReturnValue
 from airflow.sdk.exceptions import AirflowFailException
 
 from replayable import db
-from replayable.vocabulary import LEDGER_CONN_ID, STAGE_NAME_PATTERN, STAGES
+from replayable.vocabulary import LEDGER_CONN_ID, STAGES, is_stage_name
 
 __all__ = ["DeadLetterGrowth", "DeadLetterGrowthSensor", "alert"]
 
@@ -237,7 +236,7 @@ def _check_parameters(
     checked_window = 0 if skip(window) else _whole("window_minutes", window, 1)
     checked_max = 0 if skip(max_new) else _whole("max_new", max_new, 0)
     # Any pipeline's stage, a user's own included: the ledger is shared (ADR 0108).
-    if not (stage is None or skip(stage) or _is_stage_name(stage)):
+    if not (stage is None or skip(stage) or is_stage_name(stage)):
         hint = ""
         if stage in ("None", ""):
             hint = " (render with render_template_as_native_obj=True so a null param stays None)"
@@ -246,7 +245,3 @@ def _check_parameters(
             f" got {stage!r}{hint}"
         )
     return checked_window, checked_max, stage
-
-
-def _is_stage_name(value: object) -> bool:
-    return isinstance(value, str) and re.match(STAGE_NAME_PATTERN, value) is not None

@@ -7,17 +7,15 @@ where the values are used, so that a task run outside a DAG fails with the same 
 from __future__ import annotations
 
 import difflib
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
 from typing import Any
 
-from replayable.stage import NAME_PATTERN
 from replayable.stages import extract
 from replayable.stages.chunk.chunker import ChunkConfig
 from replayable.stages.summarize.config import DEFAULT_PROMPT, SummaryConfig
-from replayable.vocabulary import ITEM_LEASE_S, ITEM_MAX_ATTEMPTS
+from replayable.vocabulary import ITEM_LEASE_S, ITEM_MAX_ATTEMPTS, is_stage_name
 
 # Re-exported: the CLI, the UI, the operator, bench and many tests import it from here.
 from replayable.vocabulary import STAGES as STAGES
@@ -122,7 +120,7 @@ class PipelineSettings:
                 _within(name, value, low, high)
         extract.extractor_id(self.extractor)  # refuses an unknown engine, naming the field
         # Which names a pipeline has is its own check (stage.Pipeline.check, in plan).
-        unnamed = [s for s in self.stages or () if not _is_stage_name(s)]
+        unnamed = [s for s in self.stages or () if not is_stage_name(s)]
         if unnamed or self.stages == ():
             raise ValueError(f"stages: {unnamed or 'empty'} is not a list of stage names")
         if self.item_timeout_s >= self.lease_s:
@@ -139,7 +137,7 @@ class PipelineSettings:
         if self.rerun and self.redrive:
             raise ValueError("rerun and redrive: give one or the other, not both")
         for name, value in (("rerun", self.rerun), ("redrive", self.redrive)):
-            if value and not _is_stage_name(value.get("stage")):
+            if value and not is_stage_name(value.get("stage")):
                 raise ValueError(f"{name}.stage: {value.get('stage')!r} is not a stage name")
         times = [
             (f"{name}.{key}", selection.get(key))
@@ -243,10 +241,6 @@ def _unknown(given: Mapping[str, Any], known: tuple[str, ...], prefix: str) -> l
             listed = ", ".join(prefix + k for k in known)
             problems.append(f"unknown key {prefix + str(key)!r}; the known keys are {listed}")
     return problems
-
-
-def _is_stage_name(name: object) -> bool:
-    return isinstance(name, str) and re.match(NAME_PATTERN, name) is not None
 
 
 def _within(name: str, value: Any, low: float, high: float) -> None:

@@ -7,6 +7,8 @@ than one layer states (the two leases, an item's attempt cap) are defined here t
 
 from __future__ import annotations
 
+import re
+
 # The stages of the document pipeline, in the order they run and are listed; which one reads
 # which is their definition's (replayable.stages.builtin).
 STAGES = ("extract", "chunk", "embed", "summarize")
@@ -16,6 +18,11 @@ DEFAULT_STAGES = ("extract", "chunk", "embed")
 # A stage's name, the shipped ones' and your own (replayable.stage): its identity in the
 # ledger, a metrics label, a URL filter and a SQL value alike.
 STAGE_NAME_PATTERN = r"^[a-z][a-z0-9_]{0,39}$"
+
+
+def is_stage_name(value: object) -> bool:
+    """Whether ``value`` can name a stage (:data:`STAGE_NAME_PATTERN`)."""
+    return isinstance(value, str) and re.match(STAGE_NAME_PATTERN, value) is not None
 
 
 # An item's life in stage_runs (ARCHITECTURE.md, data model).

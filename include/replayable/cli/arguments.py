@@ -12,7 +12,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from replayable.vocabulary import STAGE_NAME_PATTERN, STAGES
+from replayable.vocabulary import STAGES, is_stage_name
 
 # The same pattern as replayable.params (the CLI tests check that they agree); importing
 # params here would load Airflow, which costs seconds on every command.
@@ -23,7 +23,7 @@ _DOC_PREFIX = re.compile(r"[0-9a-f]{6,64}")
 
 def stage(value: str) -> str:
     """A stage's name: a shipped one (extract, chunk, embed, summarize) or one of your own."""
-    if not re.match(STAGE_NAME_PATTERN, value):
+    if not is_stage_name(value):
         raise argparse.ArgumentTypeError(
             f"{value!r} is not a stage name (lowercase letters, digits and _), e.g. "
             + ", ".join(STAGES)
