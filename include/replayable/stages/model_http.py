@@ -135,17 +135,27 @@ class HttpModelClient:
                 http_status = response.status_code
                 content = read_within(response, started + self.timeout_s, call.limit)
             response.raise_for_status()
-            result = call.parse(parse_json(content))
-            status, tokens = "ok", call.tokens(result)
-            output_tokens = call.output_tokens(result) if call.output_tokens else 0
+            payload = parse_json(content)
+            # What the provider billed, read before the answer is judged: a refusal or an
+            # empty answer comes back 2xx with its usage, and is charged like any other.
+            usage = usage_of(payload)
+            if usage is not None:
+                tokens, output_tokens = usage
+            result = call.parse(payload)
+            status = "ok"
+            if usage is None:
+                tokens = call.tokens(result)
+                output_tokens = call.output_tokens(result) if call.output_tokens else 0
         except Exception as exc:
-            status, tokens = classify(exc).error_class, 0
+            status = classify(exc).error_class
             raise
         finally:
             if on_call is not None:
                 latency_ms = int((time.monotonic() - started) * 1000)
                 cost = None
-                if status == "ok" and self.price is not None:
+                # Billed: answered, or answered 2xx with usage and judged unusable (ADR 0114).
+                billed = status == "ok" or (tokens > 0 and 200 <= (http_status or 0) < 300)
+                if billed and self.price is not None:
                     cost = self.price.of(tokens - output_tokens, output_tokens)
                 on_call(
                     CallRecord(
@@ -175,6 +185,22 @@ class Request(Generic[R]):
     parse: Callable[[object], R]
     tokens: Callable[[R], int]
     output_tokens: Callable[[R], int] | None = None
+
+
+def usage_of(payload: object) -> tuple[int, int] | None:
+    """The tokens an OpenAI-shaped answer says it billed, all and generated (completion);
+    None when it carries no readable ``usage``."""
+    usage = payload.get("usage") if isinstance(payload, dict) else None
+    if not isinstance(usage, dict):
+        return None
+    try:
+        output = int(usage.get("completion_tokens") or 0)
+        total = int(usage.get("total_tokens") or 0) or int(usage.get("prompt_tokens") or 0) + output
+    except (TypeError, ValueError):
+        return None
+    if total < 0 or output < 0 or output > total:
+        return None
+    return total, output
 
 
 def read_within(response: httpx.Response, deadline: float, limit: int) -> bytes:

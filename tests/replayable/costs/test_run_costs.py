@@ -12,6 +12,7 @@ import os
 
 import pytest
 
+import corpus
 from checks import rows, scrape_metrics, subset
 from replayable.pipeline import format_report
 from replayable.vocabulary import DEFAULT_STAGES
@@ -111,3 +112,39 @@ def test_an_identical_rerun_costs_nothing(run_in_process, priced, conn, model, t
     assert run_in_process({"source": str(folder)})["cost"]["usd"] > 0
     again = run_in_process({"source": str(folder)})
     assert again["cost"] == {"usd": 0, "unpriced_calls": 0, "by_model": []}
+
+
+def test_a_refused_answer_is_billed_and_costed_like_any_answer(
+    run_in_process, priced, conn, model, tmp_path
+):
+    """A refusal comes back 200 with its usage: the provider charges it, so the run's cost
+    counts it, and the 30 days' counters too (ADR 0114)."""
+    priced({"gpt-4o-mini": {"input": CHAT_IN, "output": CHAT_OUT}})
+    folder = subset(tmp_path, 2)
+    corpus.write_pdf(folder / "refused.pdf", ["Nobody may summarise the FORBIDDEN-TOPIC memo."])
+    assert not run_in_process({"source": str(folder)})["_failed"]
+    model.reset_stats()
+    model.set_faults(chat_refusal_containing="FORBIDDEN-TOPIC")
+    report = run_in_process({"source": str(folder), "stages": [*DEFAULT_STAGES, "summarize"]})
+    assert not report["_failed"], report["_tasks"]
+    assert report["stages"]["summarize"]["dead"] == 1
+    stats = model.stats()
+    assert stats["chat_charged"] == stats["charged"] == 3  # the refusal was charged
+    ((chat),) = report["cost"]["by_model"]
+    assert chat["calls"] == 3
+    assert chat["input_tokens"] + chat["output_tokens"] == stats["tokens_charged"]
+    assert chat["usd"] == pytest.approx(
+        (chat["input_tokens"] * CHAT_IN + chat["output_tokens"] * CHAT_OUT) / 1e6, rel=1e-9
+    )
+    refused = rows(
+        conn,
+        "SELECT status, tokens > 0, cost_usd > 0 FROM replayable.model_calls"
+        " WHERE stage = 'summarize' AND status <> 'ok'",
+    )
+    assert refused == [("refused", True, True)]
+    counted = rows(
+        conn,
+        "SELECT sum(calls)::int, sum(input_tokens + output_tokens)::int"
+        " FROM replayable.model_cost_counts WHERE model = 'gpt-4o-mini'",
+    )
+    assert counted == [(3, stats["tokens_charged"])]

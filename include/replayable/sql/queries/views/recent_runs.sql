@@ -12,7 +12,8 @@ LEFT JOIN LATERAL (
     SELECT coalesce(sum(c.cost_usd), 0)::float8 AS usd,
            count(*) FILTER (WHERE c.cost_usd IS NULL) AS unpriced
     FROM replayable.model_calls c
-    WHERE (rr.report -> 'cost') IS NULL AND c.run_id = ru.run_id AND c.status = 'ok'
+    WHERE (rr.report -> 'cost') IS NULL AND c.run_id = ru.run_id
+      AND (c.status = 'ok' OR (c.http_status BETWEEN 200 AND 299 AND c.tokens > 0))
 ) live ON true
 ORDER BY ru.created_at DESC
 LIMIT %(limit)s
