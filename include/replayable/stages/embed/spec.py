@@ -380,6 +380,10 @@ class _EmbedBatch:
                         [row["text"] for row in todo],
                         idempotency_key=key,
                         on_call=calls.append,
+                        # The slot is taken by a statement on this transaction's session,
+                        # just before each try: a session ended while the request waited
+                        # for its turn fails here, and the request begins again, before a
+                        # byte is sent without its chunk locks (ADR 0115).
                         gate=lambda: spec.budget.slot(conn, estimate),
                     )
                 except psycopg2.Error:
