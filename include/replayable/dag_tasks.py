@@ -118,7 +118,8 @@ def _record_documents(conn: db.Connection, settings: PipelineSettings, context: 
 
 
 def report(postgres_conn_id: str = LEDGER_CONN_ID) -> dict[str, Any]:
-    """Log the run's counts per stage and status; fail the run if any item is left to do."""
+    """Log the run's counts per stage and status; fail the run if any item is left to do, or
+    if it dead-lettered more of its documents than its ``max_dead_fraction``."""
     context = get_current_context()
     ti = context["ti"]
     settings = PipelineSettings.from_params(context["params"])
@@ -141,6 +142,9 @@ def report(postgres_conn_id: str = LEDGER_CONN_ID) -> dict[str, Any]:
     }
     if any(unfinished.values()):
         raise AirflowFailException(f"items left to do after this run: {unfinished}")
+    too_many = pipeline.over_dead_fraction(result, settings.max_dead_fraction)
+    if too_many is not None:
+        raise AirflowFailException(too_many)
     return result
 
 

@@ -177,6 +177,13 @@ def pipeline_params(
             description="Provider requests per second, across every task and worker; "
             'default: the connection\'s extra "max_rps", else no limit.',
         ),
+        "max_dead_fraction": Param(
+            None,
+            **_bounded("max_dead_fraction", type=["null", "number"]),
+            description="Fail the run when the documents it dead-letters are more than this "
+            "share (0 to 1) of the documents it had work for; default: dead letters never "
+            "fail a run, its report lists them.",
+        ),
         "max_bytes": Param(
             _DEFAULTS.max_bytes,
             **_bounded("max_bytes", type="integer"),

@@ -29,6 +29,9 @@ log = logging.getLogger(__name__)
 # (path, size, mtime_ns, inode, device)
 Stat = tuple[str, int, int, int, int]
 
+# The dead letters a run's report lists (the rest are the dead-letter view's).
+REPORT_LETTERS = 20
+
 # How long a run's documents and batches are kept (its report is kept for good).
 RUN_RETENTION_DAYS = 30
 
@@ -356,19 +359,23 @@ def build_report(
         )
     calls = dict(fetch_all(conn, "report/model_calls", {"run_id": run_id})[0])
     by_stage = {str(k): int(v) for k, v in (calls.pop("by_stage") or {}).items()}
-    dead = fetch_all(conn, "report/dead_letters", {"run_id": run_id})[0]
+    which = {"dag_id": dag_id, "run_id": run_id}
+    dead = fetch_all(conn, "report/dead_letters", which)[0]
+    letters = fetch_all(conn, "report/dead_letter_list", {**which, "limit": REPORT_LETTERS})
+    to_do = int(run[0]["to_do"] or 0) if run else 0
     costs = views.model_costs(conn, run_id).as_dict()
     report = {
         "dag_id": dag_id,
         "run_id": run_id,
         "documents": documents,
         "batches": int(run[0]["batches"] or 0) if run else 0,
-        "to_do": int(run[0]["to_do"] or 0) if run else 0,
+        "to_do": to_do,
         "stages": stages,
         "model_calls": {k: int(v) for k, v in calls.items()},
         "model_calls_by_stage": by_stage,
         "cost": costs,
         "dead_letters_opened": int(dead["opened"]),
+        "dead": dead_share(int(dead["documents"]), to_do, [dict(row) for row in letters]),
     }
     execute(
         conn,
@@ -377,6 +384,30 @@ def build_report(
     )
     conn.commit()
     return report
+
+
+def dead_share(documents: int, to_do: int, letters: list[dict[str, Any]]) -> dict[str, Any]:
+    """The documents a run dead-lettered, as a share of those it had work for (ADR 0116),
+    and its first letters (``REPORT_LETTERS`` of them)."""
+    fraction = documents / max(to_do, documents) if documents else 0.0
+    return {
+        "documents": documents,
+        "of": max(to_do, documents),
+        "fraction": fraction,
+        "letters": letters,
+    }
+
+
+def over_dead_fraction(report: Mapping[str, Any], threshold: float | None) -> str | None:
+    """Why the run fails its ``max_dead_fraction``, or None when it does not."""
+    dead = report.get("dead") or {}
+    if threshold is None or dead.get("fraction", 0.0) <= threshold:
+        return None
+    return (
+        f"dead letters: {dead['documents']} of {dead['of']} documents with work in this run "
+        f"(a fraction of {dead['fraction']:.4g}) were dead-lettered, over max_dead_fraction "
+        f"{threshold:g}"
+    )
 
 
 def format_cost(cost: dict[str, Any]) -> str:
@@ -433,4 +464,16 @@ def format_report(report: dict[str, Any]) -> str:
     cost = report.get("cost")
     if cost and cost.get("by_model"):
         lines.append(f"cost: {format_cost(cost)}")
+    dead = report.get("dead") or {}
+    if dead.get("documents"):
+        lines.append(
+            f"dead letters: {dead['documents']} of {dead['of']} documents ({dead['fraction']:.1%})"
+        )
+        for letter in dead["letters"]:
+            lines.append(
+                f"  #{letter['id']} {letter['stage']} {letter['error_class']} "
+                f"{letter['uri'] or letter['doc_id']}"
+            )
+        if dead["documents"] > len(dead["letters"]):
+            lines.append("  (the rest: the dead-letter view, filtered by this run)")
     return "\n".join(lines)

@@ -50,6 +50,8 @@ BOUNDS: dict[str, tuple[float, float]] = {
     # A summary reads at most this much of a document's text (a long book's first pages).
     "summary_input_chars": (100, 1_000_000),
     "summary_max_tokens": (1, 16_384),
+    # A share of the documents a run had work for (ADR 0116).
+    "max_dead_fraction": (0, 1),
 }
 
 # Airflow fixes a task's execution_timeout when it parses the DAG, before any run's params
@@ -65,6 +67,10 @@ TASK_TIMEOUTS: dict[str, timedelta] = {
     "report": timedelta(minutes=30),
     "stage": timedelta(seconds=BATCH_DEADLINE_CAP_S + BOUNDS["item_timeout_s"][1]),
 }
+
+
+# The numeric settings that may be None (each says what None means).
+_OPTIONAL = ("dimensions", "max_in_flight", "max_rps", "max_dead_fraction")
 
 
 @dataclass(frozen=True)
@@ -104,6 +110,9 @@ class PipelineSettings:
     summary_prompt: str = DEFAULT_PROMPT
     summary_input_chars: int = 12_000
     summary_max_tokens: int = 200
+    # The run fails when the documents it dead-lettered are more than this share of those it
+    # had work for; None: dead letters never fail a run (ADR 0116).
+    max_dead_fraction: float | None = None
     rerun: Mapping[str, Any] | None = None
     redrive: Mapping[str, Any] | None = None
 
@@ -116,7 +125,7 @@ class PipelineSettings:
                         f"batch_size: must be {AUTO!r} or a number from {low:g} to {high:g}, "
                         f"got {value!r}"
                     )
-            elif value is not None or name not in ("dimensions", "max_in_flight", "max_rps"):
+            elif value is not None or name not in _OPTIONAL:
                 _within(name, value, low, high)
         extract.extractor_id(self.extractor)  # refuses an unknown engine, naming the field
         # Which names a pipeline has is its own check (stage.Pipeline.check, in plan).
