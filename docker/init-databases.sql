@@ -67,13 +67,13 @@ BEGIN
     IF to_regclass('replayable.outbox') IS NOT NULL THEN
         EXECUTE 'GRANT SELECT (seq, status, created_at) ON replayable.outbox TO replayable_ui';
     END IF;
-    -- What runs cost (ADR 0110): a run's answered calls, their model, tokens and cost.
+    -- What runs cost (ADR 0110, 0114): a run's billed calls, their model, tokens and cost.
     IF EXISTS (
         SELECT FROM pg_attribute
         WHERE attrelid = to_regclass('replayable.model_calls') AND attname = 'cost_usd'
     ) THEN
-        EXECUTE 'GRANT SELECT (run_id, status, model, mode, tokens, output_tokens, cost_usd)'
-            ' ON replayable.model_calls TO replayable_ui';
+        EXECUTE 'GRANT SELECT (run_id, status, http_status, model, mode, tokens,'
+            ' output_tokens, cost_usd) ON replayable.model_calls TO replayable_ui';
     END IF;
     FOREACH work_list_column IN ARRAY ARRAY[
         'owner', 'note', 'status', 'resolved_at', 'resolved_by', 'resolution'
