@@ -7,7 +7,8 @@ Its chat completions are extractive summaries, the first sentences of the last u
 message; never use them to judge a summary either.
 
 It speaks enough of the OpenAI API for the pipeline's provider clients
-(``POST /v1/embeddings``, and ``POST /v1/chat/completions`` for summaries), binds loopback
+(``POST /v1/embeddings``, ``POST /v1/chat/completions`` for summaries, and the Files and
+Batch API for embeddings in batch mode), binds loopback
 only, and behaves like a careful paid provider: it charges each successful request, remembers it
 per ``Idempotency-Key`` and can inject faults at runtime (error statuses, ``Retry-After``,
 latency, hangs, poison inputs, refusals, lost responses, a concurrency limit, a
@@ -22,6 +23,9 @@ webhooks, standing in for a downstream system.
 - :mod:`~devtools.model_server.vectors`, :mod:`~devtools.model_server.chat` and
   :mod:`~devtools.model_server.errors`: the vectors and the summaries, the request and
   response bodies of each endpoint, the error bodies;
+- :mod:`~devtools.model_server.batches`: ``/v1/files`` and ``/v1/batches``, a batch's life
+  from upload to output and error files, and its faults (partial failure, expiry, cancel,
+  a lost upload answer);
 - :mod:`~devtools.model_server.handler` and :mod:`~devtools.model_server.server`: the HTTP
   endpoints, and the server's state behind them;
 - :mod:`~devtools.model_server.cli`: ``python -m devtools.model_server``;

@@ -15,7 +15,8 @@ draws, the concurrency count and the token bucket:
 - ``hang_rate``, ``hang_s`` (default 600): the share of requests held ``hang_s`` seconds
   (or until the faults are cleared) before they go on;
 - ``fail_inputs_containing``: ``{"POISON": 400}``, the status for a request with an input
-  containing the substring: an embeddings input, or the content of any chat message;
+  containing the substring: an embeddings input, or the content of any chat message (and
+  a batch line's input too, see ``batch_fail_inputs_containing``);
 - ``chat_refusal_containing``: a non-empty string (null: none): a chat request whose last
   user message contains it is answered 200 with a refusal, as OpenAI refuses:
   ``choices[0].message`` has ``content`` null and ``refusal`` set, ``finish_reason`` is
@@ -58,6 +59,39 @@ draws, the concurrency count and the token bucket:
   stores it and is the status it and its replays get. Setting the faults restarts the
   list;
 - ``webhook_status_always``: fail every webhook delivery with this status.
+
+The Files and Batch API (:mod:`~devtools.model_server.batches`) has keys of its own; none of
+the ``/v1`` faults above apply to it, except ``fail_inputs_containing``, which fails a
+batch's lines as it fails synchronous requests. A batch runs under the faults in force when
+it is created, whatever is set later:
+
+- ``batch_delay_s`` (default 1, at most 86400): how long a batch takes from creation to
+  ``completed`` (or ``expired``); 0 ends it at once. It is ``validating`` for the first
+  quarter of it, ``in_progress`` until three quarters, ``finalizing`` for the rest; a
+  cancel takes a quarter of it;
+- ``batch_fail_inputs_containing``: ``{"POISON": 400}``, like ``fail_inputs_containing``
+  but for batch lines only: a line with an input containing the substring goes to the
+  error file with that status (a 500 or 503 for a failure a retry may cure, a 400 for one
+  it will not), and is not charged. Both keys apply to batch lines, this one first;
+- ``batch_expire_after_fraction``: 0 to 1, or null (the default: batches complete). The
+  batch ends ``expired`` instead, after ``batch_delay_s``, with this share (rounded down)
+  of its lines done, first in file order: those are in the output file (or the error file,
+  if they failed) and the rest in the error file as ``batch_expired``; only the lines done
+  and succeeded are charged;
+- ``batch_cancel_after_fraction``: 0 to 1, or null (the default): the share (rounded down)
+  of a batch's lines done when a cancel takes effect, whenever it arrives; null counts the
+  share of the ``in_progress`` phase that had passed when the cancel came, so a batch
+  cancelled while ``validating`` has none done;
+- ``batch_max_requests``, ``batch_max_inputs``: the most lines, and the most embedding
+  inputs over all its lines, a batch may have (1 to 50,000, the default, which is
+  OpenAI's); a batch over either fails validation;
+- ``lose_upload_responses``: a count (default 0): the next this many ``POST /v1/files``
+  uploads are stored, and counted, but their responses are dropped as
+  ``lose_response_rate`` drops them, so the client never learns the file's id. Setting the
+  faults restarts the count;
+- ``files_max_total_bytes``: the most bytes all stored files (uploads and batch results)
+  may hold; an upload past it gets 413 (at most, and by default,
+  :data:`~devtools.model_server.batches.FILES_MAX_TOTAL_BYTES`).
 """
 
 from __future__ import annotations
@@ -66,6 +100,12 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from devtools.model_server.batches import (
+    BATCH_MAX_INPUTS,
+    BATCH_MAX_REQUESTS,
+    FILES_MAX_TOTAL_BYTES,
+)
 
 MAX_PAD_BYTES = 64 * 1024 * 1024
 
@@ -90,8 +130,17 @@ _FAULT_FIELDS = frozenset(
         "pad_response_bytes",
         "webhook_statuses",
         "webhook_status_always",
+        "batch_delay_s",
+        "batch_fail_inputs_containing",
+        "batch_expire_after_fraction",
+        "batch_cancel_after_fraction",
+        "batch_max_requests",
+        "batch_max_inputs",
+        "lose_upload_responses",
+        "files_max_total_bytes",
     }
 )
+MAX_BATCH_DELAY_S = 86_400.0
 
 
 def _finite_number(raw: Mapping[str, object], key: str, default: float, low: float) -> float:
@@ -151,6 +200,14 @@ def _window(raw: Mapping[str, object]) -> float:
     return value
 
 
+def _batch_delay(raw: Mapping[str, object]) -> float:
+    """``batch_delay_s``: seconds from a batch's creation to its end, 0 to a day."""
+    value = _finite_number(raw, "batch_delay_s", 1.0, 0.0)
+    if value > MAX_BATCH_DELAY_S:
+        raise ValueError(f"batch_delay_s must be at most {MAX_BATCH_DELAY_S:.0f}")
+    return value
+
+
 def _whole_number(raw: Mapping[str, object], key: str, low: int, high: int) -> int | None:
     value = raw.get(key)
     if value is None:
@@ -158,6 +215,21 @@ def _whole_number(raw: Mapping[str, object], key: str, low: int, high: int) -> i
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise ValueError(f"{key} must be an integer between {low} and {high}")
     return value
+
+
+def _needles(raw: Mapping[str, object], key: str) -> tuple[tuple[str, int], ...]:
+    """A ``{"SUBSTRING": status}`` key such as ``fail_inputs_containing``."""
+    value = raw.get(key) or {}
+    if not isinstance(value, dict) or not all(value):
+        raise ValueError(f'{key} must be an object like {{"POISON": 400}}')
+    return tuple(
+        (str(needle), _error_status(status, f"{key}[{needle}]")) for needle, status in value.items()
+    )
+
+
+def _optional_fraction(raw: Mapping[str, object], key: str) -> float | None:
+    value = raw.get(key)
+    return None if value is None else _probability(value, key)
 
 
 def seconds_header(value: float) -> str:
@@ -191,6 +263,14 @@ class FaultConfig:
     pad_response_bytes: int = 0
     webhook_statuses: tuple[int, ...] = ()
     webhook_status_always: int | None = None
+    batch_delay_s: float = 1.0
+    batch_fail_inputs_containing: tuple[tuple[str, int], ...] = ()
+    batch_expire_after_fraction: float | None = None
+    batch_cancel_after_fraction: float | None = None
+    batch_max_requests: int = BATCH_MAX_REQUESTS
+    batch_max_inputs: int = BATCH_MAX_INPUTS
+    lose_upload_responses: int = 0
+    files_max_total_bytes: int = FILES_MAX_TOTAL_BYTES
 
     @classmethod
     def from_json(cls, raw: object) -> FaultConfig:
@@ -224,13 +304,7 @@ class FaultConfig:
         ):
             raise ValueError("retry_after must be seconds (>= 0) or a non-empty HTTP-date string")
 
-        poison_raw = raw.get("fail_inputs_containing") or {}
-        if not isinstance(poison_raw, dict) or not all(poison_raw):
-            raise ValueError('fail_inputs_containing must be an object like {"POISON": 400}')
-        poison = tuple(
-            (str(needle), _error_status(status, f"fail_inputs_containing[{needle}]"))
-            for needle, status in poison_raw.items()
-        )
+        poison = _needles(raw, "fail_inputs_containing")
 
         status_always = raw.get("status_always")
         if status_always is not None:
@@ -282,6 +356,19 @@ class FaultConfig:
             pad_response_bytes=_whole_number(raw, "pad_response_bytes", 0, MAX_PAD_BYTES) or 0,
             webhook_statuses=webhook_statuses,
             webhook_status_always=webhook_status_always,
+            batch_delay_s=_batch_delay(raw),
+            batch_fail_inputs_containing=_needles(raw, "batch_fail_inputs_containing"),
+            batch_expire_after_fraction=_optional_fraction(raw, "batch_expire_after_fraction"),
+            batch_cancel_after_fraction=_optional_fraction(raw, "batch_cancel_after_fraction"),
+            batch_max_requests=_whole_number(raw, "batch_max_requests", 1, BATCH_MAX_REQUESTS)
+            or BATCH_MAX_REQUESTS,
+            batch_max_inputs=_whole_number(raw, "batch_max_inputs", 1, BATCH_MAX_INPUTS)
+            or BATCH_MAX_INPUTS,
+            lose_upload_responses=_whole_number(raw, "lose_upload_responses", 0, 1_000_000) or 0,
+            files_max_total_bytes=_whole_number(
+                raw, "files_max_total_bytes", 1, FILES_MAX_TOTAL_BYTES
+            )
+            or FILES_MAX_TOTAL_BYTES,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -306,6 +393,14 @@ class FaultConfig:
             "pad_response_bytes": self.pad_response_bytes,
             "webhook_statuses": list(self.webhook_statuses),
             "webhook_status_always": self.webhook_status_always,
+            "batch_delay_s": self.batch_delay_s,
+            "batch_fail_inputs_containing": dict(self.batch_fail_inputs_containing),
+            "batch_expire_after_fraction": self.batch_expire_after_fraction,
+            "batch_cancel_after_fraction": self.batch_cancel_after_fraction,
+            "batch_max_requests": self.batch_max_requests,
+            "batch_max_inputs": self.batch_max_inputs,
+            "lose_upload_responses": self.lose_upload_responses,
+            "files_max_total_bytes": self.files_max_total_bytes,
         }
 
     def retry_after_header(self) -> str | None:

@@ -9,14 +9,17 @@ otherwise; errors in OpenAI's shape, 400 naming the bad field of a body):
 - ``POST /v1/chat/completions``: OpenAI's chat completions, ``{"model", "messages":
   [{"role", "content"}], "max_tokens" or "max_completion_tokens", "temperature"}``,
   answered with an extractive summary of the last user message, the same for the same
-  request (:mod:`devtools.model_server.chat`).
+  request (:mod:`devtools.model_server.chat`);
+- ``/v1/files`` and ``/v1/batches``: OpenAI's Files and Batch API, for embeddings
+  batches: upload a JSONL file, create a batch, poll it, download its output and error
+  files (:mod:`devtools.model_server.batches`, which describes every endpoint).
 
-Both go through the same steps, so that every ``/v1`` fault, the idempotency memory, the
-tokens-per-minute limit and the counters treat them alike (where they differ,
+Embeddings and chat go through the same steps, so that every ``/v1`` fault, the idempotency
+memory, the tokens-per-minute limit and the counters treat them alike (where they differ,
 :mod:`~devtools.model_server.faults` and :mod:`~devtools.model_server.stats` say so): the
-concurrency limit lets the request in; its API key and body are checked; ``max_tpm``
-takes its usage tokens; latency, injected failures and hangs follow; it is charged, or
-replayed from its ``Idempotency-Key``; its answer is sent, lost, padded or trickled.
+concurrency limit lets the request in; its API key and body are checked; ``max_tpm`` takes
+its usage tokens; latency, injected failures and hangs follow; it is charged, or replayed
+from its ``Idempotency-Key``; its answer is sent, lost, padded or trickled.
 
 Control endpoints (no API key needed):
 
@@ -24,8 +27,8 @@ Control endpoints (no API key needed):
 - ``GET /stats``: counters since the last reset, as a JSON object (their meaning is in
   :mod:`devtools.model_server.stats`);
 - ``POST /stats/reset``: zero the counters, forget remembered idempotency keys and drop
-  every stored webhook event; requests that began before it are not counted when they
-  finish;
+  every stored webhook event, file and batch; requests that began before it are not
+  counted when they finish;
 - ``GET /faults``, ``PUT``/``POST /faults`` (replace), ``DELETE /faults`` (clear, which also
   releases requests held by latency, hangs or trickling): the fault configuration;
 - ``POST /webhooks/NAME``: a webhook receiver; NAME is 1-100 of ``A-Z a-z 0-9 . _ -``. The
@@ -56,6 +59,11 @@ from http.server import BaseHTTPRequestHandler
 from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import urlsplit
 
+from devtools.model_server.batches import (
+    UPLOAD_MAX_BODY_BYTES,
+    ApiCall,
+    is_files_or_batches_path,
+)
 from devtools.model_server.chat import chat_response, parse_chat_request
 from devtools.model_server.errors import HttpError, error_body
 from devtools.model_server.faults import FaultConfig, seconds_header
@@ -135,13 +143,17 @@ class Handler(BaseHTTPRequestHandler):
         self._dispatch()
 
     def _dispatch(self) -> None:
-        path = urlsplit(self.path).path
+        url = urlsplit(self.path)
+        path = url.path
         try:
             if path == "/v1/embeddings" and self.command == "POST":
                 self._serve_model(EMBEDDINGS, self._embed)
                 return
             if path == "/v1/chat/completions" and self.command == "POST":
                 self._serve_model(CHAT, self._chat)
+                return
+            if is_files_or_batches_path(path):
+                self._serve_files_and_batches(path, url.query)
                 return
             body = self._read_body()
             if path.startswith("/webhooks/"):
@@ -202,6 +214,38 @@ class Handler(BaseHTTPRequestHandler):
                     )
         finally:
             srv.stats.end(ticket)
+
+    def _serve_files_and_batches(self, path: str, query: str) -> None:
+        """Serve a Files or Batch API request, which needs the API key as ``/v1`` does.
+
+        An upload may be as large as a batch input file; an upload whose response is to be
+        lost (``lose_upload_responses``) is stored, then the connection is shut down.
+        """
+        srv = self._srv
+        upload = path == "/v1/files" and self.command == "POST"
+        body = self._read_body(UPLOAD_MAX_BODY_BYTES if upload else MAX_BODY_BYTES)
+        self._check_auth()
+        call = ApiCall(
+            method=self.command,
+            path=path,
+            query=query,
+            content_type=self.headers.get("Content-Type", ""),
+            body=body,
+            config=srv.snapshot_faults().config,
+            dim=srv.dim,
+            lose_upload=srv.lose_next_upload,
+        )
+        try:
+            reply = srv.batches.serve(call)
+        except HttpError:
+            raise
+        except Exception:
+            traceback.print_exc(file=sys.stderr)
+            raise HttpError(500, "internal error in the local model server") from None
+        if reply.lose:
+            self._drop_connection()
+            return
+        self._send_body(reply.status, reply.body, content_type=reply.content_type)
 
     def _embed(self, ticket: Ticket, faults: FaultDraw, key: str | None) -> tuple[bytes, bool]:
         """Serve one embeddings request; return the body to answer with and if it is lost."""
@@ -418,7 +462,7 @@ class Handler(BaseHTTPRequestHandler):
                 headers={"WWW-Authenticate": "Bearer"},
             )
 
-    def _read_body(self) -> bytes:
+    def _read_body(self, limit: int = MAX_BODY_BYTES) -> bytes:
         # The body must be consumed even when the request is refused, or the next request on
         # this keep-alive connection would be parsed from its leftovers.
         if self.headers.get("Transfer-Encoding"):
@@ -433,9 +477,9 @@ class Handler(BaseHTTPRequestHandler):
         if length < 0:
             self.close_connection = True
             raise HttpError(400, f"invalid Content-Length {raw_length!r}")
-        if length > MAX_BODY_BYTES:
+        if length > limit:
             self.close_connection = True
-            raise HttpError(413, f"request body larger than {MAX_BODY_BYTES} bytes")
+            raise HttpError(413, f"request body larger than {limit} bytes")
         return self.rfile.read(length) if length else b""
 
     def _send_error(self, exc: HttpError) -> None:
@@ -452,12 +496,13 @@ class Handler(BaseHTTPRequestHandler):
         data: bytes,
         headers: Mapping[str, str] | None = None,
         *,
+        content_type: str = "application/json",
         trickle: float = 0.0,
         release: threading.Event | None = None,
     ) -> None:
         try:
             self.send_response(status)
-            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(data)))
             for name, value in (headers or {}).items():
                 self.send_header(name, value)
@@ -488,10 +533,12 @@ class Handler(BaseHTTPRequestHandler):
         return 200, {"ok": True}
 
     def _get_stats(self, body: bytes) -> tuple[int, object]:
+        # Batches that have ended since they were last looked at are charged first.
+        self._srv.batches.advance()
         return 200, self._srv.stats.snapshot()
 
     def _reset_stats(self, body: bytes) -> tuple[int, object]:
-        self._srv.stats.reset()
+        self._srv.reset_stats()
         return 200, self._srv.stats.snapshot()
 
     def _get_faults(self, body: bytes) -> tuple[int, object]:

@@ -212,7 +212,8 @@ class LocalModelServer:
         return cast("dict[str, Any]", self._control("GET", "/stats"))
 
     def reset_stats(self) -> None:
-        """Zero the counters, forget idempotency keys and drop webhook events.
+        """Zero the counters, forget idempotency keys, drop webhook events and every stored
+        file and batch.
 
         ``in_flight`` is a live gauge and stays.
         """

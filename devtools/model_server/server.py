@@ -1,8 +1,10 @@
-"""The server's state: where it listens, its counters and the faults it injects now.
+"""The server's state: where it listens, its counters, its files and batches, its faults.
 
 :class:`EmbeddingServer` binds loopback hosts only and serves with
 :class:`~devtools.model_server.handler.Handler`; the handler asks it for the fault config a
-request runs under and for the dice that decide each fault.
+request runs under and for the dice that decide each fault. Its
+:class:`~devtools.model_server.batches.BatchStore` keeps the Files and Batch API's files
+and batches, and charges them to its stats.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections import deque
 from dataclasses import dataclass
 from http.server import ThreadingHTTPServer
 
+from devtools.model_server.batches import BatchStore
 from devtools.model_server.faults import FaultConfig
 from devtools.model_server.handler import Handler
 from devtools.model_server.idempotency import IDEMPOTENCY_MAX_BYTES, IDEMPOTENCY_MAX_KEYS
@@ -86,9 +89,11 @@ class EmbeddingServer(ThreadingHTTPServer):
         self.api_key = api_key or None
         self.verbose = verbose
         self.stats = Stats(idempotency_max_keys, idempotency_max_bytes)
+        self.batches = BatchStore(self.stats)
         self._faults_lock = threading.Lock()
         self._faults = FaultConfig()
         self._webhook_statuses: deque[int] = deque()
+        self._uploads_to_lose = 0
         self._rng = random.Random(0)  # noqa: S311 - fault draws must be reproducible
         self._release = threading.Event()
         self._tokens: TokenBucket | None = None
@@ -116,12 +121,13 @@ class EmbeddingServer(ThreadingHTTPServer):
     def set_faults(self, config: FaultConfig) -> None:
         """Replace the fault config; restart its webhook statuses and its token bucket.
 
-        The ``max_tpm`` bucket starts full, and the fault draws are reseeded if the config
-        has a seed.
+        The ``max_tpm`` bucket starts full, the count of upload responses to lose starts
+        again, and the fault draws are reseeded if the config has a seed.
         """
         with self._faults_lock:
             self._faults = config
             self._webhook_statuses = deque(config.webhook_statuses)
+            self._uploads_to_lose = config.lose_upload_responses
             # A new bucket, even for the same limit: setting the faults starts a test's
             # minute afresh, whatever the one before spent.
             self._tokens = (
@@ -137,6 +143,7 @@ class EmbeddingServer(ThreadingHTTPServer):
         with self._faults_lock:
             self._faults = FaultConfig()
             self._webhook_statuses = deque()
+            self._uploads_to_lose = 0
             self._tokens = None
             self._release.set()
             self._release = threading.Event()
@@ -173,3 +180,15 @@ class EmbeddingServer(ThreadingHTTPServer):
             if self._webhook_statuses:
                 return config, self._webhook_statuses.popleft()
             return config, None
+
+    def lose_next_upload(self) -> bool:
+        """Whether a stored upload's response is to be lost (``lose_upload_responses``)."""
+        with self._faults_lock:
+            if self._uploads_to_lose <= 0:
+                return False
+            self._uploads_to_lose -= 1
+            return True
+
+    def reset_stats(self) -> None:
+        """Zero the counters, forget the idempotency memory, drop every file and batch."""
+        self.batches.reset()

@@ -31,6 +31,24 @@
   ``peak_in_flight``: the most at once since the last reset, limit or not;
 - ``webhooks``: ``received`` = ``stored`` + ``deduplicated`` + ``failed`` webhook
   deliveries.
+
+The Files and Batch API (:mod:`~devtools.model_server.batches`) is counted apart: none of
+the counters above counts its requests or its charges, so a test can tell what was embedded
+synchronously from what was embedded in batches:
+
+- ``files_uploaded``: ``POST /v1/files`` uploads stored, those whose response was lost
+  included; ``upload_responses_lost``: those (``lose_upload_responses``);
+- ``files_stored``: the files stored now (a gauge): uploads not deleted, and the output and
+  error files of ended batches;
+- ``batches_created``: ``POST /v1/batches`` that made a batch, whatever became of it;
+- ``batch_lines_charged``: the batch lines charged, those in an output file: a line is
+  charged when its batch ends (completed, expired or cancelled), never when it failed or
+  was not done; ``batch_inputs_charged`` and ``batch_tokens_charged``: their embedding
+  inputs and ``usage.total_tokens``, summed;
+- ``batch_line_charges``: ``custom_id`` -> times a line with it was charged, over every
+  batch, so that a line charged in two batches shows 2.
+
+``POST /stats/reset`` drops every stored file and batch with the counters.
 """
 
 from __future__ import annotations
@@ -121,6 +139,14 @@ class Stats:
         self._webhooks = dict.fromkeys(("received", "stored", "deduplicated", "failed"), 0)
         self._webhook_events: dict[str, list[dict[str, Any]]] = {}
         self._webhook_replies: dict[tuple[str, str], WebhookReply] = {}
+        self._files_uploaded = 0
+        self._upload_responses_lost = 0
+        self._files_stored = 0
+        self._batches_created = 0
+        self._batch_lines_charged = 0
+        self._batch_inputs_charged = 0
+        self._batch_tokens_charged = 0
+        self._batch_line_charges: dict[str, int] = {}
 
     def _count_status(self, status: int) -> None:
         key = str(status)
@@ -273,6 +299,37 @@ class Stats:
             # Stored events are never changed, so a shallow copy is a consistent snapshot.
             return list(self._webhook_events.get(name, ()))
 
+    def count_upload(self, *, lost: bool) -> None:
+        """Count a stored upload, and whether its response is lost."""
+        with self._lock:
+            self._files_uploaded += 1
+            if lost:
+                self._upload_responses_lost += 1
+
+    def count_file_stored(self) -> None:
+        """Count a file stored (an upload or a batch's result file)."""
+        with self._lock:
+            self._files_stored += 1
+
+    def count_file_deleted(self) -> None:
+        """Count a stored file deleted."""
+        with self._lock:
+            self._files_stored -= 1
+
+    def count_batch_created(self) -> None:
+        """Count a batch created."""
+        with self._lock:
+            self._batches_created += 1
+
+    def charge_batch_lines(self, lines: Sequence[tuple[str, int, int]]) -> None:
+        """Charge a batch's output lines: ``(custom_id, inputs, tokens)`` for each."""
+        with self._lock:
+            for custom_id, inputs, tokens in lines:
+                self._batch_lines_charged += 1
+                self._batch_inputs_charged += inputs
+                self._batch_tokens_charged += tokens
+                self._batch_line_charges[custom_id] = self._batch_line_charges.get(custom_id, 0) + 1
+
     def reset(self) -> None:
         """Zero every counter except the live ``in_flight`` gauge and forget all memory."""
         with self._lock:
@@ -302,4 +359,12 @@ class Stats:
                 "in_flight": self._in_flight,
                 "peak_in_flight": self._peak_in_flight,
                 "webhooks": dict(self._webhooks),
+                "files_uploaded": self._files_uploaded,
+                "upload_responses_lost": self._upload_responses_lost,
+                "files_stored": self._files_stored,
+                "batches_created": self._batches_created,
+                "batch_lines_charged": self._batch_lines_charged,
+                "batch_inputs_charged": self._batch_inputs_charged,
+                "batch_tokens_charged": self._batch_tokens_charged,
+                "batch_line_charges": dict(self._batch_line_charges),
             }
