@@ -148,6 +148,25 @@ def report(postgres_conn_id: str = LEDGER_CONN_ID) -> dict[str, Any]:
     return result
 
 
+def _sweep_provider_files(conn: Any, model_conn_id: str) -> None:
+    """Delete batch input files the provider keeps that no submission records (ADR 0117);
+    best effort: a provider without the Files API, or one that is down, is left alone."""
+    from replayable.hooks import EmbeddingsHook
+    from replayable.stages.embed.batch_mode import sweep_orphan_files
+
+    try:
+        api = EmbeddingsHook(model_conn_id).get_batch_api()
+        try:
+            deleted = sweep_orphan_files(api, conn)
+        finally:
+            api.close()
+    except Exception as error:
+        log.warning("provider files were not swept: %s", type(error).__name__)
+        return
+    if deleted:
+        log.info("deleted %d orphan batch file(s) at the provider: %s", len(deleted), deleted)
+
+
 def sweep(
     pipeline_dag_id: str = PIPELINE_DAG_ID,
     postgres_conn_id: str = LEDGER_CONN_ID,
@@ -179,6 +198,8 @@ def sweep(
             max_items=int(params["max_items"]),
             max_attempts=max_attempts,
         )
+        if db.fetch_all(conn, "batches/any_submission"):
+            _sweep_provider_files(conn, model_conn_id)
     finally:
         conn.close()
     if not found.items:

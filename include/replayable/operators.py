@@ -22,7 +22,12 @@ from replayable.retry import Classified
 from replayable.runner import DEADLINE, BatchResult, Limits, run_batch
 from replayable.settings import PipelineSettings
 from replayable.stage import BuildContext, Pipeline, pipeline_of
+from replayable.stages.embed.batch_mode import BATCH_WAITING
 from replayable.vocabulary import LEDGER_CONN_ID, MODEL_CONN_ID, STAGES
+
+# The longest a task waits on the triggerer for a provider batch: its 24-hour window, and
+# the provider's time to write the results of one that expired.
+BATCH_WAIT = timedelta(hours=26)
 
 
 class BatchIncompleteError(Exception):
@@ -226,12 +231,47 @@ class IdempotentStageOperator(BaseOperator):
                 spec_hashes=pipeline.spec_hashes(settings, models),
                 model_conn_id=self.model_conn_id,
                 models=models,
+                dag_id=ti.dag_id,
+                map_index=ti.map_index,
             )
             spec = pipeline.stage(self.stage).build(build)
             result = run_batch(
                 spec, doc_ids, connect=connect, ctx=ctx, limits=limits, revive=revive
             )
+        if result.systemic is not None and result.systemic.error_class == BATCH_WAITING:
+            self._wait_for_batches(result, getattr(spec, "waiting_on", []), settings)
         return self._outcome(result, settings, time.monotonic() - started)
+
+    def _wait_for_batches(
+        self, result: BatchResult, waiting_on: Sequence[str], settings: PipelineSettings
+    ) -> None:
+        """Defer the task to the triggerer until one of the provider batches its items wait
+        for has ended; the task then runs again and collects it (ADR 0117)."""
+        from replayable.triggers import ProviderBatchTrigger
+
+        emit_stats(result, None)
+        batch_ids = [b for b in waiting_on if not b.startswith("submission:")]
+        self.log.info(
+            "%s: %d done, %d failed, %d dead; waiting on the triggerer for %s",
+            self.stage,
+            len(result.done),
+            len(result.failed),
+            len(result.dead),
+            ", ".join(waiting_on) or "a batch being sent",
+        )
+        self.defer(
+            trigger=ProviderBatchTrigger(self.model_conn_id, batch_ids, settings.batch_poll_s),
+            method_name="resume_after_batches",
+            timeout=BATCH_WAIT,
+        )
+
+    def resume_after_batches(
+        self, context: Context, event: Mapping[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Back from the triggerer: run the stage again, which collects what has ended."""
+        ended = (event or {}).get("ended") or {}
+        self.log.info("%s: provider batches ended: %s", self.stage, ended or "none yet")
+        return self.execute(context)
 
     def _outcome(
         self, result: BatchResult, settings: PipelineSettings, seconds: float | None = None

@@ -14,6 +14,7 @@ from replayable.settings import (
     BOUNDS,
     DEFAULT_MAX_IN_FLIGHT,
     DEFAULT_MODEL,
+    EMBED_MODES,
     REDRIVE_KEYS,
     RERUN_KEYS,
     STAGES,
@@ -164,6 +165,20 @@ def pipeline_params(
             _DEFAULTS.embed_inputs_per_call,
             **_bounded("embed_inputs_per_call", type="integer"),
             description="Chunks per provider request; chunks of several documents share one.",
+        ),
+        "embed_mode": Param(
+            _DEFAULTS.embed_mode,
+            type="string",
+            enum=list(EMBED_MODES),
+            description="sync: each embeddings request answered at once; batch: the "
+            "provider's Batch API, half the price, done within 24 h while the task waits "
+            "on the triggerer without a worker slot.",
+        ),
+        "batch_poll_s": Param(
+            _DEFAULTS.batch_poll_s,
+            **_bounded("batch_poll_s", type="number"),
+            description="In batch mode, how often the triggerer reads the provider's "
+            "batches while the task waits for them.",
         ),
         "max_in_flight": Param(
             None,

@@ -50,6 +50,8 @@ BOUNDS: dict[str, tuple[float, float]] = {
     # A summary reads at most this much of a document's text (a long book's first pages).
     "summary_input_chars": (100, 1_000_000),
     "summary_max_tokens": (1, 16_384),
+    # How often a task in batch mode reads its provider batches while it waits (ADR 0117).
+    "batch_poll_s": (0.1, 3600),
     # A share of the documents a run had work for (ADR 0116).
     "max_dead_fraction": (0, 1),
 }
@@ -68,6 +70,9 @@ TASK_TIMEOUTS: dict[str, timedelta] = {
     "stage": timedelta(seconds=BATCH_DEADLINE_CAP_S + BOUNDS["item_timeout_s"][1]),
 }
 
+
+# How the embed stage reaches the provider: a request at a time, or the Batch API.
+EMBED_MODES = ("sync", "batch")
 
 # The numeric settings that may be None (each says what None means).
 _OPTIONAL = ("dimensions", "max_in_flight", "max_rps", "max_dead_fraction")
@@ -88,6 +93,10 @@ class PipelineSettings:
     chunk_size: int = 800
     chunk_overlap: int = 100
     embed_inputs_per_call: int = 32
+    # "sync" (each request answered at once) or "batch": the provider's Batch API, at half
+    # the price, collected within 24 h while the task waits on the triggerer (ADR 0117).
+    embed_mode: str = "sync"
+    batch_poll_s: float = 60.0
     max_in_flight: int | None = None  # None: the connection's extra, else DEFAULT_MAX_IN_FLIGHT
     max_rps: float | None = None  # None: the connection's extra, else no rate limit
     max_bytes: int = 20 * 2**20
@@ -128,6 +137,10 @@ class PipelineSettings:
             elif value is not None or name not in _OPTIONAL:
                 _within(name, value, low, high)
         extract.extractor_id(self.extractor)  # refuses an unknown engine, naming the field
+        if self.embed_mode not in EMBED_MODES:
+            raise ValueError(
+                f"embed_mode: must be one of {list(EMBED_MODES)}, got {self.embed_mode!r}"
+            )
         # Which names a pipeline has is its own check (stage.Pipeline.check, in plan).
         unnamed = [s for s in self.stages or () if not is_stage_name(s)]
         if unnamed or self.stages == ():

@@ -61,6 +61,9 @@ class BuildContext:
     spec_hashes: Mapping[str, str]
     model_conn_id: str
     models: Models = field(default_factory=Models)
+    # The task the stage runs in (recorded with what it submits to a provider's batches).
+    dag_id: str | None = None
+    map_index: int | None = None
 
 
 class Stage(ABC):

@@ -30,6 +30,7 @@ def add_item(
     lease_s: float | None = None,
     current: bool = True,
     dag_id: str = PIPELINE,
+    error_class: str | None = None,
 ) -> None:
     """One stage_runs row of document ``n``, last changed ``age_s`` ago."""
     with conn.cursor() as cur:
@@ -41,11 +42,11 @@ def add_item(
         cur.execute(
             "INSERT INTO replayable.stage_runs (stage, item_key, doc_id, status, attempts,"
             " code_version, config_hash, spec_hash, is_current, lease_owner, lease_expires,"
-            " updated_at, dag_id)"
+            " updated_at, dag_id, error_class)"
             " VALUES (%s, %s, %s, %s, %s, '1.0', 'c', %s, %s,"
             " CASE WHEN %s::float8 IS NULL THEN NULL ELSE 'w' END,"
             " now() + make_interval(secs => %s::float8),"
-            " now() - make_interval(secs => %s::float8), %s)",
+            " now() - make_interval(secs => %s::float8), %s, %s)",
             (
                 stage,
                 f"{stage}-{n}-{spec_hash or HASHES[stage]}",
@@ -58,6 +59,7 @@ def add_item(
                 lease_s,
                 age_s,
                 dag_id,
+                error_class,
             ),
         )
     conn.commit()
@@ -95,6 +97,15 @@ def test_what_a_sweep_must_leave_alone_is_left_alone(conn):
     add_item(conn, 7, "embed", lease_s=300)  # leased right now
     add_item(conn, 8, "embed", lease_s=-300)  # a lease that has ended does not count
     assert select(conn).by_stage == {"embed": [doc(8)]}
+
+
+def test_an_item_waiting_for_a_provider_batch_is_its_tasks_until_the_window_ends(conn):
+    """Released to wait for a batch (ADR 0117), an item is failed with class batch_waiting
+    while its task is deferred; the sweep leaves it to that task for the batch's window."""
+    add_item(conn, 1, "embed", error_class="batch_waiting", age_s=3600)
+    add_item(conn, 2, "embed", error_class="batch_waiting", age_s=27 * 3600)
+    add_item(conn, 3, "embed", error_class="http_503", age_s=3600)
+    assert select(conn).by_stage == {"embed": sorted([doc(2), doc(3)])}
 
 
 def test_a_sweep_takes_only_what_its_own_pipelines_runs_left(conn):

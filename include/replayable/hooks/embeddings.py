@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from replayable.retry import CallRetry
     from replayable.settings import PipelineSettings
     from replayable.stage import Models
+    from replayable.stages.embed.batch_api import BatchApi
     from replayable.stages.embed.client import HttpEmbeddingClient
     from replayable.stages.summarize.client import HttpChatClient
 
@@ -140,6 +141,28 @@ class EmbeddingsHook(BaseHook):
             retry=retry or CallRetry(),
             max_connections=max_in_flight or _shared_in_flight(settings),
             price=settings.price_of(chosen),
+        )
+
+    def get_batch_api(
+        self, *, model: str | None = None, retry: CallRetry | None = None
+    ) -> BatchApi:
+        """The Files and Batch API of the same endpoint and key (``embed_mode: "batch"``).
+
+        The caller closes it (``api.close()``).
+        """
+        from replayable.retry import CallRetry
+        from replayable.stages.embed.batch_api import BatchApi
+
+        settings = self.get_settings()
+        chosen_model, _ = _model_of(model, None, settings)
+        return BatchApi(
+            base_url=settings.base_url,
+            model=chosen_model,
+            api_key=settings.api_key,
+            timeout_s=max(settings.timeout_s, 300.0),  # uploads and result files are large
+            retry=retry or CallRetry(),
+            max_connections=2,
+            price=settings.price_of(chosen_model),
         )
 
     def get_conn(self) -> HttpEmbeddingClient:

@@ -130,8 +130,16 @@ class EmbedStage(Stage):
             retry=retry,
         )
         ctx.stack.callback(client.close)
+        batches = None
+        if settings.embed_mode == "batch":
+            batches = hook.get_batch_api(model=choice.model, retry=retry)
+            ctx.stack.callback(batches.close)
         return EmbedSpec(
             provider=client,
+            mode=settings.embed_mode,
+            batches=batches,
+            dag_id=ctx.dag_id,
+            map_index=ctx.map_index,
             model=choice.model,
             chunker_key=settings.chunk_config.key,
             connect=ctx.connect,

@@ -81,6 +81,7 @@ def record_calls(
                 "model": call.model or None,
                 "output_tokens": call.output_tokens,
                 "cost_usd": call.cost_usd,
+                "mode": call.mode,
                 "item_keys": keys,
                 "item_inputs": [share[k] for k in keys],
                 "item_tokens": [call.tokens * share[k] // total for k in keys],

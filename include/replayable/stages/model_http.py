@@ -28,13 +28,23 @@ R = TypeVar("R")
 @dataclass(frozen=True)
 class Price:
     """What a model's tokens cost, in USD per million: ``input`` (the prompt) and ``output``
-    (the completion), as the model connection's extra ``prices`` states them (ADR 0110)."""
+    (the completion), and the same through the Batch API, as the model connection's extra
+    ``prices`` states them (ADR 0110, 0117)."""
 
     input: float
     output: float = 0.0
+    # Through the provider's Batch API (ADR 0117); None: half the synchronous price, the
+    # discount OpenAI-compatible providers publish for it.
+    batch_input: float | None = None
+    batch_output: float | None = None
 
-    def of(self, input_tokens: int, output_tokens: int) -> float:
-        return (input_tokens * self.input + output_tokens * self.output) / 1_000_000
+    def of(self, input_tokens: int, output_tokens: int, mode: str = "sync") -> float:
+        if mode == "batch":
+            rate_in = self.input / 2 if self.batch_input is None else self.batch_input
+            rate_out = self.output / 2 if self.batch_output is None else self.batch_output
+        else:
+            rate_in, rate_out = self.input, self.output
+        return (input_tokens * rate_in + output_tokens * rate_out) / 1_000_000
 
 
 @dataclass(frozen=True)
@@ -55,6 +65,7 @@ class CallRecord:
     model: str = ""
     output_tokens: int = 0
     cost_usd: float | None = None
+    mode: str = "sync"  # or "batch": a line of a Batch API job (ADR 0117)
 
 
 Gate = Callable[[], AbstractContextManager[Any]]
@@ -85,6 +96,7 @@ class HttpModelClient:
         price: Price | None = None,
     ) -> None:
         self.model = model
+        self.base_url = base_url.rstrip("/")
         self.price = price
         self.retry = retry or CallRetry()
         self.timeout_s = timeout_s

@@ -14,7 +14,8 @@ endpoint and the secret:
   second, and ``max_tpm``: its budget of tokens per minute, all shared by every task and
   worker; ``prices``: each model's price in USD per million tokens,
   ``{"text-embedding-3-small": {"input": 0.02}, "gpt-4o-mini": {"input": 0.15,
-  "output": 0.6}}``, which each answered call is costed at (ADR 0110).
+  "output": 0.6}}``, which each answered call is costed at (ADR 0110), and
+  ``batch_input``/``batch_output`` for lines of the Batch API (default: half; ADR 0117).
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ def settings_from_fields(
     )
 
 
-PRICE_FIELDS = ("input", "output")
+PRICE_FIELDS = ("input", "output", "batch_input", "batch_output")
 
 
 def prices_from_extra(value: object) -> dict[str, Price]:
@@ -104,6 +105,8 @@ def prices_from_extra(value: object) -> dict[str, Price]:
             )
         numbers = {}
         for key in PRICE_FIELDS:
+            if key.startswith("batch_") and key not in fields:
+                continue  # half the synchronous price (Price.of)
             raw = fields.get(key, 0)
             number = (
                 float(raw) if isinstance(raw, int | float) and not isinstance(raw, bool) else -1

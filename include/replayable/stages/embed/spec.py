@@ -22,11 +22,14 @@ from typing import Any, ClassVar
 import psycopg2
 
 from replayable.budget import RequestBudget
-from replayable.db import Connection, Database, execute_values, fetch_all
-from replayable.keys import item_key, sha256_bytes
+from replayable.db import Connection, Database, fetch_all
+from replayable.keys import item_key
 from replayable.retry import ErrorKind, ItemError, classify
 from replayable.runner import BatchIO, StageSpec, WorkItem
+from replayable.settings import EMBED_MODES
 from replayable.stages import embed, extract
+from replayable.stages.embed.batch_api import BatchApi
+from replayable.stages.embed.batch_mode import BatchLimits, BatchModeEmbed
 from replayable.stages.embed.client import CallRecord, EmbeddingProvider, EmbeddingResult
 from replayable.stages.embed.packing import (
     MAX_TOKENS_PER_INPUT,
@@ -34,6 +37,7 @@ from replayable.stages.embed.packing import (
     estimate_tokens,
     pack,
 )
+from replayable.stages.embed.store import request_key, store_vectors
 from replayable.stages.lineage import embed_lineage
 from replayable.stages.model_calls import FailureStreak, Sessions, correct_tokens, record_calls
 
@@ -101,12 +105,28 @@ class EmbedSpec(StageSpec):
     # The provider's per-request limits, in estimated tokens (stages.embed.packing).
     max_request_tokens: int = MAX_TOKENS_PER_REQUEST
     max_input_tokens: int = MAX_TOKENS_PER_INPUT
+    # "sync": a request per packed set of chunks, answered at once; "batch": the same
+    # requests as lines of provider batch jobs, collected when they end (ADR 0117), through
+    # ``batches`` (the Files and Batch API of the same endpoint), within ``batch_limits``.
+    mode: str = "sync"
+    batches: BatchApi | None = None
+    batch_limits: BatchLimits = field(default_factory=BatchLimits)
+    # Where a submission came from (recorded with it).
+    dag_id: str | None = None
+    map_index: int | None = None
+    # Set by a batch-mode pass: the batches its released items wait for (the operator
+    # defers the task on them).
+    waiting_on: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.model:
             raise ValueError("model: an embedding model is required (a param or the connection)")
         if self.inputs_per_call < 1 or self.max_in_flight < 1 or self.max_sessions < 1:
             raise ValueError("inputs_per_call, max_in_flight and max_sessions must be at least 1")
+        if self.mode not in EMBED_MODES:
+            raise ValueError(f"embed_mode: must be one of {list(EMBED_MODES)}, got {self.mode!r}")
+        if self.mode == "batch" and self.batches is None:
+            raise ValueError("embed_mode batch needs the provider's Batch API (batches)")
 
     def key_config(self) -> dict[str, Any]:
         return {"model": self.model, "dimensions": self.dimensions}
@@ -150,7 +170,10 @@ class EmbedSpec(StageSpec):
         ]
 
     def process(self, items: Sequence[WorkItem], io: BatchIO) -> None:
-        _EmbedBatch(self, items, io).run()
+        if self.mode == "batch":
+            BatchModeEmbed(self, items, io).run()
+        else:
+            _EmbedBatch(self, items, io).run()
 
 
 class _EmbedBatch:
@@ -405,15 +428,7 @@ class _EmbedBatch:
             request.chunk_ids = ids
         result, calls = answered
         ids = request.chunk_ids if len(request.chunk_ids) == len(result.vectors) else []
-        execute_values(
-            conn,
-            "stages/insert_embeddings",
-            [
-                (cid, spec.model, len(vec), _vector_literal(vec))
-                for cid, vec in zip(ids, result.vectors, strict=True)
-            ],
-            template="(%s, %s, %s, %s::vector)",
-        )
+        store_vectors(conn, spec.model, ids, result.vectors)
         self._record(conn, ids, calls)
         request.stored = ids
         self._answered.pop(key, None)
@@ -452,17 +467,4 @@ class _NotAttempted(ItemError):
 
 
 def _request_key(spec: EmbedSpec, chunk_ids: Sequence[str]) -> str:
-    """The Idempotency-Key of a request: its model, dimensions and exact chunk ids.
-
-    The same chunks always make the same request and the same key, across retries, task
-    tries and workers, so a provider that de-duplicates by key never charges twice for it;
-    different chunks never share a key.
-    """
-    digest = sha256_bytes(
-        "\x00".join([spec.model, str(spec.dimensions), *sorted(chunk_ids)]).encode()
-    )
-    return f"replayable-embed-{digest[:40]}"
-
-
-def _vector_literal(vector: Sequence[float]) -> str:
-    return "[" + ",".join(repr(float(x)) for x in vector) + "]"
+    return request_key(spec.model, spec.dimensions, chunk_ids)

@@ -15,6 +15,10 @@ CROSS JOIN LATERAL (
       AND s.dag_id = %(dag_id)s
       AND s.attempts < %(max_attempts)s
       AND (s.lease_expires IS NULL OR s.lease_expires <= now())
+      -- Released to wait for a provider batch (ADR 0117): its task collects it, within the
+      -- batch's window; only an item its task left waiting past that is the sweep's.
+      AND (s.error_class IS DISTINCT FROM 'batch_waiting'
+           OR s.updated_at <= now() - interval '26 hours')
     ORDER BY s.updated_at, s.doc_id
     LIMIT %(limit)s
 ) f

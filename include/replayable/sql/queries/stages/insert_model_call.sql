@@ -2,10 +2,10 @@
 WITH call AS (
     INSERT INTO replayable.model_calls
         (stage, item_key, attempt, call_try, status, http_status, latency_ms, n_inputs, tokens,
-         idempotency_key, run_id, model, output_tokens, cost_usd)
+         idempotency_key, run_id, model, output_tokens, cost_usd, mode)
     VALUES (%(stage)s, %(item_key)s, %(attempt)s, %(call_try)s, %(status)s, %(http_status)s,
             %(latency_ms)s, %(n_inputs)s, %(tokens)s, %(idempotency_key)s, %(run_id)s,
-            %(model)s, %(output_tokens)s, %(cost_usd)s)
+            %(model)s, %(output_tokens)s, %(cost_usd)s, %(mode)s)
     RETURNING id
 )
 INSERT INTO replayable.model_call_items (call_id, item_key, n_inputs, tokens)

@@ -1,0 +1,1 @@
+SELECT 1 FROM replayable.provider_batches LIMIT 1

@@ -1,0 +1,1 @@
+SELECT chunk_id, text FROM replayable.chunks WHERE chunk_id = ANY(%(chunk_ids)s::text[])

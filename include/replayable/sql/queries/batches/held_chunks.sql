@@ -1,0 +1,3 @@
+-- Which of these chunks a submission not collected yet holds.
+SELECT chunk_id FROM replayable.provider_batch_chunks
+WHERE model = %(model)s AND chunk_id = ANY(%(chunk_ids)s::text[])

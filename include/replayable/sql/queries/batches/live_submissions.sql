@@ -1,0 +1,7 @@
+-- The submissions not collected yet that hold any of these chunks (ADR 0117).
+SELECT DISTINCT b.submission, b.batch_id, b.status, b.run_id,
+       extract(epoch FROM b.created_at)::float8 AS created_at
+FROM replayable.provider_batch_chunks c
+JOIN replayable.provider_batches b ON b.submission = c.submission
+WHERE c.model = %(model)s AND c.chunk_id = ANY(%(chunk_ids)s::text[])
+ORDER BY b.submission

@@ -1,0 +1,191 @@
+"""The provider's Files and Batch API over httpx, as OpenAI-compatible providers serve it.
+
+A batch job is a JSONL file of requests uploaded to ``/files`` (purpose ``batch``), a batch
+created from it at ``/batches`` for ``/v1/embeddings`` within a 24-hour window, and, once it
+ends, an output file and an error file whose lines carry each request's ``custom_id``. Every
+call here is retried like a model call (classified, Retry-After honoured); none of them is
+billed: only the lines a batch completes are.
+
+A submission names its file and its batch's metadata after itself, so that a worker killed
+between the upload, the batch's creation and the ledger's record of them finds them again
+(:meth:`BatchApi.find_file`, :meth:`BatchApi.find_batch`) instead of sending them twice.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from replayable.retry import ErrorKind, ItemError
+from replayable.stages.model_http import HttpModelClient, parse_json, read_within
+
+# What one batch may hold, at OpenAI: requests, embedding inputs across them, file bytes.
+MAX_BATCH_REQUESTS = 50_000
+MAX_BATCH_INPUTS = 50_000
+MAX_BATCH_BYTES = 200 * 10**6
+# A batch ends in one of these; until then it is waited for.
+FINISHED = frozenset({"completed", "failed", "expired", "cancelled"})
+# Results are read whole: a file of 50,000 lines of 3,072-dimension vectors is under 2 GB.
+RESULT_LIMIT = 2 * 2**30
+METADATA_KEY = "replayable_submission"
+ENDPOINT = "/v1/embeddings"
+
+
+@dataclass(frozen=True)
+class BatchJob:
+    """A batch as the provider describes it: its id, status, and result files."""
+
+    id: str
+    status: str
+    output_file_id: str | None
+    error_file_id: str | None
+    submission: str | None
+    counts: Mapping[str, int]
+
+    @property
+    def finished(self) -> bool:
+        return self.status in FINISHED
+
+    @classmethod
+    def of(cls, payload: object) -> BatchJob:
+        try:
+            assert isinstance(payload, dict)
+            metadata = payload.get("metadata") or {}
+            return cls(
+                id=str(payload["id"]),
+                status=str(payload["status"]),
+                output_file_id=payload.get("output_file_id") or None,
+                error_file_id=payload.get("error_file_id") or None,
+                submission=metadata.get(METADATA_KEY) if isinstance(metadata, dict) else None,
+                counts=dict(payload.get("request_counts") or {}),
+            )
+        except (AssertionError, KeyError, TypeError) as exc:
+            raise ItemError(
+                "bad_response", f"unreadable batch object: {exc!r}", ErrorKind.RETRYABLE
+            ) from exc
+
+
+def file_name(submission: str) -> str:
+    return f"replayable-{submission}.jsonl"
+
+
+class BatchApi(HttpModelClient):
+    """The Files and Batch API of the model connection's endpoint (see the module doc)."""
+
+    def upload(self, submission: str, data: bytes) -> str:
+        """Upload a submission's lines; return the file id."""
+
+        def send(attempt: int) -> str:
+            response = self._http.post(
+                "/files",
+                data={"purpose": "batch"},
+                files={"file": (file_name(submission), data, "application/jsonl")},
+            )
+            return str(self._json(response)["id"])
+
+        return self._call(send, gate=None, describe=f"upload {submission}")
+
+    def find_file(self, submission: str) -> str | None:
+        """The id of a file a submission uploaded before, if the provider has one."""
+        wanted = file_name(submission)
+        for item in self._list("/files", {"purpose": "batch"}):
+            if item.get("filename") == wanted:
+                return str(item["id"])
+        return None
+
+    def create(self, submission: str, file_id: str) -> BatchJob:
+        body = {
+            "input_file_id": file_id,
+            "endpoint": ENDPOINT,
+            "completion_window": "24h",
+            "metadata": {METADATA_KEY: submission},
+        }
+        return self._call(
+            lambda attempt: BatchJob.of(self._json(self._http.post("/batches", json=body))),
+            gate=None,
+            describe=f"create batch {submission}",
+        )
+
+    def find_batch(self, submission: str, since: float) -> BatchJob | None:
+        """A batch created for ``submission`` (created at or after ``since``, Unix s)."""
+        for item in self._list("/batches", {"limit": "100"}, newer_than=since):
+            job = BatchJob.of(item)
+            if job.submission == submission:
+                return job
+        return None
+
+    def get(self, batch_id: str) -> BatchJob:
+        return self._call(
+            lambda attempt: BatchJob.of(self._json(self._http.get(f"/batches/{batch_id}"))),
+            gate=None,
+            describe=f"read batch {batch_id}",
+        )
+
+    def content(self, file_id: str) -> bytes:
+        def send(attempt: int) -> bytes:
+            with self._http.stream("GET", f"/files/{file_id}/content") as response:
+                data = read_within(response, float("inf"), RESULT_LIMIT)
+            _raise_for_status(response, data)
+            return data
+
+        return self._call(send, gate=None, describe=f"read file {file_id}")
+
+    def delete_file(self, file_id: str) -> None:
+        def send(attempt: int) -> None:
+            response = self._http.delete(f"/files/{file_id}")
+            if response.status_code != 404:  # already gone: what a delete wants
+                self._json(response)
+
+        self._call(send, gate=None, describe=f"delete file {file_id}")
+
+    def files(self) -> Iterator[dict[str, Any]]:
+        """Every uploaded batch input file the provider keeps (for the orphan sweep)."""
+        return self._list("/files", {"purpose": "batch"})
+
+    def _list(
+        self, path: str, params: dict[str, str], newer_than: float | None = None
+    ) -> Iterator[dict[str, Any]]:
+        """Page through a list endpoint, newest first; stop at items older than ``newer_than``."""
+        after: str | None = None
+        while True:
+            query = {**params, **({"after": after} if after else {})}
+
+            def read(attempt: int, q: dict[str, str] = query) -> dict[str, Any]:
+                return self._json(self._http.get(path, params=q))
+
+            page = self._call(read, gate=None, describe=f"list {path}")
+            data = page.get("data") or []
+            for item in data:
+                if newer_than is not None and float(item.get("created_at") or 0) < newer_than:
+                    return
+                yield item
+            if not page.get("has_more") or not data:
+                return
+            after = str(data[-1]["id"])
+
+    @staticmethod
+    def _json(response: httpx.Response) -> dict[str, Any]:
+        _raise_for_status(response, response.content)
+        payload = parse_json(response.content)
+        if not isinstance(payload, dict):
+            raise ItemError("bad_response", "expected a JSON object", ErrorKind.RETRYABLE)
+        return payload
+
+
+def _raise_for_status(response: httpx.Response, content: bytes) -> None:
+    if response.is_success:
+        return
+    # The body's error message says what the provider refused; it never holds the key.
+    try:
+        message = json.loads(content)["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        message = content[:200].decode(errors="replace")
+    raise httpx.HTTPStatusError(
+        f"{response.status_code} from {response.request.url.path}: {message}",
+        request=response.request,
+        response=response,
+    )

@@ -1,0 +1,39 @@
+"""What both embed modes share: a request's key and how its vectors are stored."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from replayable.db import Connection, execute_values
+from replayable.keys import sha256_bytes
+
+
+def request_key(model: str, dimensions: int | None, chunk_ids: Sequence[str]) -> str:
+    """The Idempotency-Key of a request (a batch line's ``custom_id``): its model,
+    dimensions and exact chunk ids.
+
+    The same chunks always make the same request and the same key, across retries, task
+    tries, workers and modes, so a provider that de-duplicates by key never charges twice
+    for it; different chunks never share a key.
+    """
+    digest = sha256_bytes("\x00".join([model, str(dimensions), *sorted(chunk_ids)]).encode())
+    return f"replayable-embed-{digest[:40]}"
+
+
+def store_vectors(
+    conn: Connection, model: str, chunk_ids: Sequence[str], vectors: Sequence[Sequence[float]]
+) -> None:
+    """Insert each chunk's vector under ``model``; a chunk stored already keeps its own."""
+    execute_values(
+        conn,
+        "stages/insert_embeddings",
+        [
+            (cid, model, len(vec), _vector_literal(vec))
+            for cid, vec in zip(chunk_ids, vectors, strict=True)
+        ],
+        template="(%s, %s, %s, %s::vector)",
+    )
+
+
+def _vector_literal(vector: Sequence[float]) -> str:
+    return "[" + ",".join(repr(float(x)) for x in vector) + "]"

@@ -1,0 +1,366 @@
+"""embed_mode "batch": the embed stage through the provider's Batch API (ADR 0117), run in
+this process against Postgres and the local model server, whose batch counters are the
+provider's own: ``batch_line_charges`` counts each line charged, over every batch."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import httpx
+import pytest
+
+import corpus
+import in_process
+from checks import assert_nothing_lost, rows, scalar, subset
+
+EMBED_PRICE = 0.02  # USD per million tokens, text-embedding-3-small; batch: half
+FAST = {"embed_mode": "batch", "batch_poll_s": 0.1}
+
+
+@pytest.fixture
+def priced(monkeypatch):
+    connection = json.loads(os.environ["AIRFLOW_CONN_REPLAYABLE_MODEL"])
+    connection["extra"] = {
+        **connection.get("extra", {}),
+        "prices": {"text-embedding-3-small": {"input": EMBED_PRICE}},
+    }
+    monkeypatch.setenv("AIRFLOW_CONN_REPLAYABLE_MODEL", json.dumps(connection))
+
+
+@pytest.fixture(autouse=True)
+def _deferrals():
+    in_process.DEFERRALS.clear()
+    yield
+    in_process.DEFERRALS.clear()
+
+
+def _stored_vectors(conn) -> dict[str, tuple[str, list[float]]]:
+    found = rows(
+        conn,
+        "SELECT e.chunk_id, c.text, e.embedding::text FROM replayable.embeddings e"
+        " JOIN replayable.chunks c USING (chunk_id)",
+    )
+    return {cid: (text, json.loads(vector)) for cid, text, vector in found}
+
+
+def _charged_twice(model) -> dict[str, int]:
+    return {k: n for k, n in model.stats()["batch_line_charges"].items() if n > 1}
+
+
+def test_a_batch_run_stores_the_sync_vectors_pays_each_line_once_at_half_the_price(
+    run_in_process, priced, conn, model, tmp_path
+):
+    model.set_faults(batch_delay_s=0.3)
+    report = run_in_process({"source": str(subset(tmp_path, 6)), **FAST})
+    assert not report["_failed"], report["_tasks"]
+    assert report["stages"]["embed"]["done"] == 6
+    assert in_process.DEFERRALS  # the task waited on the trigger, not in a worker
+    stats = model.stats()
+    assert stats["charged"] == 0  # no synchronous embeddings request
+    assert stats["batches_created"] >= 1
+    assert stats["batch_lines_charged"] == len(stats["batch_line_charges"]) > 0
+    assert _charged_twice(model) == {}
+    # The same vectors as the synchronous endpoint gives for the same texts.
+    stored = _stored_vectors(conn)
+    texts = [text for text, _ in stored.values()]
+    answer = httpx.post(
+        f"{model.base_url}/embeddings",
+        json={"model": "text-embedding-3-small", "input": texts},
+        timeout=30,
+    ).json()
+    for (_, vector), row in zip(stored.values(), answer["data"], strict=True):
+        assert vector == pytest.approx(row["embedding"], abs=1e-6)
+    # The run's cost: the tokens the provider charged, at half the sync price.
+    ((entry),) = report["cost"]["by_model"]
+    assert (entry["model"], entry["mode"]) == ("text-embedding-3-small", "batch")
+    assert entry["calls"] == stats["batch_lines_charged"]
+    assert entry["input_tokens"] == stats["batch_tokens_charged"]
+    assert report["cost"]["usd"] == pytest.approx(
+        stats["batch_tokens_charged"] * EMBED_PRICE / 2 / 1e6, rel=1e-9
+    )
+    # Nothing left at the provider: the input and result files are deleted once collected.
+    assert scalar(conn, "SELECT count(*) FROM replayable.provider_batch_chunks") == 0
+    assert_nothing_lost(conn)
+
+    again = run_in_process({"source": str(subset(tmp_path, 6)), **FAST})
+    assert (again["to_do"], again["batches"]) == (0, 0)
+    assert model.stats()["batches_created"] == stats["batches_created"]
+
+
+def _lines(conn) -> list[tuple[str, str, int]]:
+    """Every recorded line: (submission, custom_id, status), in submission order."""
+    return rows(
+        conn,
+        "SELECT l.submission, l.custom_id, l.status FROM replayable.provider_batch_lines l"
+        " JOIN replayable.provider_batches b USING (submission) ORDER BY b.created_at, l.custom_id",
+    )
+
+
+def test_a_line_refused_as_bad_dead_letters_only_its_document(
+    run_in_process, conn, model, tmp_path
+):
+    folder = subset(tmp_path, 4)
+    corpus.write_pdf(folder / "poisoned.pdf", ["This text makes the provider answer POISON-400."])
+    model.set_faults(batch_delay_s=0.2, batch_fail_inputs_containing={"POISON-400": 400})
+    report = run_in_process({"source": str(folder), **FAST})
+    assert not report["_failed"], report["_tasks"]
+    assert report["stages"]["embed"]["done"] == 4
+    assert report["stages"]["embed"]["dead"] == 1
+    assert rows(conn, "SELECT error_class, attempts FROM replayable.dead_letters") == [
+        ("http_400", 1)
+    ]
+    assert _charged_twice(model) == {}
+    assert_nothing_lost(conn)
+
+
+def test_a_line_that_keeps_failing_is_sent_again_in_the_next_batch_until_the_cap(
+    run_in_process, conn, model, tmp_path
+):
+    folder = subset(tmp_path, 3)
+    corpus.write_pdf(folder / "flaky.pdf", ["This text makes the provider answer POISON-503."])
+    model.set_faults(batch_delay_s=0.2, batch_fail_inputs_containing={"POISON-503": 503})
+    # A line per chunk: the failing line holds only the flaky document's chunk.
+    report = run_in_process({"source": str(folder), "embed_inputs_per_call": 1, **FAST})
+    assert report["stages"]["embed"]["done"] == 3
+    assert report["stages"]["embed"]["dead"] == 1
+    assert rows(conn, "SELECT error_class, attempts FROM replayable.dead_letters") == [
+        ("http_503", 3)
+    ]
+    flaky = rows(
+        conn,
+        "SELECT custom_id, count(DISTINCT submission) FROM replayable.provider_batch_lines"
+        " WHERE status = 'failed' GROUP BY 1",
+    )
+    assert [n for _, n in flaky] == [3]  # the same line, in three batches, one per attempt
+    assert _charged_twice(model) == {}
+    assert_nothing_lost(conn)
+
+
+def _first_batch_only(monkeypatch, model, **faults):
+    """Run the first batch created under ``faults``, the later ones under none."""
+    from replayable.stages.embed.batch_api import BatchApi
+
+    created = BatchApi.create
+    model.set_faults(**faults)
+
+    def create(self, submission, file_id):
+        job = created(self, submission, file_id)
+        model.set_faults(batch_delay_s=faults["batch_delay_s"])
+        return job
+
+    monkeypatch.setattr(BatchApi, "create", create)
+
+
+def test_a_line_that_misses_window_after_window_fails_its_documents_at_their_cap(
+    run_in_process, conn, model, tmp_path
+):
+    model.set_faults(batch_delay_s=0.1, batch_expire_after_fraction=0.0)
+    report = run_in_process({"source": str(subset(tmp_path, 2)), **FAST})
+    assert not report["_failed"], report["_tasks"]  # dead letters, not items left to do
+    assert report["stages"]["embed"]["dead"] == 2
+    assert {c for (c,) in rows(conn, "SELECT error_class FROM replayable.dead_letters")} == {
+        "batch_expired"
+    }
+    assert model.stats()["batch_lines_charged"] == 0
+    assert_nothing_lost(conn)
+
+
+def test_an_expired_batch_keeps_its_done_lines_and_sends_only_the_rest_again(
+    run_in_process, conn, model, tmp_path, monkeypatch
+):
+    _first_batch_only(monkeypatch, model, batch_delay_s=0.2, batch_expire_after_fraction=0.6)
+    report = run_in_process(
+        {"source": str(subset(tmp_path, 5)), "embed_inputs_per_call": 2, **FAST}
+    )
+    assert not report["_failed"], report["_tasks"]
+    assert report["stages"]["embed"]["done"] == 5
+    lines = _lines(conn)
+    submissions = list(dict.fromkeys(sub for sub, _, _ in lines))
+    first = [(cid, status) for sub, cid, status in lines if sub == submissions[0]]
+    second = {cid for sub, cid, _ in lines if sub == submissions[1]}
+    done = {cid for cid, status in first if status == "done"}
+    resent = {cid for cid, status in first if status == "resent"}
+    assert len(done) == int(len(first) * 0.6) and done | resent == {c for c, _ in first}
+    assert second == resent  # only the 40 % not done, under the same custom_ids
+    assert _charged_twice(model) == {}
+    assert_nothing_lost(conn)
+
+
+def test_a_cancelled_batch_keeps_its_done_lines_and_sends_only_the_rest_again(
+    run_in_process, conn, model, tmp_path, monkeypatch
+):
+    from replayable.stages.embed.batch_api import BatchApi
+
+    _first_batch_only(monkeypatch, model, batch_delay_s=0.4, batch_cancel_after_fraction=0.5)
+    created = BatchApi.create
+    cancelled: list[str] = []
+
+    def create_then_cancel(self, submission, file_id):
+        job = created(self, submission, file_id)
+        if not cancelled:  # the first batch only, as a person would
+            cancelled.append(job.id)
+            self._http.post(f"/batches/{job.id}/cancel").raise_for_status()
+        return job
+
+    monkeypatch.setattr(BatchApi, "create", create_then_cancel)
+    report = run_in_process(
+        {"source": str(subset(tmp_path, 4)), "embed_inputs_per_call": 2, **FAST}
+    )
+    assert not report["_failed"], report["_tasks"]
+    assert report["stages"]["embed"]["done"] == 4
+    statuses = rows(
+        conn, "SELECT provider_status FROM replayable.provider_batches ORDER BY created_at"
+    )
+    assert statuses[0] == ("cancelled",) and statuses[-1] == ("completed",)
+    assert _charged_twice(model) == {}
+    assert_nothing_lost(conn)
+
+
+class Killed(Exception):
+    """Stands for a worker killed at this point: nothing after it runs in this try."""
+
+
+def _batch_spec(dsn, model, **overrides):
+    from replayable import db
+    from replayable.budget import RequestBudget
+    from replayable.retry import CallRetry
+    from replayable.stages.embed.batch_api import BatchApi
+    from replayable.stages.embed.client import HttpEmbeddingClient
+    from replayable.stages.embed.spec import EmbedSpec
+
+    retry = CallRetry(max_attempts=4, base_s=0.01, cap_s=0.05, max_total_s=10)
+    client = HttpEmbeddingClient(base_url=model.base_url, model="m", retry=retry)
+    api = BatchApi(base_url=model.base_url, model="m", retry=retry)
+
+    def connect():
+        return db.Database(dsn, outage_s=30)
+
+    spec = EmbedSpec(
+        provider=client,
+        model="m",
+        chunker_key=CHUNKS.key,
+        connect=connect,
+        budget=RequestBudget(model.base_url, 4),
+        inputs_per_call=2,
+        mode="batch",
+        batches=api,
+        **overrides,
+    )
+    return spec, connect
+
+
+CHUNKS = None  # set by _chunked
+
+
+def _chunked(conn, dsn, n):
+    """``n`` documents extracted and chunked; return their ids."""
+    global CHUNKS
+    from test_embed_sessions import CHUNKS as chunks
+    from test_embed_sessions import seed
+
+    from replayable import db
+    from replayable.ledger import RunContext
+    from replayable.runner import run_batch
+    from replayable.stages.chunk.spec import ChunkSpec
+
+    CHUNKS = chunks
+    doc_ids = seed(conn, n)
+
+    def connect():
+        return db.Database(dsn, outage_s=30)
+
+    run_batch(
+        ChunkSpec(config=chunks, connect=connect),
+        doc_ids,
+        connect=connect,
+        ctx=RunContext(owner="chunker", run_id="r"),
+    )
+    return doc_ids
+
+
+def _try(spec, connect, doc_ids, n):
+    from replayable.ledger import RunContext
+    from replayable.runner import run_batch
+
+    return run_batch(spec, doc_ids, connect=connect, ctx=RunContext(owner=f"try{n}", run_id="r"))
+
+
+def test_a_task_retried_while_its_batch_runs_waits_on_the_same_batch(conn, dsn, model):
+    doc_ids = _chunked(conn, dsn, 3)
+    model.set_faults(batch_delay_s=1.0)
+    spec, connect = _batch_spec(dsn, model)
+    first = _try(spec, connect, doc_ids, 1)
+    assert first.systemic is not None and first.systemic.error_class == "batch_waiting"
+    waiting = list(spec.waiting_on)
+    assert len(waiting) == 1 and waiting[0].startswith("batch_")
+    # The task is retried (cleared, or its worker died while it was deferred) at once.
+    second = _try(spec, connect, doc_ids, 2)
+    assert second.systemic is not None and spec.waiting_on == waiting
+    assert model.stats()["batches_created"] == 1
+    time.sleep(1.2)
+    third = _try(spec, connect, doc_ids, 3)
+    assert sorted(third.done) == doc_ids
+    stats = model.stats()
+    assert stats["batches_created"] == 1 and _charged_twice(model) == {}
+
+
+@pytest.mark.parametrize("killed_at", ["after the upload", "after the batch was created"])
+def test_a_worker_killed_before_the_batch_id_is_recorded_pays_for_no_line_twice(
+    conn, dsn, model, monkeypatch, killed_at
+):
+    from replayable.stages.embed import batch_mode
+    from replayable.stages.embed.batch_api import BatchApi
+
+    doc_ids = _chunked(conn, dsn, 3)
+    model.set_faults(batch_delay_s=0.3)
+    spec, connect = _batch_spec(dsn, model)
+    original_create, original_execute = BatchApi.create, batch_mode.execute
+
+    def create(self, submission, file_id):
+        if killed_at == "after the upload":
+            raise Killed(killed_at)
+        return original_create(self, submission, file_id)
+
+    def execute(conn, query, params=None):
+        if query == "batches/set_batch":
+            raise Killed(killed_at)
+        return original_execute(conn, query, params)
+
+    monkeypatch.setattr(BatchApi, "create", create)
+    if killed_at != "after the upload":
+        monkeypatch.setattr(batch_mode, "execute", execute)
+    first = _try(spec, connect, doc_ids, 1)
+    assert first.failed and not first.done  # the try failed where it was killed
+    monkeypatch.setattr(BatchApi, "create", original_create)
+    monkeypatch.setattr(batch_mode, "execute", original_execute)
+    second = _try(spec, connect, doc_ids, 2)  # the task's retry
+    assert second.systemic is not None and second.systemic.error_class == "batch_waiting"
+    time.sleep(0.5)
+    third = _try(spec, connect, doc_ids, 3)
+    assert sorted(third.done) == doc_ids
+    stats = model.stats()
+    assert stats["files_uploaded"] == 1  # the retry found the file, and the batch, again
+    assert stats["batches_created"] == 1
+    assert _charged_twice(model) == {}
+
+
+def test_a_lost_upload_answer_leaves_at_most_one_orphan_file_which_a_sweep_deletes(
+    conn, dsn, model
+):
+    from replayable.stages.embed.batch_mode import sweep_orphan_files
+
+    doc_ids = _chunked(conn, dsn, 2)
+    model.set_faults(batch_delay_s=0.2, lose_upload_responses=1)
+    spec, connect = _batch_spec(dsn, model)
+    _try(spec, connect, doc_ids, 1)
+    time.sleep(0.3)
+    assert sorted(_try(spec, connect, doc_ids, 2).done) == doc_ids
+    stats = model.stats()
+    assert stats["upload_responses_lost"] == 1 and stats["batches_created"] == 1
+    listed = httpx.get(f"{model.base_url}/files", params={"purpose": "batch"}).json()["data"]
+    assert len(listed) == 1  # the upload whose answer was lost; the used one is deleted
+    assert sweep_orphan_files(spec.batches, conn, older_than_s=0) == [listed[0]["id"]]
+    assert httpx.get(f"{model.base_url}/files", params={"purpose": "batch"}).json()["data"] == []
+    assert _charged_twice(model) == {}
