@@ -14,6 +14,7 @@ import pytest
 import corpus
 import in_process
 from checks import assert_nothing_lost, rows, scalar, subset
+from replayable.cli import main
 
 EMBED_PRICE = 0.02  # USD per million tokens, text-embedding-3-small; batch: half
 FAST = {"embed_mode": "batch", "batch_poll_s": 0.1}
@@ -50,7 +51,7 @@ def _charged_twice(model) -> dict[str, int]:
 
 
 def test_a_batch_run_stores_the_sync_vectors_pays_each_line_once_at_half_the_price(
-    run_in_process, priced, conn, model, tmp_path
+    run_in_process, priced, conn, dsn, model, tmp_path, capsys
 ):
     model.set_faults(batch_delay_s=0.3)
     report = run_in_process({"source": str(subset(tmp_path, 6)), **FAST})
@@ -80,6 +81,16 @@ def test_a_batch_run_stores_the_sync_vectors_pays_each_line_once_at_half_the_pri
     assert report["cost"]["usd"] == pytest.approx(
         stats["batch_tokens_charged"] * EMBED_PRICE / 2 / 1e6, rel=1e-9
     )
+    # The CLI (and the UI overview, which reads the same views): the run, and 30 days.
+    expected = stats["batch_tokens_charged"] * EMBED_PRICE / 2 / 1e6
+    for args in (("status", "--run", report["run_id"]), ("status",)):
+        capsys.readouterr()  # what the run printed
+        assert main(["--dsn", dsn, "--json", *args]) == 0
+        shown = json.loads(capsys.readouterr().out)["cost"]
+        assert shown["usd"] == pytest.approx(expected, rel=1e-9)
+        assert [(m["mode"], m["calls"]) for m in shown["by_model"]] == [
+            ("batch", stats["batch_lines_charged"])
+        ]
     # Nothing left at the provider: the input and result files are deleted once collected.
     assert scalar(conn, "SELECT count(*) FROM replayable.provider_batch_chunks") == 0
     assert_nothing_lost(conn)
