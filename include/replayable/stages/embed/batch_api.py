@@ -177,6 +177,9 @@ class BatchApi(HttpModelClient):
 
 
 def _raise_for_status(response: httpx.Response, content: bytes) -> None:
+    """Raise for an error answer. A 4xx other than auth and rate limits is retryable here:
+    these calls carry no document's input (a line's own error is in the error file), so
+    what they refuse is no document's fault, and the items' attempts bound the retries."""
     if response.is_success:
         return
     # The body's error message says what the provider refused; it never holds the key.
@@ -184,6 +187,13 @@ def _raise_for_status(response: httpx.Response, content: bytes) -> None:
         message = json.loads(content)["error"]["message"]
     except (ValueError, KeyError, TypeError):
         message = content[:200].decode(errors="replace")
+    status = response.status_code
+    if 400 <= status < 500 and status not in (401, 403, 408, 429):
+        raise ItemError(
+            f"http_{status}",
+            f"the provider's batch API refused {response.request.url.path}: {message}",
+            ErrorKind.RETRYABLE,
+        )
     raise httpx.HTTPStatusError(
         f"{response.status_code} from {response.request.url.path}: {message}",
         request=response.request,

@@ -216,15 +216,13 @@ class BatchModeEmbed:
             self._collect(sub["submission"], job)
 
     def _collect(self, submission: str, job: BatchJob) -> None:
-        """Store a finished batch's results, once, under the submission's row lock."""
-        results: dict[str, tuple[int, Any]] = {}
-        files = [f for f in (job.output_file_id, job.error_file_id) if f]
-        for file_id in files:
-            for raw in self.api.content(file_id).splitlines():
-                if raw.strip():
-                    custom_id, status, body = _result(json.loads(raw))
-                    results[custom_id] = (status, body)
+        """Store a finished batch's results, once, under the submission's row lock.
 
+        The result files are read only once the lock is held and the submission is still
+        waiting: the worker that collects a batch deletes its files, so a peer that saw it
+        running a moment before must find it collected, not fetch files that are gone.
+        """
+        files = [f for f in (job.output_file_id, job.error_file_id) if f]
         inputs: list[str] = []
 
         def store(conn: Connection) -> dict[str, tuple[str, BaseException | None]]:
@@ -232,6 +230,12 @@ class BatchModeEmbed:
             rows = fetch_all(conn, "batches/lock_submission", {"submission": submission})
             if not rows or rows[0]["status"] != "waiting":
                 return {}  # another worker collects it, or has
+            results: dict[str, tuple[int, Any]] = {}
+            for file_id in files:
+                for raw in self.api.content(file_id).splitlines():
+                    if raw.strip():
+                        custom_id, status, body = _result(json.loads(raw))
+                        results[custom_id] = (status, body)
             run_id = rows[0]["run_id"]
             if rows[0]["input_file_id"]:
                 inputs.append(rows[0]["input_file_id"])
@@ -267,6 +271,8 @@ class BatchModeEmbed:
             return outcome
 
         outcome = self.db.transaction(store, describe=f"embed: collect {job.id}")
+        if not outcome:
+            return
         by_line = self._line_chunks(submission)
         for custom_id, (line_status, error) in outcome.items():
             if line_status != "failed" or error is None:

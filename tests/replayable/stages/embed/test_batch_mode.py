@@ -375,3 +375,55 @@ def test_a_lost_upload_answer_leaves_at_most_one_orphan_file_which_a_sweep_delet
     assert sweep_orphan_files(spec.batches, conn, older_than_s=0) == [listed[0]["id"]]
     assert httpx.get(f"{model.base_url}/files", params={"purpose": "batch"}).json()["data"] == []
     assert _charged_twice(model) == {}
+
+
+class _Io:
+    """What a pass reports to, for a pass run outside the runner."""
+
+    stopping = False
+
+    def attempt(self, item):
+        return 1
+
+    def holds(self, item):
+        return True
+
+
+def test_a_batch_another_task_collected_first_is_not_read_again(conn, dsn, model):
+    """Two tasks wait on one batch (their documents share chunks). The first to wake collects
+    it and deletes its files; the second, which read the batch as running a moment before,
+    must find it collected, not fetch files that are gone (found at 1,000 documents: a 404
+    that dead-lettered a whole batch of documents)."""
+    from replayable.stages.embed.batch_mode import BatchModeEmbed
+
+    doc_ids = _chunked(conn, dsn, 2)
+    model.set_faults(batch_delay_s=0.2)
+    spec, connect = _batch_spec(dsn, model)
+    _try(spec, connect, doc_ids, 1)
+    stale = rows(conn, "SELECT submission, batch_id FROM replayable.provider_batches")
+    time.sleep(0.3)
+    assert sorted(_try(spec, connect, doc_ids, 2).done) == doc_ids  # collected, files deleted
+    ((submission, batch_id),) = stale
+    late = BatchModeEmbed(spec, [], _Io())
+    try:
+        late._advance({"submission": submission, "batch_id": batch_id})
+    finally:
+        late.db.close()
+    assert late.errors == {}
+    assert _charged_twice(model) == {}
+
+
+def test_a_refusal_of_the_batch_api_itself_is_no_documents_fault(model):
+    """A Files or Batch API call carries no document's input: its 4xx is retryable (within
+    the items' attempts), never a dead letter at once."""
+    from replayable.retry import ErrorKind, ItemError, classify
+    from replayable.stages.embed.batch_api import BatchApi
+
+    api = BatchApi(base_url=model.base_url, model="m")
+    try:
+        with pytest.raises(ItemError) as gone:
+            api.content("file-that-is-not-there")
+        assert (gone.value.error_class, gone.value.kind) == ("http_404", ErrorKind.RETRYABLE)
+    finally:
+        api.close()
+    assert classify(gone.value).kind is ErrorKind.RETRYABLE
