@@ -427,3 +427,23 @@ def test_a_refusal_of_the_batch_api_itself_is_no_documents_fault(model):
     finally:
         api.close()
     assert classify(gone.value).kind is ErrorKind.RETRYABLE
+
+
+def test_lines_past_the_providers_per_batch_limits_are_split_into_several_batches(
+    conn, dsn, model
+):
+    from replayable.stages.embed.batch_mode import BatchLimits
+
+    doc_ids = _chunked(conn, dsn, 3)
+    # The provider refuses (fails) a batch of more than 3 requests or 5 inputs.
+    model.set_faults(batch_delay_s=0.2, batch_max_requests=3, batch_max_inputs=5)
+    spec, connect = _batch_spec(dsn, model, batch_limits=BatchLimits(requests=3, inputs=5))
+    _try(spec, connect, doc_ids, 1)
+    time.sleep(0.3)
+    assert sorted(_try(spec, connect, doc_ids, 2).done) == doc_ids
+    sizes = rows(conn, "SELECT lines, inputs FROM replayable.provider_batches")
+    assert len(sizes) > 1 and all(n <= 3 and k <= 5 for n, k in sizes)
+    assert {s for (s,) in rows(conn, "SELECT provider_status FROM replayable.provider_batches")} == {
+        "completed"
+    }
+    assert _charged_twice(model) == {}
