@@ -2,7 +2,9 @@
 
 This server is for offline demos and tests only. Its vectors are feature hashes of the
 input's words, not semantic embeddings: texts that share words land close together, but
-synonyms, paraphrases and other languages do not. Never use it to judge retrieval quality.
+synonyms, paraphrases and other languages do not. Never use them to judge retrieval
+quality; the model ``local-wordllama-256`` (:mod:`~devtools.model_server.wordllama_model`)
+is a small real model, loaded offline from its wheel, for when meaning matters.
 Its chat completions are extractive summaries, the first sentences of the last user
 message; never use them to judge a summary either.
 

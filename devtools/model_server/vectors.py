@@ -1,7 +1,9 @@
 """The embeddings themselves: feature-hash vectors, the request and the response body.
 
 The vectors are feature hashes of the input's words, not semantic embeddings: texts that
-share words land close together, but synonyms, paraphrases and other languages do not.
+share words land close together, but synonyms, paraphrases and other languages do not. The
+model ``local-wordllama-256`` is served by a real model instead
+(:mod:`devtools.model_server.wordllama_model`), whose vectors mean something.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
+from devtools.model_server import wordllama_model
 from devtools.model_server.errors import HttpError, model_request
 
 DEFAULT_DIM = 64
@@ -83,17 +86,22 @@ def parse_embeddings_request(body: bytes, default_dim: int) -> EmbeddingsRequest
     encoding_format = payload.get("encoding_format", "float")
     if encoding_format not in ("float", "base64"):
         raise HttpError(400, "'encoding_format' must be 'float' or 'base64'")
-    dim = payload.get("dimensions", default_dim)
-    if isinstance(dim, bool) or not isinstance(dim, int) or not 1 <= dim <= MAX_DIM:
-        raise HttpError(400, f"'dimensions' must be an integer between 1 and {MAX_DIM}")
+    learned = model == wordllama_model.MODEL
+    top = wordllama_model.DIM if learned else MAX_DIM
+    dim = payload.get("dimensions", wordllama_model.DIM if learned else default_dim)
+    if isinstance(dim, bool) or not isinstance(dim, int) or not 1 <= dim <= top:
+        raise HttpError(400, f"'dimensions' must be an integer between 1 and {top}")
     return EmbeddingsRequest(model, inputs, dim, cast("str", encoding_format))
 
 
 def embeddings_response(request: EmbeddingsRequest) -> dict[str, Any]:
     """The OpenAI-shaped response to ``request``: one vector per input, and the usage."""
     data: list[dict[str, Any]] = []
-    for index, text in enumerate(request.inputs):
-        vector = embed_text(text, request.dim)
+    if request.model == wordllama_model.MODEL:
+        vectors = wordllama_model.embed(request.inputs, request.dim)
+    else:
+        vectors = [embed_text(text, request.dim) for text in request.inputs]
+    for index, vector in enumerate(vectors):
         embedding: list[float] | str = vector
         if request.encoding_format == "base64":
             # The OpenAI Python client asks for base64 by default: little-endian float32.
