@@ -188,6 +188,15 @@ def _raise_for_status(response: httpx.Response, content: bytes) -> None:
     except (ValueError, KeyError, TypeError):
         message = content[:200].decode(errors="replace")
     status = response.status_code
+    path = response.request.url.path
+    if status in (404, 405) and path.endswith(("/files", "/batches")):
+        # A provider without the Files or Batch API: every item would fail alike, so the
+        # batch stops without spending their attempts, saying what to change.
+        raise ItemError(
+            "batch_api_unavailable",
+            f'the provider has no Batch API ({status} on {path}): use embed_mode "sync" with it',
+            ErrorKind.SYSTEMIC,
+        )
     if 400 <= status < 500 and status not in (401, 403, 408, 429):
         raise ItemError(
             f"http_{status}",

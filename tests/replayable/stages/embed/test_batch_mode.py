@@ -444,3 +444,21 @@ def test_lines_past_the_providers_per_batch_limits_are_split_into_several_batche
     ended = rows(conn, "SELECT DISTINCT provider_status FROM replayable.provider_batches")
     assert ended == [("completed",)]
     assert _charged_twice(model) == {}
+
+
+def test_a_provider_without_the_batch_api_stops_the_batch_without_spending_attempts(
+    conn, dsn, model
+):
+    from replayable.stages.embed.batch_api import BatchApi
+
+    doc_ids = _chunked(conn, dsn, 2)
+    spec, connect = _batch_spec(dsn, model)
+    spec.batches = BatchApi(base_url=f"{model.base_url}/no-such-api", model="m")
+    result = _try(spec, connect, doc_ids, 1)
+    assert result.systemic is not None
+    assert result.systemic.error_class == "batch_api_unavailable"
+    assert 'use embed_mode "sync"' in result.systemic.message
+    assert rows(
+        conn, "SELECT status, attempts FROM replayable.stage_runs WHERE stage = 'embed'"
+    ) == [("failed", 0), ("failed", 0)]
+    assert scalar(conn, "SELECT count(*) FROM replayable.dead_letters") == 0
