@@ -39,26 +39,36 @@ def test_a_run_just_under_its_threshold_succeeds_and_lists_its_dead_letters(
 
 
 def test_a_run_just_over_its_threshold_fails_naming_the_fraction_and_the_threshold(
-    run_in_process, conn, model, tmp_path
+    monkeypatch,
 ):
-    folder = _poisoned(tmp_path, model, 9)
-    report = run_in_process({"source": str(folder), "max_dead_fraction": 0.09})
-    assert report["_failed"]
-    outcome = report["_tasks"]["report", -1]
-    assert outcome.state == "failed"
-    message = str(outcome.error)
+    """The report task judges the report build_report wrote (as the run above, 1 of 10)."""
+    from types import SimpleNamespace
+
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from replayable import dag_tasks, pipeline
+
+    report = {
+        "run_id": "run-1",
+        "documents": 10,
+        "stages": {"embed": {"done": 9, "failed": 0, "dead": 1}},
+        "model_calls": {"calls": 1, "ok": 1, "inputs": 3, "tokens": 30},
+        "dead_letters_opened": 1,
+        "dead": pipeline.dead_share(1, 10, []),
+    }
+    ti = SimpleNamespace(dag_id="document_pipeline", run_id="run-1")
+    params = {"max_dead_fraction": 0.09}
+    monkeypatch.setattr(dag_tasks, "get_current_context", lambda: {"ti": ti, "params": params})
+    monkeypatch.setattr(dag_tasks, "_on_database", lambda *a: report)
+    with pytest.raises(AirflowFailException) as failed:
+        dag_tasks.report()
+    message = str(failed.value)
     assert "1 of 10 documents" in message and "0.1" in message
     assert "max_dead_fraction 0.09" in message
-    # Every other item finished: the threshold judges the run, it loses nothing.
-    assert report["stages"]["embed"]["done"] == 9
-    assert_nothing_lost(conn)
-
-
-def test_without_a_threshold_dead_letters_never_fail_the_run(run_in_process, conn, model, tmp_path):
-    folder = _poisoned(tmp_path, model, 1)  # half the run dies
-    report = run_in_process({"source": str(folder)})
-    assert not report["_failed"], report["_tasks"]
-    assert report["dead"]["fraction"] == pytest.approx(0.5)
+    params["max_dead_fraction"] = 0.1  # exactly at the threshold: not over it
+    assert dag_tasks.report() is report
+    params.pop("max_dead_fraction")  # no threshold: dead letters never fail the run
+    assert dag_tasks.report() is report
 
 
 @pytest.mark.parametrize("bad", [-0.1, 1.5, "half", True])
