@@ -70,3 +70,30 @@ def test_the_overview_shows_the_last_30_days_cost_and_each_runs(client: TestClie
     assert "$0.375000" in page
     assert "manual__&lt;b&gt;&amp;run" in page and ODD_RUN not in page
     assert "+ 1 unpriced" in page
+
+
+def test_a_batch_runs_cost_on_the_overview_is_what_the_provider_charged_at_half_price(
+    client: TestClient, run_in_process, conn, model, tmp_path, monkeypatch
+):
+    """A run in embed_mode batch (ADR 0117), priced at the connection's sync price: the
+    overview's 30 days and the run's row show the provider's charged batch tokens at half."""
+    import os
+
+    from checks import subset
+
+    connection = json.loads(os.environ["AIRFLOW_CONN_REPLAYABLE_MODEL"])
+    connection["extra"] = {"prices": {"text-embedding-3-small": {"input": 0.02}}}
+    monkeypatch.setenv("AIRFLOW_CONN_REPLAYABLE_MODEL", json.dumps(connection))
+    model.set_faults(batch_delay_s=0.1)
+    report = run_in_process(
+        {"source": str(subset(tmp_path, 3)), "embed_mode": "batch", "batch_poll_s": 0.1}
+    )
+    assert not report["_failed"], report["_tasks"]
+    charged = model.stats()["batch_tokens_charged"] * 0.02 / 2 / 1e6
+    assert charged > 0
+    summary = client.get("/replayable/api/summary").json()
+    assert summary["cost"]["usd"] == pytest.approx(charged, rel=1e-9)
+    ((run),) = [r for r in summary["runs"] if r["run_id"] == report["run_id"]]
+    assert run["usd"] == pytest.approx(charged, rel=1e-9)
+    page = client.get("/replayable/").text
+    assert f"${charged:.6f}" in page
