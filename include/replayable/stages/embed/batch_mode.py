@@ -102,11 +102,11 @@ class BatchModeEmbed:
     def run(self) -> None:
         try:
             waiting = self._run()
+            missing = set(self._missing(list(self.users)))
         finally:
             self.db.close()
         self.spec.waiting_on = sorted(waiting)
         held: list[WorkItem] = []
-        missing = set(self._missing(list(self.users)))
         incomplete = ItemError(
             "incomplete", "some chunks have no embedding yet", ErrorKind.RETRYABLE
         )

@@ -382,11 +382,39 @@ class _Io:
 
     stopping = False
 
+    def __init__(self):
+        self.outcomes = {}
+
     def attempt(self, item):
         return 1
 
     def holds(self, item):
         return True
+
+    def done(self, item, writes=()):
+        self.outcomes[item.doc_id] = "done"
+
+    def failed(self, item, error):
+        self.outcomes[item.doc_id] = "failed"
+
+    def stop(self, error):
+        self.stopping = True
+
+
+def test_a_pass_leaves_no_database_session_open(conn, dsn, model):
+    from replayable.stages.embed.batch_mode import BatchModeEmbed
+
+    doc_ids = _chunked(conn, dsn, 2)
+    model.set_faults(batch_delay_s=0)
+    spec, _ = _batch_spec(dsn, model)
+    items = spec.plan(conn, doc_ids)
+    conn.commit()
+    for _ in range(2):  # submit (the batch is done at once), then collect
+        io = _Io()
+        one = BatchModeEmbed(spec, items, io)
+        one.run()
+        assert one.db._conn is None  # closed, and not opened again after
+    assert set(io.outcomes.values()) == {"done"}
 
 
 def test_a_batch_another_task_collected_first_is_not_read_again(conn, dsn, model):
