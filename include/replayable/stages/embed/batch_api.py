@@ -45,6 +45,8 @@ class BatchJob:
     error_file_id: str | None
     submission: str | None
     counts: Mapping[str, int]
+    errors: str = ""  # why a batch that failed validation failed, as the provider says
+
 
     @property
     def finished(self) -> bool:
@@ -62,6 +64,10 @@ class BatchJob:
                 error_file_id=payload.get("error_file_id") or None,
                 submission=metadata.get(METADATA_KEY) if isinstance(metadata, dict) else None,
                 counts=dict(payload.get("request_counts") or {}),
+                errors="; ".join(
+                    str(e.get("message"))
+                    for e in ((payload.get("errors") or {}).get("data") or [])[:3]
+                ),
             )
         except (AssertionError, KeyError, TypeError) as exc:
             raise ItemError(

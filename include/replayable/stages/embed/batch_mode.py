@@ -224,6 +224,11 @@ class BatchModeEmbed:
         """
         files = [f for f in (job.output_file_id, job.error_file_id) if f]
         inputs: list[str] = []
+        refused = ItemError(
+            "batch_failed",
+            f"the provider failed batch {job.id}: {job.errors or 'no reason given'}",
+            ErrorKind.RETRYABLE,
+        )
 
         def store(conn: Connection) -> dict[str, tuple[str, BaseException | None]]:
             inputs.clear()
@@ -245,6 +250,11 @@ class BatchModeEmbed:
                 if line["status"] != "submitted":
                     continue
                 chunk_ids = list(line["chunk_ids"])
+                if job.status == "failed":
+                    # The provider refused the file as a whole (validation): no line ran,
+                    # and sending it again as it was would fail again.
+                    outcome[line["custom_id"]] = ("failed", refused)
+                    continue
                 status, body = results.get(line["custom_id"], (0, None))
                 outcome[line["custom_id"]] = self._store_line(
                     conn, line["custom_id"], chunk_ids, status, body, run_id

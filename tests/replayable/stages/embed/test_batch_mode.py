@@ -490,3 +490,22 @@ def test_a_provider_without_the_batch_api_stops_the_batch_without_spending_attem
         conn, "SELECT status, attempts FROM replayable.stage_runs WHERE stage = 'embed'"
     ) == [("failed", 0), ("failed", 0)]
     assert scalar(conn, "SELECT count(*) FROM replayable.dead_letters") == 0
+
+
+def test_a_batch_the_provider_fails_as_a_whole_fails_its_documents_with_the_reason(
+    conn, dsn, model
+):
+    """A batch that fails validation ran no line: its documents fail (an attempt each, so
+    the cap bounds it) with the provider's reason, instead of being sent again as it was."""
+    doc_ids = _chunked(conn, dsn, 2)
+    model.set_faults(batch_delay_s=0, batch_max_requests=1)  # the client sends more
+    spec, connect = _batch_spec(dsn, model)
+    _try(spec, connect, doc_ids, 1)
+    result = _try(spec, connect, doc_ids, 2)
+    assert sorted(result.failed) == doc_ids
+    assert result.errors == {"batch_failed": 2}
+    reason = rows(
+        conn, "SELECT DISTINCT last_error FROM replayable.stage_runs WHERE stage = 'embed'"
+    )
+    assert "at most 1 are allowed" in reason[0][0], reason
+    assert model.stats()["batch_lines_charged"] == 0
