@@ -12,7 +12,7 @@ from typing import Any
 from replayable import config
 from replayable.cli import arguments
 from replayable.cli.arguments import non_empty, positive
-from replayable.cli.commands import failures, outbox, redrive, rerun, status
+from replayable.cli.commands import failures, outbox, redrive, rerun, search, status
 from replayable.vocabulary import (
     DATABASE_URL_ENV,
     DEAD_LETTER_STATUSES,
@@ -35,7 +35,14 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[common],
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (_add_status, _add_failed, _add_dead_letters, _add_rerun, _add_redrive):
+    for add in (
+        _add_status,
+        _add_failed,
+        _add_dead_letters,
+        _add_rerun,
+        _add_redrive,
+        _add_search,
+    ):
         add(sub, common)
     _add_outbox(sub, common)
     return parser
@@ -86,6 +93,32 @@ def _add_status(sub: Commands, common: argparse.ArgumentParser) -> None:
         help="stop watching after this long, exiting 1 (default: %(default)s)",
     )
     command.set_defaults(handler=status.run)
+
+
+def _add_search(sub: Commands, common: argparse.ArgumentParser) -> None:
+    command = sub.add_parser(
+        "search",
+        parents=[common],
+        help="the chunks nearest a question",
+        description="Embed QUERY through the model connection and print the chunks nearest "
+        "it, among the current embeddings of current documents (cosine similarity).",
+    )
+    command.add_argument("query", metavar="QUERY", help="a question, or some words")
+    command.add_argument("--k", type=positive(int), default=10, help="(default: %(default)s)")
+    command.add_argument(
+        "--source", type=non_empty, metavar="PREFIX", help="only documents whose path starts so"
+    )
+    command.add_argument(
+        "--model",
+        type=non_empty,
+        help="the embedding model whose vectors to search (default: the connection's)",
+    )
+    command.add_argument(
+        "--dag-id",
+        default=PIPELINE_DAG_ID,
+        help="the pipeline whose settings name the vectors (default: %(default)s)",
+    )
+    command.set_defaults(handler=search.run)
 
 
 def _add_failed(sub: Commands, common: argparse.ArgumentParser) -> None:

@@ -222,6 +222,28 @@ def print_redrive(console: Console, as_json: bool, data: dict[str, Any]) -> None
 # ---- output ------------------------------------------------------------------------------
 
 
+def search_table(data: dict[str, Any]) -> RenderableType:
+    """A table of ``search``: the chunks found, best first."""
+    table = Table(
+        title=f"Nearest chunks to {data['query']!r} ({data['model']})",
+        caption=f"{len(data['hits'])} found",
+    )
+    table.add_column("#", justify="right", no_wrap=True)
+    table.add_column("Score", justify="right", no_wrap=True)
+    table.add_column("File", overflow="fold")
+    table.add_column("Chunk", justify="right", no_wrap=True)
+    table.add_column("Text", overflow="fold")
+    for rank, hit in enumerate(data["hits"], start=1):
+        table.add_row(
+            str(rank),
+            f"{hit['score']:.3f}",
+            cell(hit["uri"]),
+            str(hit["ordinal"]),
+            cell(hit["snippet"]),
+        )
+    return table
+
+
 def emit(
     console: Console,
     as_json: bool,

@@ -47,7 +47,6 @@ class BatchJob:
     counts: Mapping[str, int]
     errors: str = ""  # why a batch that failed validation failed, as the provider says
 
-
     @property
     def finished(self) -> bool:
         return self.status in FINISHED

@@ -1,0 +1,72 @@
+"""``replayable search`` against vectors the pipeline stored, through the model connection
+(the local server's real model, ``local-wordllama-256``; ADR 0118)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import corpus
+from checks import subset
+from replayable.cli import main
+
+MODEL = "local-wordllama-256"
+pytestmark = pytest.mark.db
+
+
+def _search(capsys, dsn, *args):
+    capsys.readouterr()
+    code = main(["--dsn", dsn, "--json", "search", *args])
+    captured = capsys.readouterr()
+    return code, (json.loads(captured.out) if code == 0 else captured.err)
+
+
+TOPICS = {
+    "bees.pdf": "Honey bees live in colonies around a single queen. Beekeepers inspect the "
+    "hives in spring and harvest the honey in late summer.",
+    "tides.pdf": "Tide pools form on rocky shores when the sea retreats at low tide. Starfish, "
+    "anemones and small crabs shelter in them until the water returns.",
+    "bread.pdf": "Sourdough bread rises with the wild yeast of a starter. Knead the dough, "
+    "let it proof overnight, then bake it in a very hot oven.",
+    "ledger.pdf": "The accounting ledger records every invoice and payment. Reconcile the "
+    "balances at the end of each month before the books are closed.",
+}
+
+
+def test_a_question_finds_the_document_that_answers_it_first(
+    run_in_process, conn, dsn, model, tmp_path, capsys
+):
+    folder = tmp_path / "topics"
+    folder.mkdir()
+    for name, text in TOPICS.items():
+        corpus.write_pdf(folder / name, [text])
+    subset(tmp_path, 4)  # other documents, in docs/: --source leaves them out
+    assert not run_in_process({"source": str(tmp_path), "model": MODEL})["_failed"]
+    for question, answer in (
+        ("How can a loaf rise without yeast from a shop?", "bread.pdf"),
+        ("creatures that hide in rock pools by the seaside", "tides.pdf"),
+        ("when do you collect honey from a hive", "bees.pdf"),
+    ):
+        code, found = _search(capsys, dsn, question, "--model", MODEL, "--k", "3")
+        assert code == 0, found
+        assert found["hits"][0]["uri"].endswith(answer), (question, found["hits"])
+    code, found = _search(
+        capsys, dsn, "closing the books", "--model", MODEL, "--source", str(folder)
+    )
+    assert code == 0 and found["model"] == MODEL
+    hits = found["hits"]
+    assert hits[0]["uri"].endswith("ledger.pdf")
+    assert len(hits) == len(TOPICS)  # only the four under --source, one chunk each
+    assert [h["score"] for h in hits] == sorted((h["score"] for h in hits), reverse=True)
+    assert "invoice and payment" in hits[0]["snippet"]
+
+
+def test_an_empty_query_or_a_model_without_vectors_is_refused_naming_the_input(
+    run_in_process, conn, dsn, model, tmp_path, capsys
+):
+    assert not run_in_process({"source": str(subset(tmp_path, 2))})["_failed"]
+    code, error = _search(capsys, dsn, "   ")
+    assert code == 2 and "query:" in error
+    code, error = _search(capsys, dsn, "anything", "--model", "no-such-model")
+    assert code == 2 and "model: the ledger has no vectors for 'no-such-model'" in error
