@@ -22,9 +22,9 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-log = logging.getLogger(__name__)
+from replayable.stages.embed.batch_api import FINISHED
 
-FINISHED = ("completed", "failed", "expired", "cancelled")
+log = logging.getLogger(__name__)
 
 
 class ProviderBatchTrigger(BaseTrigger):
@@ -55,7 +55,7 @@ class ProviderBatchTrigger(BaseTrigger):
                 ended: dict[str, str] = {}
                 for batch_id in self.batch_ids:
                     status = await self._status(http, batch_id)
-                    if status in FINISHED:
+                    if status in FINISHED:  # the statuses a batch ends in
                         ended[batch_id] = status
                 if ended:
                     yield TriggerEvent({"status": "ended", "ended": ended})  # type: ignore[no-untyped-call]
