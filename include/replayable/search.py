@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from replayable.db import Connection, fetch_all
+from replayable.stages.embed.store import vector_literal
 
 SNIPPET_CHARS = 300
 
@@ -64,16 +65,11 @@ def search(
 ) -> list[Hit]:
     """The ``k`` chunks nearest ``vector`` in ``scope``, best first; ``source`` keeps only
     documents whose URI starts with it."""
-    if not fetch_all(conn, "search/has_model", {"model": scope.model})[0]["found"]:
-        raise SearchError(
-            f"model: the ledger has no vectors for {scope.model!r}; embed documents with it "
-            "first, or name the model they were embedded with"
-        )
     rows = fetch_all(
         conn,
         "search/best_chunks",
         {
-            "vector": "[" + ",".join(repr(float(x)) for x in vector) + "]",
+            "vector": vector_literal(vector),
             "model": scope.model,
             "spec_hash": scope.spec_hash,
             "extractor_version": scope.extractor_version,
@@ -83,6 +79,11 @@ def search(
             "snippet": SNIPPET_CHARS,
         },
     )
+    if not rows and not fetch_all(conn, "search/has_model", {"model": scope.model})[0]["found"]:
+        raise SearchError(
+            f"model: the ledger has no vectors for {scope.model!r}; embed documents with it "
+            "first, or name the model they were embedded with"
+        )
     return [
         Hit(
             doc_id=row["doc_id"],

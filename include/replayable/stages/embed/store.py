@@ -28,12 +28,13 @@ def store_vectors(
         conn,
         "stages/insert_embeddings",
         [
-            (cid, model, len(vec), _vector_literal(vec))
+            (cid, model, len(vec), vector_literal(vec))
             for cid, vec in zip(chunk_ids, vectors, strict=True)
         ],
         template="(%s, %s, %s, %s::vector)",
     )
 
 
-def _vector_literal(vector: Sequence[float]) -> str:
+def vector_literal(vector: Sequence[float]) -> str:
+    """``vector`` as pgvector's text form, ``[x,y,…]``, bound as a value."""
     return "[" + ",".join(repr(float(x)) for x in vector) + "]"
