@@ -74,6 +74,23 @@ class BatchLimits:
 
 
 @dataclass(frozen=True)
+class _LineEnd:
+    """How a collected line ended: done, failed (with its error) or missing; its chunks."""
+
+    status: str
+    error: BaseException | None
+    chunk_ids: list[str]
+
+
+@dataclass(frozen=True)
+class _Vectors:
+    """The vectors of a collected batch's lines, stored together."""
+
+    chunk_ids: list[str]
+    vectors: list[list[float]]
+
+
+@dataclass(frozen=True)
 class _Line:
     custom_id: str
     chunk_ids: tuple[str, ...]
@@ -230,7 +247,7 @@ class BatchModeEmbed:
             ErrorKind.RETRYABLE,
         )
 
-        def store(conn: Connection) -> dict[str, tuple[str, BaseException | None]]:
+        def store(conn: Connection) -> dict[str, _LineEnd]:
             inputs.clear()
             rows = fetch_all(conn, "batches/lock_submission", {"submission": submission})
             if not rows or rows[0]["status"] != "waiting":
@@ -245,29 +262,32 @@ class BatchModeEmbed:
             if rows[0]["input_file_id"]:
                 inputs.append(rows[0]["input_file_id"])
             lines = fetch_all(conn, "batches/submission_lines", {"submission": submission})
-            outcome: dict[str, tuple[str, BaseException | None]] = {}
+            outcome: dict[str, _LineEnd] = {}
+            vectors = _Vectors([], [])  # every line's, stored in one statement
             for line in lines:
                 if line["status"] != "submitted":
                     continue
-                chunk_ids = list(line["chunk_ids"])
+                custom_id, chunk_ids = line["custom_id"], list(line["chunk_ids"])
                 if job.status == "failed":
                     # The provider refused the file as a whole (validation): no line ran,
                     # and sending it again as it was would fail again.
-                    outcome[line["custom_id"]] = ("failed", refused)
+                    outcome[custom_id] = _LineEnd("failed", refused, chunk_ids)
                     continue
-                status, body = results.get(line["custom_id"], (0, None))
-                outcome[line["custom_id"]] = self._store_line(
-                    conn, line["custom_id"], chunk_ids, status, body, run_id
+                status, body = results.get(custom_id, (0, None))
+                line_status, error = self._store_line(
+                    conn, custom_id, chunk_ids, status, body, run_id, vectors
                 )
+                outcome[custom_id] = _LineEnd(line_status, error, chunk_ids)
+            store_vectors(conn, self.spec.model, vectors.chunk_ids, vectors.vectors)
             keys = sorted(outcome)
-            errors = [outcome[k][1] for k in keys]
+            errors = [outcome[k].error for k in keys]
             execute(
                 conn,
                 "batches/finish_lines",
                 {
                     "submission": submission,
                     "custom_ids": keys,
-                    "statuses": [outcome[k][0] for k in keys],
+                    "statuses": [outcome[k].status for k in keys],
                     "error_classes": [getattr(e, "error_class", None) for e in errors],
                     "error_kinds": [
                         e.kind.value if isinstance(e, ItemError) else None for e in errors
@@ -283,11 +303,10 @@ class BatchModeEmbed:
         outcome = self.db.transaction(store, describe=f"embed: collect {job.id}")
         if not outcome:
             return
-        by_line = self._line_chunks(submission)
-        for custom_id, (line_status, error) in outcome.items():
-            if line_status != "failed" or error is None:
+        for end in outcome.values():
+            if end.status != "failed" or end.error is None:
                 continue
-            chunk_ids = by_line.get(custom_id, [])
+            error, chunk_ids = end.error, end.chunk_ids
             owners = {i.item_key: i for c in chunk_ids for i in self.users.get(c, ())}
             if classify(error).kind is ErrorKind.TERMINAL and len(owners) > 1:
                 # One bad input fails the whole line: send each document's part on its own,
@@ -301,13 +320,6 @@ class BatchModeEmbed:
             self._forget_file(file_id)
         log.info("embed: batch %s %s: %s", job.id, job.status, dict(job.counts) or "no counts")
 
-    def _line_chunks(self, submission: str) -> dict[str, list[str]]:
-        rows = self.db.transaction(
-            lambda conn: fetch_all(conn, "batches/submission_lines", {"submission": submission}),
-            describe="embed: lines",
-        )
-        return {row["custom_id"]: list(row["chunk_ids"]) for row in rows}
-
     def _store_line(
         self,
         conn: Connection,
@@ -316,8 +328,10 @@ class BatchModeEmbed:
         status: int,
         body: Any,
         run_id: str | None,
+        vectors: _Vectors,
     ) -> tuple[str, BaseException | None]:
-        """Store one line's vectors and its billed call; return its status and error."""
+        """Record one line's billed call and keep its vectors in ``vectors``; return its
+        status and error."""
         spec = self.spec
         if status == 0:
             # The batch ended before it ran (expired, cancelled): sent again as it was, the
@@ -344,7 +358,8 @@ class BatchModeEmbed:
         except ItemError as error:
             self._record(conn, custom_id, chunk_ids, run_id, error.error_class, 200, 0, None)
             return "failed", error
-        store_vectors(conn, spec.model, chunk_ids, result.vectors)
+        vectors.chunk_ids.extend(chunk_ids)
+        vectors.vectors.extend(result.vectors)
         price = getattr(spec.provider, "price", None)
         cost = price.of(result.tokens, 0, "batch") if price is not None else None
         self._record(conn, custom_id, chunk_ids, run_id, "ok", 200, result.tokens, cost)
@@ -583,17 +598,24 @@ def sweep_orphan_files(api: BatchApi, conn: Connection, older_than_s: float = 36
     orphan is only a file whose submission was recorded under another file or never at all.
     """
     cutoff = time.time() - older_than_s
-    deleted = []
-    for item in list(api.files()):
-        name = str(item.get("filename") or "")
-        if not name.startswith("replayable-") or float(item.get("created_at") or 0) > cutoff:
-            continue
-        submission = name.removeprefix("replayable-").removesuffix(".jsonl")
-        known = fetch_all(
-            conn, "batches/known_file", {"file_id": item["id"], "submission": submission}
+    candidates = {
+        str(item["id"]): str(item["filename"]).removeprefix("replayable-").removesuffix(".jsonl")
+        for item in api.files()
+        if str(item.get("filename") or "").startswith("replayable-")
+        and float(item.get("created_at") or 0) <= cutoff
+    }
+    if not candidates:
+        return []
+    known = {
+        row["file_id"]
+        for row in fetch_all(
+            conn,
+            "batches/known_file",
+            {"file_ids": list(candidates), "submissions": list(candidates.values())},
         )
-        conn.commit()
-        if not known:
-            api.delete_file(str(item["id"]))
-            deleted.append(str(item["id"]))
+    }
+    conn.commit()
+    deleted = [file_id for file_id in candidates if file_id not in known]
+    for file_id in deleted:
+        api.delete_file(file_id)
     return deleted
