@@ -48,7 +48,7 @@ from replayable.stages.embed.batch_api import (
 )
 from replayable.stages.embed.client import _parse
 from replayable.stages.embed.packing import estimate_tokens, pack
-from replayable.stages.embed.store import request_key, store_vectors
+from replayable.stages.embed.store import request_key, store_vectors, too_long
 from replayable.stages.model_calls import record_calls
 from replayable.stages.model_http import CallRecord
 
@@ -198,19 +198,11 @@ class BatchModeEmbed:
         )
 
     def _refuse_too_long(self) -> None:
-        limit = self.spec.max_input_tokens
-        for cid, tokens in sorted(self.tokens.items()):
-            if tokens <= limit:
-                continue
-            error = ItemError(
-                "input_too_long",
-                f"chunk {cid[:12]} is about {tokens} tokens, past the model's {limit} per "
-                "input; a smaller chunk_size cuts it",
-                ErrorKind.TERMINAL,
-            )
+        refused = too_long(self.tokens, self.spec.max_input_tokens)
+        for cid, error in refused.items():
             for item in self.users[cid]:
                 self.errors.setdefault(item.item_key, error)
-        self.tokens = {cid: t for cid, t in self.tokens.items() if t <= limit}
+        self.tokens = {cid: t for cid, t in self.tokens.items() if cid not in refused}
 
     def _live(self, chunk_ids: list[str]) -> list[dict[str, Any]]:
         if not chunk_ids:

@@ -37,7 +37,7 @@ from replayable.stages.embed.packing import (
     estimate_tokens,
     pack,
 )
-from replayable.stages.embed.store import request_key, store_vectors
+from replayable.stages.embed.store import request_key, store_vectors, too_long
 from replayable.stages.lineage import embed_lineage
 from replayable.stages.model_calls import FailureStreak, Sessions, correct_tokens, record_calls
 
@@ -284,20 +284,10 @@ class _EmbedBatch:
                 self.errors.setdefault(item.item_key, incomplete)
 
     def _refuse_too_long(self) -> None:
-        """Fail the documents of chunks past the per-input limit, before anything is sent.
-
-        The provider would refuse the whole request with a 400 after the send; the chunk is
-        the document's for good (a larger chunk_size made it), so the error is terminal.
-        """
-        limit = self.spec.max_input_tokens
-        self.too_long = {cid for cid, tokens in self.tokens.items() if tokens > limit}
-        for cid in sorted(self.too_long):
-            error = ItemError(
-                "input_too_long",
-                f"chunk {cid[:12]} is about {self.tokens[cid]} tokens, past the model's "
-                f"{limit} per input; a smaller chunk_size cuts it",
-                ErrorKind.TERMINAL,
-            )
+        """Fail the documents of chunks past the per-input limit, before anything is sent."""
+        refused = too_long(self.tokens, self.spec.max_input_tokens)
+        self.too_long = set(refused)
+        for cid, error in refused.items():
             for item in self.users[cid]:
                 self.errors.setdefault(item.item_key, error)
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from replayable.db import Connection, execute_values
 from replayable.keys import sha256_bytes
+from replayable.retry import ErrorKind, ItemError
 
 
 def request_key(model: str, dimensions: int | None, chunk_ids: Sequence[str]) -> str:
@@ -18,6 +19,25 @@ def request_key(model: str, dimensions: int | None, chunk_ids: Sequence[str]) ->
     """
     digest = sha256_bytes("\x00".join([model, str(dimensions), *sorted(chunk_ids)]).encode())
     return f"replayable-embed-{digest[:40]}"
+
+
+def too_long(tokens: Mapping[str, int], limit: int) -> dict[str, ItemError]:
+    """The chunks past the per-input ``limit`` (estimated tokens), each with its error.
+
+    The provider would refuse the whole request with a 400 after the send; the chunk is its
+    document's for good (a larger chunk_size made it), so the error is terminal and comes
+    before anything is sent.
+    """
+    return {
+        cid: ItemError(
+            "input_too_long",
+            f"chunk {cid[:12]} is about {n} tokens, past the model's {limit} per input; a "
+            "smaller chunk_size cuts it",
+            ErrorKind.TERMINAL,
+        )
+        for cid, n in sorted(tokens.items())
+        if n > limit
+    }
 
 
 def store_vectors(
