@@ -16,6 +16,27 @@ from replayable.stages.builtin import document_pipeline
 from replayable.vocabulary import DEFAULT_STAGES
 
 SAMPLES = ROOT / "data" / "samples"
+# Short documents on unrelated subjects, one chunk each: a search finds one by its meaning.
+TOPICS = {
+    "bees.pdf": "Honey bees live in colonies around a single queen. Beekeepers inspect the "
+    "hives in spring and harvest the honey in late summer.",
+    "tides.pdf": "Tide pools form on rocky shores when the sea retreats at low tide. Starfish, "
+    "anemones and small crabs shelter in them until the water returns.",
+    "bread.pdf": "Sourdough bread rises with the wild yeast of a starter. Knead the dough, "
+    "let it proof overnight, then bake it in a very hot oven.",
+    "ledger.pdf": "The accounting ledger records every invoice and payment. Reconcile the "
+    "balances at the end of each month before the books are closed.",
+}
+
+
+def topic_pdfs(folder: Path, texts: dict[str, str]) -> Path:
+    """``folder`` with a one-page PDF per name of ``texts`` (e.g. :data:`TOPICS`)."""
+    import corpus
+
+    folder.mkdir(exist_ok=True)
+    for name, text in texts.items():
+        corpus.write_pdf(folder / name, [text])
+    return folder
 
 
 def rows(conn: Any, sql: str, *params: Any) -> list[tuple[Any, ...]]:

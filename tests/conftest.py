@@ -295,6 +295,7 @@ def empty_ledger(conn: Any) -> None:
             cur.execute("SET LOCAL session_replication_role = replica")
             for name in small:
                 cur.execute(sql.SQL("DELETE FROM {}").format(sql.Identifier("replayable", name)))
+    devenv.drop_search_indexes(conn)
     conn.commit()
 
 

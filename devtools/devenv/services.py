@@ -266,7 +266,8 @@ def postgres_conn_json(dsn: str) -> str:
 
 
 def empty_ledger(conn: Any) -> None:
-    """Empty every table of the replayable schema but its migration record, and commit.
+    """Empty every table of the replayable schema but its migration record, drop the
+    search indexes that searches built (replayable.search.ensure_index), and commit.
 
     For the tests, the benchmarks and the chaos runs, between one case and the next. The
     tables are read from the catalog, so a table a migration adds is emptied too.
@@ -282,7 +283,22 @@ def empty_ledger(conn: Any) -> None:
         if names:
             tables = sql.SQL(", ").join(sql.Identifier("replayable", n) for n in names)
             cur.execute(sql.SQL("TRUNCATE {} CASCADE").format(tables))
+    drop_search_indexes(conn)
     conn.commit()
+
+
+def drop_search_indexes(conn: Any) -> None:
+    """Drop the search indexes that searches built (``embeddings_hnsw_*``); the caller
+    commits. They are derived from the vectors, and the next search builds them again."""
+    from psycopg2 import sql
+
+    with conn.cursor() as cur:
+        cur.execute(
+            "SELECT indexname FROM pg_indexes WHERE schemaname = 'replayable'"
+            " AND indexname LIKE 'embeddings\\_hnsw\\_%'"
+        )
+        for (index,) in cur.fetchall():
+            cur.execute(sql.SQL("DROP INDEX {}").format(sql.Identifier("replayable", index)))
 
 
 def latest_report(dsn: str, since: datetime) -> dict[str, Any] | None:

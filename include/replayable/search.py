@@ -1,22 +1,51 @@
 """Search the pipeline's output: the chunks nearest a question, by their embeddings.
 
-The question is embedded through the model connection, as the embed stage embeds chunks,
-then compared (cosine) with the current embeddings of current documents: those of the
-documents whose embed item is done under the spec a run with these settings has now (the
-model and dimensions, the chunker and the extractor), so a document re-chunked or
-re-embedded under other settings is searched under the current ones only (ADR 0118).
+The question is embedded through the model connection, as the embed stage embeds chunks
+(the same model resolution, and a slot and send time of the same shared budget), then
+compared (cosine) with the current embeddings of current documents: those of the documents
+whose embed item is done under the spec a run with these settings has now (the model and
+dimensions, the chunker and the extractor), so a document re-chunked or re-embedded under
+other settings is searched under the current ones only (ADR 0118).
+
+Vectors are found through an HNSW index per model and dimension, built the first time that
+model and dimension are searched and kept current by Postgres as vectors are written (ADR
+0119). The index gives the nearest vectors of the model; those of current documents are kept,
+and when fewer than asked are left (a narrow ``source``, many stale vectors) the search is
+made again exactly, so a hit the index would miss is still found.
 """
 
 from __future__ import annotations
 
+import logging
+import math
+import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
 
-from replayable.db import Connection, fetch_all
+import psycopg2.extras
+from psycopg2 import sql
+
+from replayable.db import Connection, Database, fetch_all
+from replayable.keys import sha256_bytes
 from replayable.stages.embed.store import vector_literal
+from replayable.vocabulary import MODEL_CONN_ID, PIPELINE_DAG_ID
+
+if TYPE_CHECKING:
+    from replayable.stages.embed.client import HttpEmbeddingClient
+
+log = logging.getLogger(__name__)
 
 SNIPPET_CHARS = 300
+MAX_K = 100
+STAGE = "search"  # the model_calls rows of query embeddings
+# The nearest vectors the index is asked for, per hit wanted (and its bounds: pgvector's
+# hnsw.ef_search goes up to 1,000). Stale vectors and other documents are dropped from them.
+POOL_PER_HIT = 10
+MIN_POOL = 100
+MAX_POOL = 1000
+# The memory one index build may use: an index that fits builds many times faster.
+BUILD_MEMORY = "1GB"
 
 
 @dataclass(frozen=True)
@@ -44,6 +73,24 @@ class Scope:
     chunker_key: str
 
 
+@dataclass(frozen=True)
+class Answer:
+    """A search's answer: the question as searched, the model, and the chunks, best first."""
+
+    query: str
+    model: str
+    hits: list[Hit] = field(default_factory=list)
+    exact: bool = False  # whether the index's candidates fell short and every vector was read
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "query": self.query,
+            "model": self.model,
+            "exact": self.exact,
+            "hits": [hit.as_dict() for hit in self.hits],
+        }
+
+
 class SearchError(ValueError):
     """A search that cannot be made: the message says which input is wrong."""
 
@@ -55,43 +102,261 @@ def check_query(query: str) -> str:
     return text
 
 
+def check_k(k: int) -> int:
+    if not 1 <= k <= MAX_K:
+        raise SearchError(f"k: ask for between 1 and {MAX_K} chunks, not {k}")
+    return k
+
+
+def index_name(model: str, dim: int) -> str:
+    """The name of the search index of ``model`` at ``dim`` dimensions."""
+    return "embeddings_hnsw_" + sha256_bytes(f"{model}\x00{dim}".encode())[:16]
+
+
+def ensure_index(database: Database, model: str, dim: int) -> bool:
+    """Build the HNSW index of ``model`` at ``dim`` dimensions unless it exists and is
+    valid; return whether this call built it.
+
+    It is built concurrently (writers go on) on ``database``, which must be in autocommit,
+    by one builder at a time: the others wait on an advisory lock, then find it built. A
+    build that failed half-way leaves an invalid index, which is dropped and built again.
+    """
+    name = index_name(model, dim)
+
+    def state(conn: Connection) -> bool | None:
+        rows = fetch_all(conn, "search/index_of", {"name": name})
+        return bool(rows[0]["valid"]) if rows else None
+
+    if database.transaction(state, describe="search/index_of"):
+        return False
+
+    def build(conn: Connection) -> bool:
+        key = int(sha256_bytes(f"replayable-search-index\x00{name}".encode())[:15], 16)
+        with conn.cursor() as cur:
+            cur.execute("SELECT pg_advisory_lock(%s)", (key,))
+            try:
+                found = state(conn)
+                if found:
+                    return False
+                if found is not None:  # an invalid index, left by a failed build
+                    cur.execute(
+                        sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS replayable.{}").format(
+                            sql.Identifier(name)
+                        )
+                    )
+                cur.execute("SELECT set_config('maintenance_work_mem', %s, false)", (BUILD_MEMORY,))
+                started = time.monotonic()
+                cur.execute(
+                    sql.SQL(
+                        "CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} ON replayable.embeddings"
+                        " USING hnsw ((embedding::vector({dim})) vector_cosine_ops)"
+                        " WHERE model = {model} AND dim = {dim}"
+                    ).format(
+                        name=sql.Identifier(name), dim=sql.Literal(dim), model=sql.Literal(model)
+                    )
+                )
+                log.info(
+                    "built the search index of %s at %d dimensions in %.1f s",
+                    model,
+                    dim,
+                    time.monotonic() - started,
+                )
+                return True
+            finally:
+                cur.execute("RESET maintenance_work_mem")
+                cur.execute("SELECT pg_advisory_unlock(%s)", (key,))
+
+    return database.transaction(build, describe=f"build {name}")
+
+
 def search(
     conn: Connection,
     vector: Sequence[float],
     scope: Scope,
     *,
+    query: str = "",
     k: int = 10,
     source: str | None = None,
-) -> list[Hit]:
+) -> Answer:
     """The ``k`` chunks nearest ``vector`` in ``scope``, best first; ``source`` keeps only
-    documents whose URI starts with it."""
-    rows = fetch_all(
-        conn,
-        "search/best_chunks",
-        {
-            "vector": vector_literal(vector),
-            "model": scope.model,
-            "spec_hash": scope.spec_hash,
-            "extractor_version": scope.extractor_version,
-            "chunker_key": scope.chunker_key,
-            "source": source,
-            "k": k,
-            "snippet": SNIPPET_CHARS,
-        },
-    )
-    if not rows and not fetch_all(conn, "search/has_model", {"model": scope.model})[0]["found"]:
-        raise SearchError(
-            f"model: the ledger has no vectors for {scope.model!r}; embed documents with it "
-            "first, or name the model they were embedded with"
+    documents whose URI starts with it. Through the index of the model and dimension when
+    it has one; exactly when it has none or its candidates fall short."""
+    check_k(k)
+    params: dict[str, Any] = {
+        "vector": vector_literal(vector),
+        "model": scope.model,
+        "spec_hash": scope.spec_hash,
+        "extractor_version": scope.extractor_version,
+        "chunker_key": scope.chunker_key,
+        "source": source,
+        "k": k,
+        "snippet": SNIPPET_CHARS,
+    }
+    dim = len(vector)
+    rows: list[dict[str, Any]] | None = None
+    if fetch_all(conn, "search/index_of", {"name": index_name(scope.model, dim)}) == [
+        {"valid": True}
+    ]:
+        pool = min(MAX_POOL, max(MIN_POOL, k * POOL_PER_HIT))
+        # One string, so one transaction even in autocommit: the setting is the query's.
+        nearest = sql.SQL("SELECT set_config('hnsw.ef_search', {pool}, true);\n{query}").format(
+            pool=sql.Literal(str(pool)),
+            query=sql.SQL(_text("search/nearest_chunks")).format(dim=sql.Literal(dim)),
         )
-    return [
+        with conn.cursor(cursor_factory=psycopg2.extras.RealDictCursor) as cur:
+            cur.execute(nearest, {**params, "pool": pool})
+            rows = [dict(row) for row in cur.fetchall()]
+        # Fewer than k left, out of a full pool: vectors beyond it may be current ones.
+        if len(rows) < k and (not rows or int(rows[0]["pooled"]) >= pool):
+            rows = None
+    exact = rows is None
+    if rows is None:
+        rows = fetch_all(conn, "search/best_chunks", params)
+    if not rows and not has_vectors(conn, scope.model):
+        raise no_vectors(scope.model)
+    hits = [
         Hit(
             doc_id=row["doc_id"],
             uri=row["uri"],
             ordinal=int(row["ordinal"]),
             chunk_id=row["chunk_id"],
-            score=float(row["score"]),
+            score=_finite(float(row["score"])),
             snippet=" ".join(str(row["snippet"]).split()),
         )
         for row in rows
     ]
+    return Answer(query=query, model=scope.model, hits=hits, exact=exact)
+
+
+def _finite(score: float) -> float:
+    """A similarity, or 0 where it has none (a vector of zeros has no direction)."""
+    return score if math.isfinite(score) else 0.0
+
+
+def _text(name: str) -> str:
+    from replayable.db import sql as query_text
+
+    return query_text(name)
+
+
+def scope_of(
+    model: str | None, dag_id: str = PIPELINE_DAG_ID, conn_id: str = MODEL_CONN_ID
+) -> tuple[Scope, Any]:
+    """What a run of ``dag_id`` with default settings (and ``model``) embeds, and the model
+    choice it makes on the model connection ``conn_id``."""
+    # Imported here: the hook loads Airflow's task SDK, which only a search needs.
+    from replayable.hooks import EmbeddingsHook, model_choice
+    from replayable.settings import PipelineSettings
+    from replayable.stage import Models, pipeline_of
+    from replayable.stages import extract
+
+    settings = PipelineSettings(model=model)
+    choice = model_choice(settings, EmbeddingsHook(conn_id))
+    models = Models(choice.model, choice.dimensions, "")
+    scope = Scope(
+        model=choice.model,
+        spec_hash=pipeline_of(dag_id).spec_hashes(settings, models)["embed"],
+        extractor_version=extract.extractor_id(settings.extractor),
+        chunker_key=settings.chunk_config.key,
+    )
+    return scope, choice
+
+
+def embed_query(query: str, choice: Any, dsn: str, conn_id: str = MODEL_CONN_ID) -> list[float]:
+    """The query's vector, from the model ``choice`` names, sent within the shared budget
+    (a slot and a send time, as every model request) and recorded as a ``search`` call."""
+    from replayable.budget import RequestBudget
+    from replayable.hooks import EmbeddingsHook
+    from replayable.stages.embed.packing import estimate_tokens
+    from replayable.stages.model_calls import correct_tokens, record_calls
+    from replayable.stages.model_http import CallRecord
+
+    key = "replayable-search-" + sha256_bytes(f"{choice.model}\x00{query}".encode())[:40]
+    estimate = estimate_tokens(len(query.encode()))
+    budget = RequestBudget(
+        choice.provider.base_url,
+        choice.shared_in_flight,
+        max_rps=choice.shared_rps,
+        connect=lambda: Database(dsn),
+        max_tpm=choice.provider.max_tpm,
+    )
+    database = Database(dsn)
+    calls: list[CallRecord] = []
+    client: HttpEmbeddingClient = EmbeddingsHook(conn_id).get_client(
+        model=choice.model, dimensions=choice.dimensions, max_in_flight=1
+    )
+    try:
+        vector = client.embed(
+            [query],
+            idempotency_key=key,
+            on_call=calls.append,
+            gate=lambda: budget.slot(database.conn, estimate),
+        ).vectors[0]
+    finally:
+        client.close()
+        correct_tokens(budget, estimate, calls, STAGE)
+        budget.close()
+        try:
+            database.transaction(
+                lambda conn: record_calls(
+                    conn, calls, stage=STAGE, run_id=None, attempt=1, share={key: 1}
+                ),
+                describe="record the query's model calls",
+            )
+        finally:
+            database.close()
+    return list(vector)
+
+
+def has_vectors(conn: Connection, model: str) -> bool:
+    """Whether the ledger holds any vector of ``model``: a search asks before it pays the
+    provider for the question's vector, and before it builds that model's index."""
+    return bool(fetch_all(conn, "search/has_model", {"model": model})[0]["found"])
+
+
+def no_vectors(model: str) -> SearchError:
+    return SearchError(
+        f"model: the ledger has no vectors for {model!r}; embed documents with it first, or "
+        "name the model they were embedded with"
+    )
+
+
+def vector_for(
+    query: str, scope: Scope, choice: Any, dsn: str, conn_id: str = MODEL_CONN_ID
+) -> list[float]:
+    """The question's vector (:func:`embed_query`), with the index of its model and
+    dimension built if this is their first search; writes through ``dsn`` only."""
+    vector = embed_query(query, choice, dsn, conn_id)
+    builder = Database(dsn, autocommit=True)
+    try:
+        ensure_index(builder, scope.model, len(vector))
+    finally:
+        builder.close()
+    return vector
+
+
+def answer(
+    conn: Connection,
+    query: str,
+    *,
+    dsn: str,
+    model: str | None = None,
+    k: int = 10,
+    source: str | None = None,
+    dag_id: str = PIPELINE_DAG_ID,
+    conn_id: str = MODEL_CONN_ID,
+) -> Answer:
+    """Search for ``query``: embed it, build the index of its model and dimension on first
+    use, and read the ``k`` nearest chunks on ``conn``. ``dsn`` is the ledger's, on which the
+    budget, the call's record and the index build write; ``conn`` may be read-only.
+
+    A model asked for by name is checked for vectors first, so a name mistyped costs no
+    model call and builds no index.
+    """
+    text = check_query(query)
+    check_k(k)
+    scope, choice = scope_of(model, dag_id, conn_id)
+    if model is not None and not has_vectors(conn, model):
+        raise no_vectors(model)
+    vector = vector_for(text, scope, choice, dsn, conn_id)
+    return search(conn, vector, scope, query=text, k=k, source=source)

@@ -7,8 +7,7 @@ import json
 
 import pytest
 
-import corpus
-from checks import subset
+from checks import TOPICS, subset, topic_pdfs
 from replayable.cli import main
 
 MODEL = "local-wordllama-256"
@@ -22,25 +21,10 @@ def _search(capsys, dsn, *args):
     return code, (json.loads(captured.out) if code == 0 else captured.err)
 
 
-TOPICS = {
-    "bees.pdf": "Honey bees live in colonies around a single queen. Beekeepers inspect the "
-    "hives in spring and harvest the honey in late summer.",
-    "tides.pdf": "Tide pools form on rocky shores when the sea retreats at low tide. Starfish, "
-    "anemones and small crabs shelter in them until the water returns.",
-    "bread.pdf": "Sourdough bread rises with the wild yeast of a starter. Knead the dough, "
-    "let it proof overnight, then bake it in a very hot oven.",
-    "ledger.pdf": "The accounting ledger records every invoice and payment. Reconcile the "
-    "balances at the end of each month before the books are closed.",
-}
-
-
 def test_a_question_finds_the_document_that_answers_it_first(
     run_in_process, conn, dsn, model, tmp_path, capsys
 ):
-    folder = tmp_path / "topics"
-    folder.mkdir()
-    for name, text in TOPICS.items():
-        corpus.write_pdf(folder / name, [text])
+    folder = topic_pdfs(tmp_path / "topics", TOPICS)
     subset(tmp_path, 4)  # other documents, in docs/: --source leaves them out
     assert not run_in_process({"source": str(tmp_path), "model": MODEL})["_failed"]
     for question, answer in (

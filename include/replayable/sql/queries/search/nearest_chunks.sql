@@ -1,0 +1,27 @@
+-- The chunks nearest a query vector (cosine) among the current embeddings of current
+-- documents, through the HNSW index of the model and dimension (ADR 0119): the index gives
+-- the %(pool)s nearest vectors of the model, and of those the current ones are kept. The
+-- caller searches exactly when fewer than it asked for are left. {dim} is the vectors'
+-- dimension, an integer the caller formats in: pgvector indexes a typed dimension only.
+WITH nearest AS MATERIALIZED (
+    SELECT e.chunk_id,
+           e.embedding::vector({dim}) <=> %(vector)s::vector({dim}) AS distance
+    FROM replayable.embeddings e
+    WHERE e.model = %(model)s AND e.dim = {dim}
+    ORDER BY e.embedding::vector({dim}) <=> %(vector)s::vector({dim})
+    LIMIT %(pool)s
+)
+SELECT dc.doc_id, d.uri, dc.ordinal, n.chunk_id, 1 - n.distance AS score,
+       left(c.text, %(snippet)s) AS snippet, (SELECT count(*) FROM nearest) AS pooled
+FROM nearest n
+JOIN replayable.doc_chunks dc
+  ON dc.chunk_id = n.chunk_id AND dc.extractor_version = %(extractor_version)s
+ AND dc.chunker_key = %(chunker_key)s
+JOIN replayable.stage_runs s
+  ON s.doc_id = dc.doc_id AND s.stage = 'embed' AND s.is_current AND s.status = 'done'
+ AND s.spec_hash = %(spec_hash)s
+JOIN replayable.documents d ON d.doc_id = dc.doc_id
+JOIN replayable.chunks c ON c.chunk_id = n.chunk_id
+WHERE (%(source)s::text IS NULL OR starts_with(d.uri, %(source)s::text))
+ORDER BY n.distance, dc.doc_id, dc.ordinal
+LIMIT %(k)s

@@ -1,0 +1,174 @@
+"""Search through the HNSW index of a model and dimension (ADR 0119): built on first use,
+read through when it has candidates enough, and exact when it has not; the query's vector
+is one budgeted request, recorded, and charged once by the provider."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import threading
+import time
+
+import pytest
+
+from checks import TOPICS, rows, scalar, topic_pdfs
+from replayable import db
+from replayable.budget import RequestBudget
+from replayable.search import (
+    Scope,
+    SearchError,
+    answer,
+    ensure_index,
+    index_name,
+    scope_of,
+    search,
+)
+from replayable.stages.embed.store import vector_literal
+
+MODEL = "local-wordllama-256"
+DIM = 256
+pytestmark = pytest.mark.db
+
+QUESTION = "when do you collect honey from a hive"
+
+
+@pytest.fixture
+def topics(run_in_process, conn, tmp_path):
+    folder = topic_pdfs(tmp_path / "topics", TOPICS)
+    assert not run_in_process({"source": str(folder), "model": MODEL})["_failed"]
+    return folder
+
+
+def _stale_vectors(conn, near: list[float], n: int) -> None:
+    """``n`` vectors of the model nearer ``near`` than any document's, of chunks no current
+    document holds (as a re-chunk leaves them)."""
+    rng = random.Random(5)
+    rows_ = []
+    for i in range(n):
+        noisy = [x + rng.gauss(0, 0.001) for x in near]
+        rows_.append((f"stale-{i}", "stale text", noisy))
+    with conn.cursor() as cur:
+        for chunk_id, text, vector in rows_:
+            cur.execute(
+                "INSERT INTO replayable.chunks (chunk_id, text) VALUES (%s, %s)", (chunk_id, text)
+            )
+            cur.execute(
+                "INSERT INTO replayable.embeddings (chunk_id, model, dim, embedding)"
+                " VALUES (%s, %s, %s, %s::vector)",
+                (chunk_id, MODEL, DIM, vector_literal(vector)),
+            )
+    conn.commit()
+
+
+def _query_vector(conn, dsn) -> tuple[Scope, list[float]]:
+    from replayable.search import embed_query
+
+    scope, choice = scope_of(MODEL)
+    return scope, embed_query(QUESTION, choice, dsn)
+
+
+def test_the_first_search_builds_the_index_and_the_next_ones_read_through_it(
+    topics, conn, dsn, model
+):
+    name = index_name(MODEL, DIM)
+    assert not rows(conn, "SELECT 1 FROM pg_indexes WHERE indexname = %s", name)
+    found = answer(conn, QUESTION, dsn=dsn, model=MODEL, k=3)
+    assert found.hits[0].uri.endswith("bees.pdf") and not found.exact
+    assert rows(
+        conn,
+        "SELECT indisvalid FROM pg_index WHERE indexrelid = %s::regclass",
+        f"replayable.{name}",
+    ) == [(True,)]
+    assert not ensure_index(db.Database(dsn, autocommit=True), MODEL, DIM)  # built once
+
+    # With enough vectors for the planner to prefer it, the search reads the index.
+    scope, vector = _query_vector(conn, dsn)
+    _stale_vectors(conn, [random.Random(i).uniform(-1, 1) for i in range(DIM)], 2000)
+    params = {
+        "vector": vector_literal(vector),
+        "model": MODEL,
+        "spec_hash": scope.spec_hash,
+        "extractor_version": scope.extractor_version,
+        "chunker_key": scope.chunker_key,
+        "source": None,
+        "k": 3,
+        "snippet": 300,
+    }
+    with conn.cursor() as cur:
+        cur.execute("ANALYZE replayable.embeddings")
+        nearest = db.sql("search/nearest_chunks").replace("{dim}", str(DIM))
+        cur.execute("EXPLAIN " + nearest, {**params, "pool": 100})
+        plan = "\n".join(row[0] for row in cur.fetchall())
+    conn.rollback()
+    assert f"Index Scan using {name}" in plan, plan
+    through_index = search(conn, vector, scope, k=3)
+    conn.rollback()
+    assert not through_index.exact
+    exact = db.fetch_all(conn, "search/best_chunks", params)
+    conn.rollback()
+    assert [h.chunk_id for h in through_index.hits] == [r["chunk_id"] for r in exact]
+
+
+def test_when_the_index_candidates_are_all_stale_the_search_reads_every_vector(
+    topics, conn, dsn, model
+):
+    scope, vector = _query_vector(conn, dsn)
+    # 300 vectors nearer the question than any document's: the index's 100 candidates are
+    # all of chunks no current document holds.
+    _stale_vectors(conn, vector, 300)
+    ensure_index(db.Database(dsn, autocommit=True), MODEL, DIM)
+    found = search(conn, vector, scope, k=3)
+    conn.rollback()
+    assert found.exact
+    assert found.hits[0].uri.endswith("bees.pdf")
+    assert len(found.hits) == 3
+
+
+def test_a_query_is_one_request_within_the_shared_budget_recorded_and_charged_once(
+    topics, conn, dsn, model, monkeypatch
+):
+    key = "AIRFLOW_CONN_REPLAYABLE_MODEL"
+    connection = json.loads(os.environ[key])
+    connection["extra"] = {**connection.get("extra", {}), "max_in_flight": 1}
+    monkeypatch.setenv(key, json.dumps(connection))
+    _, choice = scope_of(MODEL)
+    budget = RequestBudget(choice.provider.base_url, 1)
+    holder = db.connect(dsn, autocommit=True)
+    model.reset_stats()
+    found: list = []
+    try:
+        with budget.slot(holder):  # the budget's only slot is taken by another sender
+            searcher = threading.Thread(
+                target=lambda: found.append(
+                    answer(db.connect(dsn), QUESTION, dsn=dsn, model=MODEL, k=1)
+                )
+            )
+            searcher.start()
+            time.sleep(1.0)
+            assert model.stats()["charged"] == 0  # it waits for the slot
+            assert searcher.is_alive()
+        searcher.join(30)
+    finally:
+        holder.close()
+    assert found and found[0].hits[0].uri.endswith("bees.pdf")
+    answer(conn, QUESTION, dsn=dsn, model=MODEL, k=1)  # the same question again
+    stats = model.stats()
+    assert stats["charged"] == 1 and stats["succeeded"] == 2  # the second one replayed
+    assert scalar(conn, "SELECT count(*) FROM replayable.model_calls WHERE stage = 'search'") == 2
+    assert (
+        scalar(
+            conn,
+            "SELECT count(DISTINCT idempotency_key) FROM replayable.model_calls"
+            " WHERE stage = 'search'",
+        )
+        == 1
+    )
+
+
+def test_a_model_without_vectors_is_refused_before_the_provider_is_paid(topics, conn, dsn, model):
+    model.reset_stats()
+    with pytest.raises(SearchError, match="model: the ledger has no vectors for 'mistyped'"):
+        answer(conn, QUESTION, dsn=dsn, model="mistyped")
+    assert model.stats()["charged"] == 0
+    assert not rows(conn, "SELECT 1 FROM pg_indexes WHERE indexname LIKE 'embeddings_hnsw_%%'")
