@@ -9,7 +9,8 @@
 --   replayable  the pipeline's ledger and outputs: schema replayable, owned by the role
 --               replayable_pipeline (connection replayable_db), which migrates it; the role
 --               replayable_ui (connection replayable_ui_db, the API server only) reads the
---               ledger and changes dead letters' work-list columns, nothing else
+--               ledger and, for the search, chunks and their vectors, and changes dead
+--               letters' work-list columns, nothing else
 --
 -- POSTGRES_DB is set to `postgres` in docker-compose.yaml so that the image itself creates
 -- neither database (a second CREATE DATABASE would stop the initialisation).
@@ -57,7 +58,9 @@ BEGIN
     FOREACH relation IN ARRAY ARRAY[
         'documents', 'stage_runs', 'stage_counts', 'runs', 'run_docs', 'run_reports',
         'dead_letters', 'dead_letter_history', 'dead_letter_counts', 'model_call_counts',
-        'model_cost_counts', 'outbox_counts'
+        'model_cost_counts', 'outbox_counts',
+        -- The search reads chunks and their vectors; its writes go through replayable_db.
+        'doc_chunks', 'chunks', 'embeddings'
     ] LOOP
         IF to_regclass('replayable.' || relation) IS NOT NULL THEN
             EXECUTE format('GRANT SELECT ON replayable.%I TO replayable_ui', relation);

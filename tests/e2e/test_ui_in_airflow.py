@@ -4,9 +4,10 @@ Airflow is the session's (tests/shared_airflow.py): separate processes with Simp
 users of every role, whose passwords the API server generates.
 The role tests send real JWTs (bearer, and the UI's ``_token`` cookie for the CSRF cases);
 the browser test logs in with Playwright driving Debian's Chromium, opens Replayable from the
-nav, compares the overview with the ledger, opens a dead letter whose file name is an HTML
-payload, assigns it, redrives it, and follows its log link into Airflow's task page, saving a
-screenshot at each step (and of the dead-letter chart) under the test's output folder. Runs
+nav, compares the overview with the ledger, searches from the overview's box, opens a dead
+letter whose file name is an HTML payload, assigns it, redrives it, and follows its log link
+into Airflow's task page, saving a screenshot at each step (and of the dead-letter chart)
+under the test's output folder. Runs
 the UI triggers stay queued (the pipeline is paused here) and are deleted after each test;
 ``test_replayable_sweeper.py`` redrives from the UI on a running scheduler to the end.
 """
@@ -95,14 +96,17 @@ def letter(conn: Any) -> int:
 
 
 def _pages(letter_id: int) -> list[str]:
-    """Every GET route of the app (enumerated, so new pages are covered), under /replayable."""
+    """Every GET route of the app (enumerated, so new pages are covered), under /replayable;
+    the searches are asked no question."""
     app = create_app(lambda: "unused")
     paths = [
-        "/replayable" + route.path.replace("{letter_id}", str(letter_id))
+        "/replayable"
+        + route.path.replace("{letter_id}", str(letter_id))
+        + ("?q=" if route.path.endswith("/search") else "")
         for route in app.routes
         if isinstance(route, APIRoute) and "GET" in route.methods
     ]
-    assert len(paths) == 9
+    assert len(paths) == 11
     return paths
 
 
@@ -174,7 +178,10 @@ def test_every_role_reads_every_page(airflow: RunningAirflow, letter: int, usern
     with airflow.client(username) as client:
         for path in _pages(letter):
             response = client.get(path)
-            assert response.status_code == 200, (username, path)
+            # Asked no question, the search page shows its box; its JSON twin names what is
+            # missing, once the role has been let through.
+            expected = 400 if path.startswith("/replayable/api/search") else 200
+            assert response.status_code == expected, (username, path)
             assert "default-src 'none'" in response.headers["content-security-policy"]
 
 
@@ -442,6 +449,18 @@ def test_a_browser_session_through_the_airflow_ui(
                 " WHERE created_at >= date_trunc('hour', now()) - interval '47 hours'",
             )
 
+            # Search from the overview's box; the question carries a payload, shown as text.
+            frame.get_by_label("Search the documents").fill(f"{HOSTILE_NAME} a capacity report")
+            frame.get_by_role("button", name="Search").click()
+            expect(frame.get_by_role("heading", name="Search")).to_be_visible()
+            hits = frame.locator("tr.hit")
+            expect(hits.first).to_be_visible()
+            first_document = hits.first.locator("td").nth(1).inner_text()
+            assert any(sample.name in first_document for sample in folder.glob("*.pdf"))
+            expect(frame.locator("p.caption")).to_contain_text(HOSTILE_NAME)
+            assert frame.locator("img").count() == 0
+            page.screenshot(path=shots / "2-search.png", full_page=True)
+
             frame.get_by_role("link", name="Dead letters", exact=True).click()
             row = frame.locator(f"#dl-{letter}")
             expect(row).to_contain_text(HOSTILE_NAME)  # shown as text
@@ -496,6 +515,7 @@ def test_a_browser_session_through_the_airflow_ui(
         "1-login.png",
         "2-chart.png",
         "2-overview.png",
+        "2-search.png",
         "3-dead-letters.png",
         "4-assigned.png",
         "5-redrive.png",

@@ -6,14 +6,16 @@ Every operation (the JSON API, the pages and the three form posts) gets generate
 valid and invalid, from an operator whose changes are allowed, against the real test Postgres
 holding a small ledger; each response must be no 5xx and match the documented status codes,
 content types, headers and bodies. A redrive reaches a fake Airflow on loopback, which starts
-every run asked of it. Each of four tests takes a quarter of the operations, and prints how
-many requests it sent.
+every run asked of it; a search reaches the local model server through the model connection
+(without one, every search would be the same 503 and its code past that would go unfuzzed).
+Each of four tests takes a quarter of the operations, and prints how many requests it sent.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -32,15 +34,18 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
+from devtools import devenv
 from fake_airflow import FakeAirflow
 from replayable.web import create_app
 
 pytestmark = pytest.mark.db
 
-# Examples per operation and mode: 12 operations x 2 modes x 30 = 720 in `make test`;
+# Examples per operation and mode: 14 operations x 2 modes x 30 = 840 in `make test`;
 # `make test-fast` asks for fewer (the inner loop), CI for all of them.
+OPERATIONS = 14
 PER_OPERATION = int(os.environ.get("REPLAYABLE_FUZZ_PER_OPERATION", "30"))
-MINIMUM = PER_OPERATION * 24 * 2 // 3  # some examples are rejected before a request is sent
+# Some examples are rejected before a request is sent.
+MINIMUM = PER_OPERATION * OPERATIONS * 2 * 2 // 3
 # The operations are fuzzed in this many tests, a share each, so that workers run them at once.
 SHARDS = 4
 CHECKS = [
@@ -56,7 +61,18 @@ HEADERS = {"Authorization": "Bearer fuzz"}
 
 
 @pytest.fixture
-def app(dsn: str, conn: Any) -> Iterator[FastAPI]:
+def app(
+    dsn: str,
+    conn: Any,
+    services: devenv.Services,
+    state_dir: Path,
+    model: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[FastAPI]:
+    # The ledger's and the model's connections, as the real Airflow gets them.
+    for key, value in devenv.airflow_env(services, state_dir).items():
+        if key.startswith("AIRFLOW_CONN_"):
+            monkeypatch.setenv(key, value)
     with FakeAirflow() as airflow:
         yield from _app(dsn, conn, airflow.url)
 
@@ -97,7 +113,7 @@ def test_the_api_answers_every_generated_request_within_its_schema(
 ) -> None:
     schema = schemathesis.openapi.from_asgi("/openapi.json", app)
     every = [result.ok() for result in schema.get_all_operations()]
-    assert len(every) == 12
+    assert len(every) == OPERATIONS
     operations = every[shard::SHARDS]
     sent: dict[str, int] = {}
 

@@ -1,12 +1,13 @@
 """The UI's JSON API under ``api/``: the pages' data, for scripts and other tools.
 
 Each list route takes the same filters as its page (:mod:`.filters`) and returns the model
-the page renders (:mod:`.models`), with full errors, tracebacks and histories.
+the page renders (:mod:`.models`), with full errors, tracebacks and histories; the search
+returns the chunks its page lists (:mod:`.search`).
 """
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 
 from replayable.web.database import ReadConn
 from replayable.web.filters import FailedQuery, LetterId, LetterQuery
@@ -14,13 +15,24 @@ from replayable.web.models import (
     ANY_ROUTE,
     ONE,
     PAGED,
+    SEARCHED,
     DeadLetter,
     DeadLetterList,
     FailedList,
     LettersPerHour,
+    SearchAnswer,
     Summary,
 )
 from replayable.web.reads import dead_letter, dead_letters, failed_items, letters_per_hour, summary
+from replayable.web.search import (
+    DEFAULT_K,
+    Hits,
+    ModelName,
+    Question,
+    Source,
+    find,
+    search_input,
+)
 
 router = APIRouter(responses=ANY_ROUTE)
 
@@ -63,3 +75,17 @@ def dead_letters_api(conn: ReadConn, filters: LetterQuery) -> DeadLetterList:
 def dead_letter_api(conn: ReadConn, letter_id: LetterId) -> DeadLetter:
     """One dead letter as JSON, with its history."""
     return dead_letter(conn, letter_id)
+
+
+@router.get("/api/search", responses=SEARCHED)
+async def search_api(
+    request: Request,
+    q: Question,
+    k: Hits = DEFAULT_K,
+    source: Source = None,
+    model: ModelName = None,
+) -> SearchAnswer:
+    """The ``k`` chunks nearest the question ``q``, best first, as JSON: of the documents
+    whose URI starts with ``source``, among the vectors of ``model`` (default: the model
+    connection's)."""
+    return await find(request, search_input(q, k, source, model))

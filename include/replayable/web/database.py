@@ -43,6 +43,14 @@ def default_dsn() -> str:
         return connection_dsn(LEDGER_CONN_ID)
 
 
+def ledger_dsn() -> str:
+    """The DSN of ``replayable_db``: a search writes there what the UI's role may not (its
+    request budget, its model call's record, an index's first build; see :mod:`.search`)."""
+    from replayable.hooks import connection_dsn
+
+    return connection_dsn(LEDGER_CONN_ID)
+
+
 @contextlib.contextmanager
 def pooled(pool: ConnectionPool, *, readonly: bool) -> Iterator[db.Connection]:
     """A connection of ``pool``; 503 if there is none to have, at once if all are busy."""
@@ -55,10 +63,10 @@ def pooled(pool: ConnectionPool, *, readonly: bool) -> Iterator[db.Connection]:
         if isinstance(err, psycopg2.errors.QueryCanceled):
             raise
         log.warning("replayable UI cannot reach its database: %s", err)
-        raise _unavailable() from err
+        raise unavailable() from err
     except psycopg2.InterfaceError as err:
         log.warning("replayable UI has no database connection: %s", err)
-        raise _unavailable() from err
+        raise unavailable() from err
     except PoolBusyError as err:
         log.warning("replayable UI refused a request: %s", err)
         raise HTTPException(
@@ -68,7 +76,8 @@ def pooled(pool: ConnectionPool, *, readonly: bool) -> Iterator[db.Connection]:
         ) from err
 
 
-def _unavailable() -> HTTPException:
+def unavailable() -> HTTPException:
+    """The 503 of a replayable database that cannot be reached; it names no address."""
     return HTTPException(
         HTTPStatus.SERVICE_UNAVAILABLE,
         f"The replayable database is unavailable; check the Airflow connection {LEDGER_CONN_ID!r}.",

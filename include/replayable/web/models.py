@@ -246,6 +246,29 @@ class RedriveRun(BaseModel):
     refused: str | None = None
 
 
+class SearchHit(BaseModel):
+    """A chunk a search found: its document, its place in it (``ordinal``), its cosine
+    similarity to the question, and the chunk's first characters."""
+
+    doc_id: str
+    uri: str
+    ordinal: int
+    chunk_id: str
+    score: float
+    snippet: str
+
+
+class SearchAnswer(BaseModel):
+    """A search's answer (:meth:`replayable.search.Answer.as_dict`): the question as searched,
+    the model whose vectors were read, whether every vector was read (``exact``), and the
+    chunks nearest the question, best first."""
+
+    query: str
+    model: str
+    exact: bool
+    hits: list[SearchHit]
+
+
 class Problem(BaseModel):
     """Why a request was refused."""
 
@@ -263,6 +286,14 @@ def problem(description: str) -> dict[str, Any]:
     return {"description": description, "content": {"application/json": {"schema": schema}}}
 
 
+def page_problem(description: str, *, json_too: bool = False) -> dict[str, Any]:
+    """A refusal a page shows in itself, as HTML; ``json_too`` when the route's dependencies
+    may answer the same status as JSON (:data:`ANY_ROUTE`)."""
+    content: dict[str, Any] = problem(description)["content"] if json_too else {}
+    content["text/html"] = {"schema": {"type": "string"}}
+    return {"description": description, "content": content}
+
+
 ANY_ROUTE: Responses = {
     401: problem("Not logged in to Airflow"),
     403: problem("Not allowed (role), or a cross-origin post"),
@@ -270,3 +301,19 @@ ANY_ROUTE: Responses = {
 }
 PAGED: Responses = {400: problem("`after` is not a page cursor")}
 ONE: Responses = {404: problem("No such dead letter")}
+_SEARCH_400 = "The question, k, source or model cannot be searched; the message names which"
+_SEARCH_502 = "The model provider failed or could not be reached"
+_SEARCH_503 = (
+    "The database is unavailable, busy, or the query took too long; a connection the search "
+    "needs is missing or unusable; or as many searches as the UI runs at once are running"
+)
+SEARCHED: Responses = {
+    400: problem(_SEARCH_400),
+    502: problem(_SEARCH_502),
+    503: problem(_SEARCH_503),
+}
+SEARCH_PAGE: Responses = {
+    400: page_problem(_SEARCH_400),
+    502: page_problem(_SEARCH_502),
+    503: page_problem(_SEARCH_503, json_too=True),
+}

@@ -1,19 +1,21 @@
-"""The UI's HTML pages: the overview, the failed list, the dead-letter list and one letter.
+"""The UI's HTML pages: the overview, the failed list, the dead-letter list, one letter, and
+the search.
 
 Each list page takes its filters from :mod:`.filters`, the same declaration as its JSON twin
 in :mod:`.api`, and renders the same model. Pages only read, in a read-only transaction; the
-forms on them post to :mod:`.actions`.
+forms on them post to :mod:`.actions`. The search page asks :mod:`.search`, as its twin does,
+which records the question's model call through the ledger's own connection.
 """
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import HTMLResponse
 
 from replayable.web.charts import chart_bars
 from replayable.web.database import ReadConn
 from replayable.web.filters import FailedQuery, LetterFilters, LetterId, LetterQuery, next_query
-from replayable.web.models import ANY_ROUTE, ONE, PAGED
+from replayable.web.models import ANY_ROUTE, ONE, PAGED, SEARCH_PAGE
 from replayable.web.reads import (
     dead_letter,
     dead_letters,
@@ -23,6 +25,7 @@ from replayable.web.reads import (
     summary,
 )
 from replayable.web.render import page
+from replayable.web.search import DEFAULT_K, find, search_input
 
 router = APIRouter(responses=ANY_ROUTE)
 
@@ -81,3 +84,26 @@ def dead_letter_page(conn: ReadConn, letter_id: LetterId) -> HTMLResponse:
     """One dead letter: its full error, its resolution and every change made to it."""
     letter = dead_letter(conn, letter_id)
     return page("dead_letter.html", root="../", dl=letter, filters=LetterFilters().shown())
+
+
+@router.get("/search", response_class=HTMLResponse, responses=SEARCH_PAGE)
+async def search_page(
+    request: Request, q: str = "", k: str = "", source: str = "", model: str = ""
+) -> HTMLResponse:
+    """The search box and the chunks nearest its question; without a question, the box.
+
+    Each parameter comes as the form's text: a value that cannot be searched (400), or a
+    search that fails (502, 503), is shown in the page with its status.
+    """
+    shown = {"q": q, "k": k or DEFAULT_K, "source": source, "model": model}
+    if not q.strip():
+        return page("search.html", shown=shown, found=None, error=None)
+    try:
+        found = await find(request, search_input(q, k, source, model))
+    except HTTPException as refused:
+        answer = page(
+            "search.html", shown=shown, found=None, error=refused.detail, status=refused.status_code
+        )
+        answer.headers.update(refused.headers or {})
+        return answer
+    return page("search.html", shown=shown, found=found, error=None)

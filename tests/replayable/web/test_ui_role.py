@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg2
@@ -23,9 +24,17 @@ from ui_fixtures import (  # noqa: F401 - fixtures
     make_app_fixture,
 )
 
+import corpus
 from conftest import ROOT
 
 ROLE = "replayable_ui"
+SEARCH_MODEL = "local-wordllama-256"  # the local server's real model
+TOPICS = {
+    "bees.pdf": "Honey bees live in colonies around a single queen. Beekeepers inspect the "
+    "hives in spring and harvest the honey in late summer.",
+    "bread.pdf": "Sourdough bread rises with the wild yeast of a starter. Knead the dough, "
+    "let it proof overnight, then bake it in a very hot oven.",
+}
 
 
 def readme_block() -> str:
@@ -75,6 +84,35 @@ def test_the_ui_works_with_the_least_privilege_role(
     ]
 
 
+def test_the_ui_searches_with_the_least_privilege_role(
+    make_app: Any,
+    ui_dsn: str,
+    dsn: str,
+    run_in_process: Any,
+    model: Any,
+    tmp_path: Path,
+) -> None:
+    """The role reads what a search reads; what a search writes goes through the ledger's
+    own connection."""
+    folder = tmp_path / "topics"
+    for name, text in TOPICS.items():
+        corpus.write_pdf(folder / name, [text])
+    assert not run_in_process({"source": str(folder), "model": SEARCH_MODEL})["_failed"]
+    app = make_app(lambda: ui_dsn, ledger_dsn_provider=lambda: dsn)
+    client = _as(app, SimpleAuthManagerUser(username="vera", role="VIEWER"))
+    for path in ("/api/search", "/search"):
+        found = client.get(
+            "/replayable" + path,
+            params={"q": "when do you collect honey from a hive", "model": SEARCH_MODEL},
+        )
+        assert found.status_code == 200, (path, found.text)
+    assert found.text.index("bees.pdf") < found.text.index("bread.pdf")
+    hits = client.get(
+        "/replayable/api/search", params={"q": "a loaf of sourdough", "model": SEARCH_MODEL}
+    ).json()["hits"]
+    assert hits[0]["uri"].endswith("bread.pdf")
+
+
 @pytest.mark.parametrize(
     "statement",
     [
@@ -84,7 +122,10 @@ def test_the_ui_works_with_the_least_privilege_role(
         "INSERT INTO replayable.dead_letter_history (letter_id, actor, action, status)"
         " VALUES (1, 'mallory', 'ignored', 'ignored')",
         "SELECT text FROM replayable.extractions",
-        "SELECT embedding FROM replayable.embeddings",
+        # The search reads chunks and their vectors; the pipeline alone writes them.
+        "UPDATE replayable.chunks SET text = 'rewritten'",
+        "DELETE FROM replayable.embeddings",
+        "INSERT INTO replayable.doc_chunks SELECT * FROM replayable.doc_chunks",
         "CREATE TABLE replayable.mine (x int)",
     ],
 )
