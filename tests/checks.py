@@ -245,6 +245,24 @@ def ledger_metrics(conn: Any) -> dict[tuple[str, tuple[tuple[str, str], ...]], f
     return expected
 
 
+def arrival_excess(arrivals: list[float], rate: float) -> tuple[int, float]:
+    """The most requests that arrived in any window, over what ``rate`` allows in it, from
+    the provider's own arrival times (``model.arrivals()``); and that window's seconds.
+
+    max over i <= j of (j - i + 1) - rate * (t_j - t_i), in one pass with a running
+    minimum: a budget of ``rate`` a second with a burst of B keeps it at or below B.
+    """
+    worst, window = 0.0, 0.0
+    low, low_t = float("inf"), 0.0
+    for j, t in enumerate(sorted(arrivals)):
+        start = j - rate * t
+        if start < low:
+            low, low_t = start, t
+        if (j + 1 - rate * t) - low > worst:
+            worst, window = (j + 1 - rate * t) - low, t - low_t
+    return int(worst + 1e-9), window
+
+
 class ProviderSampler:
     """Samples the model server's request counter while a run goes on (a background thread).
 

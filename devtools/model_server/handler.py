@@ -26,6 +26,8 @@ Control endpoints (no API key needed):
 - ``GET /healthz``: liveness;
 - ``GET /stats``: counters since the last reset, as a JSON object (their meaning is in
   :mod:`devtools.model_server.stats`);
+- ``GET /stats/arrivals``: ``{"arrivals": [...]}``, when each of the newest requests
+  arrived (monotonic seconds; see :mod:`devtools.model_server.stats`);
 - ``POST /stats/reset``: zero the counters, forget remembered idempotency keys and drop
   every stored webhook event, file and batch; requests that began before it are not
   counted when they finish;
@@ -537,6 +539,9 @@ class Handler(BaseHTTPRequestHandler):
         self._srv.batches.advance()
         return 200, self._srv.stats.snapshot()
 
+    def _get_arrivals(self, body: bytes) -> tuple[int, object]:
+        return 200, {"arrivals": self._srv.stats.arrivals()}
+
     def _reset_stats(self, body: bytes) -> tuple[int, object]:
         self._srv.reset_stats()
         return 200, self._srv.stats.snapshot()
@@ -561,6 +566,7 @@ _Route = Callable[[Handler, bytes], tuple[int, object]]
 _ROUTES: dict[str, dict[str, _Route]] = {
     "/healthz": {"GET": Handler._healthz},
     "/stats": {"GET": Handler._get_stats},
+    "/stats/arrivals": {"GET": Handler._get_arrivals},
     "/stats/reset": {"POST": Handler._reset_stats},
     "/faults": {
         "GET": Handler._get_faults,

@@ -211,6 +211,10 @@ class LocalModelServer:
         """Return the server's ``GET /stats`` counters."""
         return cast("dict[str, Any]", self._control("GET", "/stats"))
 
+    def arrivals(self) -> list[float]:
+        """When each of the newest requests arrived, in the server's monotonic seconds."""
+        return cast("list[float]", self._control("GET", "/stats/arrivals")["arrivals"])
+
     def reset_stats(self) -> None:
         """Zero the counters, forget idempotency keys, drop webhook events and every stored
         file and batch.

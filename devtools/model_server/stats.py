@@ -28,6 +28,9 @@
 - ``rejected_tpm``: 429s from ``max_tpm``, both to requests the token bucket could not
   pay for yet and to requests larger than the whole limit;
 - ``in_flight``: requests being served now (a live gauge, kept by a reset);
+- ``GET /stats/arrivals`` (not in ``/stats``, which tests poll): when each of the last
+  ``ARRIVALS_KEPT`` ``requests`` arrived, in seconds on the server's monotonic clock, so a
+  test can tell the rate the provider saw from the provider's own times;
   ``peak_in_flight``: the most at once since the last reset, limit or not;
 - ``webhooks``: ``received`` = ``stored`` + ``deduplicated`` + ``failed`` webhook
   deliveries.
@@ -53,7 +56,9 @@ synchronously from what was embedded in batches:
 
 from __future__ import annotations
 
+import collections
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -69,6 +74,8 @@ from devtools.model_server.idempotency import (
 EMBEDDINGS: Final = "embeddings"
 CHAT: Final = "chat"
 ENDPOINTS = (EMBEDDINGS, CHAT)
+# The arrival times kept for GET /stats/arrivals: the newest, enough for any one test.
+ARRIVALS_KEPT: Final = 100_000
 
 
 @dataclass
@@ -119,6 +126,7 @@ class Stats:
 
     def _zero(self) -> None:
         self._requests = 0
+        self._arrivals: collections.deque[float] = collections.deque(maxlen=ARRIVALS_KEPT)
         self._succeeded = 0
         self._charged = 0
         self._chat_charged = 0
@@ -164,6 +172,7 @@ class Stats:
             raise ValueError(f"unknown endpoint {endpoint!r}; expected one of {ENDPOINTS}")
         with self._lock:
             self._requests += 1
+            self._arrivals.append(time.monotonic())
             self._by_endpoint[endpoint] += 1
             if idempotency_key is not None:
                 self._idempotency_keys.setdefault(idempotency_key, 0)
@@ -335,6 +344,11 @@ class Stats:
         with self._lock:
             self._generation += 1
             self._zero()
+
+    def arrivals(self) -> list[float]:
+        """When each of the last ``ARRIVALS_KEPT`` requests arrived (monotonic seconds)."""
+        with self._lock:
+            return list(self._arrivals)
 
     def snapshot(self) -> dict[str, Any]:
         """Return the counters as the JSON object ``GET /stats`` shows."""
