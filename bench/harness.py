@@ -7,6 +7,7 @@ for context only and are never compared with a fixed number.
 
 from __future__ import annotations
 
+import re
 import statistics
 import tempfile
 import time
@@ -111,6 +112,20 @@ class Target:
     at_least: float | None = None
     below: float | None = None
 
+    @classmethod
+    def parse(cls, text: str) -> Target:
+        """The target a results file names by its ``text`` (``≤ 1.5``, ``≥ 10``, ``< 50 ms``,
+        ``= 0 calls``, ``≤ 1.5 + 0.87 (one document)``)."""
+        match = re.fullmatch(
+            r"(≤|≥|<|=)\s*([0-9.]+)(?:\s*\+\s*([0-9.]+))?\s*(ms)?(?:\s.*)?", text.strip()
+        )
+        if match is None:
+            raise ValueError(f"not a target: {text!r}")
+        sign, number, plus, ms = match.groups()
+        bound = (float(number) + float(plus or 0)) / (1000 if ms else 1)
+        field = {"≤": "at_most", "≥": "at_least", "<": "below", "=": "equals"}[sign]
+        return cls(text, **{field: bound})
+
     def met(self, value: float) -> bool:
         if self.equals is not None:
             return value == self.equals
@@ -154,6 +169,26 @@ class Row:
     def value(self) -> float | None:
         """The figure the target applies to: the ratio, or the measured value itself."""
         return self.ratio if self.target_on == "ratio" else self.measured.median
+
+    @classmethod
+    def from_json(cls, figure: dict[str, Any]) -> Row:
+        """The row a results file holds (:meth:`to_json`), to show it again."""
+
+        def samples(side: dict[str, Any]) -> Samples:
+            return Samples(tuple(side["values"]), unit=side["unit"])
+
+        target = figure["target"]
+        return cls(
+            figure["id"],
+            figure["benchmark"],
+            figure["baseline"]["label"],
+            samples(figure["baseline"]),
+            figure["measured"]["label"],
+            samples(figure["measured"]),
+            None if target is None else Target.parse(target),
+            target_on=figure["target_on"],
+            notes=list(figure["notes"]),
+        )
 
     def to_json(self) -> dict[str, Any]:
         return {

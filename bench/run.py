@@ -29,8 +29,10 @@ import engines
 import guard_overhead
 import ledger_reads
 import memory
+import retrieval
 import saturation
 import scheduler
+import search_index
 import token_budget
 from harness import Row
 
@@ -54,6 +56,8 @@ BENCHMARKS: dict[str, tuple[Benchmark, dict[str, Any], dict[str, Any]]] = {
     "memory": (memory.run, {}, {"documents": 4, "big": 2 * 2**20, "small": 20 * 2**10}),
     "engines": (engines.run, {}, {"repeats": 1, "samples": 3}),
     "tokens": (token_budget.run, {}, {"repeats": 1, "docs": 30}),
+    "retrieval": (retrieval.run, {}, {"documents": 4, "per_document": 5}),
+    "search-index": (search_index.run, {}, {"chunks": 5000, "queries": 10}),
 }
 
 
@@ -155,6 +159,29 @@ def _chart(rows: list[Row], path: Path) -> None:
     plt.close(fig)
 
 
+def _merged(
+    path: Path, rows: list[Row], details: dict[str, Any]
+) -> tuple[list[Row], dict[str, Any], dict[str, Any]]:
+    """This run's figures and details with those of ``path`` it did not measure again, and
+    what was kept from which run (its time, the figures, the benchmarks)."""
+    if not path.exists():
+        return rows, details, {}
+    earlier = json.loads(path.read_text())
+    measured = {row.fig for row in rows}
+    kept_rows = [
+        Row.from_json(figure) for figure in earlier["figures"] if figure["id"] not in measured
+    ]
+    kept_details = {name: d for name, d in earlier["details"].items() if name not in details}
+    kept = {
+        "finished_at": earlier.get("finished_at"),
+        "figures": [row.fig for row in kept_rows],
+        "benchmarks": sorted(kept_details),
+    }
+    if "kept_from" in earlier:
+        kept["kept_from"] = earlier["kept_from"]
+    return [*kept_rows, *rows], {**kept_details, **details}, kept
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -173,7 +200,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="folder for latest.json, .md and .png (default: %(default)s); a partial run "
         "(--only) can write elsewhere and leave the full results as they are",
     )
+    parser.add_argument(
+        "--merge",
+        action="store_true",
+        help="keep the figures of the results folder's latest.json that this run does not "
+        "measure again (with --only): the file then says which figures came from which run",
+    )
     args = parser.parse_args(argv)
+    if args.merge and (args.smoke or not args.only):
+        parser.error("--merge adds the figures of an --only run to the full results")
     # The benchmarks TRUNCATE tables in the Postgres that devenv starts for them; an
     # inherited REPLAYABLE_DATABASE_URL would point that at someone's real database.
     os.environ.pop("REPLAYABLE_DATABASE_URL", None)
@@ -189,11 +224,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         _print_section(name, section_rows, details[name], args.smoke)
         rows += section_rows
     duration = time.perf_counter() - started
+    # The exit status is this run's; a merged file's "passed" covers the figures kept too.
+    missed = [row for row in rows if _checked(row, args.smoke) and row.passed is False]
+    kept: dict[str, Any] = {}
+    if args.merge:
+        rows, details, kept = _merged(args.results.resolve() / "latest.json", rows, details)
 
     table = _table(rows, args.smoke)
     print("\n" + "\n".join(table))
     print(f"\n{len(rows)} figures in {duration:.0f} s on {os.cpu_count()} CPU(s)")
-    missed = [row for row in rows if _checked(row, args.smoke) and row.passed is False]
     result = {
         "finished_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "duration_s": round(duration, 1),
@@ -203,10 +242,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             "python": platform.python_version(),
             "platform": platform.platform(),
         },
-        "passed": not missed,
+        "passed": not any(_checked(row, args.smoke) and row.passed is False for row in rows),
         "figures": [row.to_json() for row in rows],
         "details": details,
     }
+    if kept:
+        result["kept_from"] = kept
     text = json.dumps(result, indent=2, ensure_ascii=False, default=str) + "\n"
     if args.smoke:
         SMOKE_RESULTS.parent.mkdir(exist_ok=True)
@@ -224,6 +265,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             "the same run, or a count (see bench/README.md).",
             "",
         ]
+        if kept:
+            header[-1:] = [
+                f"Kept from the run that finished {kept['finished_at']}: "
+                + ", ".join(kept["figures"])
+                + "; the others were measured again (`--merge`).",
+                "",
+            ]
         (results / "latest.md").write_text("\n".join([*header, *table]) + "\n")
         _chart(rows, results / "latest.png")
         print(f"results written to {results / 'latest.json'} (+ .md, .png)")

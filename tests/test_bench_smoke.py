@@ -13,7 +13,7 @@ from conftest import ROOT
 
 pytestmark = pytest.mark.bench
 
-FIGURES = {"B1", "B2", "B3", "B4", "B5", "B6", "B7", "B8", "B9"}
+FIGURES = {"B1", "B2", "B3", "B4", "B5", "B6", "B7", "B8", "B9", "B14", "B15", "B16"}
 
 
 def test_every_benchmark_runs_and_its_counts_hold(tmp_path):
