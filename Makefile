@@ -65,7 +65,7 @@ run: install
 	@$(DEVENV) run --conf '$(CONF)'
 
 demo: install
-	@$(MAKE) --no-print-directory run CONF='{"batch_size": 8, "stages": ["extract", "chunk", "embed", "summarize"]}'
+	@$(MAKE) --no-print-directory run CONF='{"batch_size": 8, "model": "local-wordllama-256", "stages": ["extract", "chunk", "embed", "summarize"]}'
 
 # Every tier, in two sessions: the unit, database and harness tiers on four pytest-xdist
 # workers, then the tiers that boot Airflow, a cluster, a clean venv or the benchmarks, one

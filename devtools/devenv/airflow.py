@@ -93,6 +93,7 @@ def airflow_env(
                 "model": "text-embedding-3-small",
                 "prices": {
                     "text-embedding-3-small": {"input": 0.02},
+                    "local-wordllama-256": {"input": 0},  # runs here, for nothing
                     "gpt-4o-mini": {"input": 0.15, "output": 0.6},
                 },
             },

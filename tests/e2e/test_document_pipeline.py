@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -28,19 +29,35 @@ from checks import (
     subset,
     task_states,
 )
+from conftest import ROOT
 from devtools import devenv
 
 pytestmark = pytest.mark.e2e
 
 STAGES = ("extract", "chunk", "embed")
 HOOK = "replayable"  # the receiver the tests' events connection points at (devenv)
+DEMO_MODEL = "local-wordllama-256"
+
+
+def readme_search() -> tuple[str, str]:
+    """The question the README asks after ``make demo``, and the sample it says ranks first."""
+    readme = (ROOT / "README.md").read_text()
+    question = re.search(rf'replayable search "([^"]+)" --model {DEMO_MODEL}', readme)
+    expected = re.search(r"ranks\s+`(doc-[^`]+\.pdf)`\s+first", readme)
+    assert question and expected, "the README shows a search after make demo"
+    return question.group(1), expected.group(1)
 
 
 def test_sample_corpus_runs_to_done_announcing_each_document_once_and_a_rerun_costs_nothing(
     run_dag, airflow_env, conn, model
 ):
-    # The conf `make demo` runs: every stage, summaries too.
-    conf = {"source": str(SAMPLES), "batch_size": 8, "stages": [*STAGES, "summarize"]}
+    # The conf `make demo` runs: every stage, summaries too, with the bundled real model.
+    conf = {
+        "source": str(SAMPLES),
+        "batch_size": 8,
+        "model": DEMO_MODEL,
+        "stages": [*STAGES, "summarize"],
+    }
     first = run_dag(conf)
     assert first["_returncode"] == 0, first["_log"]
     documents = len(list(SAMPLES.glob("*.pdf")))
@@ -85,6 +102,20 @@ def test_sample_corpus_runs_to_done_announcing_each_document_once_and_a_rerun_co
     assert model.stats()["webhooks"]["received"] == received
     assert asset_events(airflow_env, second["run_id"]) == []
     assert task_states(airflow_env, "document_pipeline", second["run_id"])["publish"] == "skipped"
+
+    # The README's question after the demo finds the sample document it names, first.
+    question, expected = readme_search()
+    command = [str(Path(sys.executable).with_name("replayable")), "--json", "search", question]
+    done = subprocess.run(
+        [*command, "--model", DEMO_MODEL, "--k", "3"],
+        env={**os.environ, **airflow_env},
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert Path(json.loads(done.stdout)["hits"][0]["uri"]).name == expected
 
 
 def _start_dag_run(
