@@ -155,7 +155,8 @@ def ensure_index(database: Database, model: str, dim: int) -> bool:
                         name=sql.Identifier(name), dim=sql.Literal(dim), model=sql.Literal(model)
                     )
                 )
-                log.info(
+                # Debug: under Airflow's logging this would reach the CLI's --json stdout.
+                log.debug(
                     "built the search index of %s at %d dimensions in %.1f s",
                     model,
                     dim,

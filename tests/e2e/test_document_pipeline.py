@@ -115,7 +115,7 @@ def test_sample_corpus_runs_to_done_announcing_each_document_once_and_a_rerun_co
         timeout=120,
     )
     assert done.returncode == 0, done.stderr
-    assert Path(json.loads(done.stdout)["hits"][0]["uri"]).name == expected
+    assert Path(json.loads(done.stdout)["hits"][0]["uri"]).name == expected  # stdout: JSON only
 
 
 def _start_dag_run(
