@@ -152,7 +152,7 @@ def _sweep_provider_files(conn: Any, model_conn_id: str) -> None:
     """Delete batch input files the provider keeps that no submission records (ADR 0117);
     best effort: a provider without the Files API, or one that is down, is left alone."""
     from replayable.hooks import EmbeddingsHook
-    from replayable.stages.embed.batch_mode import sweep_orphan_files
+    from replayable.stages.embed.batch_files import sweep_orphan_files
 
     try:
         api = EmbeddingsHook(model_conn_id).get_batch_api()

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg2.extras
 from psycopg2 import sql
 
+from replayable import db
 from replayable.db import Connection, Database, fetch_all
 from replayable.keys import sha256_bytes
 from replayable.stages.embed.store import vector_literal
@@ -202,7 +203,7 @@ def search(
         # One string, so one transaction even in autocommit: the setting is the query's.
         nearest = sql.SQL("SELECT set_config('hnsw.ef_search', {pool}, true);\n{query}").format(
             pool=sql.Literal(str(pool)),
-            query=sql.SQL(_text("search/nearest_chunks")).format(dim=sql.Literal(dim)),
+            query=sql.SQL(db.sql("search/nearest_chunks")).format(dim=sql.Literal(dim)),
         )
         with conn.cursor(cursor_factory=psycopg2.extras.RealDictCursor) as cur:
             cur.execute(nearest, {**params, "pool": pool})
@@ -232,12 +233,6 @@ def search(
 def _finite(score: float) -> float:
     """A similarity, or 0 where it has none (a vector of zeros has no direction)."""
     return score if math.isfinite(score) else 0.0
-
-
-def _text(name: str) -> str:
-    from replayable.db import sql as query_text
-
-    return query_text(name)
 
 
 def scope_of(

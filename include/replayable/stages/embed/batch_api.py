@@ -74,8 +74,20 @@ class BatchJob:
             ) from exc
 
 
+FILE_PREFIX, FILE_SUFFIX = "replayable-", ".jsonl"
+
+
 def file_name(submission: str) -> str:
-    return f"replayable-{submission}.jsonl"
+    """The name of a submission's input file at the provider."""
+    return f"{FILE_PREFIX}{submission}{FILE_SUFFIX}"
+
+
+def submission_of(name: str) -> str | None:
+    """The submission a provider file of ours was named after (:func:`file_name`), or None
+    for a file that is not ours."""
+    if not (name.startswith(FILE_PREFIX) and name.endswith(FILE_SUFFIX)):
+        return None
+    return name.removeprefix(FILE_PREFIX).removesuffix(FILE_SUFFIX)
 
 
 class BatchApi(HttpModelClient):

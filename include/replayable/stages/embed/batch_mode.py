@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 import uuid
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
@@ -580,34 +579,3 @@ def _error_message(body: Any) -> str:
         return str(body["error"]["message"])[:500]
     except (KeyError, TypeError):
         return str(body)[:500]
-
-
-def sweep_orphan_files(api: BatchApi, conn: Connection, older_than_s: float = 3600.0) -> list[str]:
-    """Delete the provider's batch input files of ours that no submission records.
-
-    A worker killed after its upload and before the file id was committed leaves the file
-    at the provider; the submission that resumes finds it by name and uses it, so an
-    orphan is only a file whose submission was recorded under another file or never at all.
-    """
-    cutoff = time.time() - older_than_s
-    candidates = {
-        str(item["id"]): str(item["filename"]).removeprefix("replayable-").removesuffix(".jsonl")
-        for item in api.files()
-        if str(item.get("filename") or "").startswith("replayable-")
-        and float(item.get("created_at") or 0) <= cutoff
-    }
-    if not candidates:
-        return []
-    known = {
-        row["file_id"]
-        for row in fetch_all(
-            conn,
-            "batches/known_file",
-            {"file_ids": list(candidates), "submissions": list(candidates.values())},
-        )
-    }
-    conn.commit()
-    deleted = [file_id for file_id in candidates if file_id not in known]
-    for file_id in deleted:
-        api.delete_file(file_id)
-    return deleted

@@ -360,7 +360,7 @@ def test_a_worker_killed_before_the_batch_id_is_recorded_pays_for_no_line_twice(
 def test_a_lost_upload_answer_leaves_at_most_one_orphan_file_which_a_sweep_deletes(
     conn, dsn, model
 ):
-    from replayable.stages.embed.batch_mode import sweep_orphan_files
+    from replayable.stages.embed.batch_files import sweep_orphan_files
 
     doc_ids = _chunked(conn, dsn, 2)
     model.set_faults(batch_delay_s=0.2, lose_upload_responses=1)
