@@ -12,7 +12,10 @@ several times the search effort that text written by people does.
 
 Then ``replayable.search.ensure_index`` builds the index of the model and dimension (its
 time is a figure, for information), and each of ``queries`` questions (12 words of a chunk,
-embedded the same way) is searched twice, warm:
+embedded the same way) is searched through the index once untimed, as a served index has
+been read before (that first pass's p95 is noted: it reads the new index from disk), then
+timed, every question both ways, one way after the other (a search that follows a 2.5 s
+exact search on the same connection was measured slower: p95 52 ms against 22):
 
 - through the index: :func:`replayable.search.search`, what the CLI, the API and the UI run
   (the index lookup, then the current documents among its candidates);
@@ -239,14 +242,20 @@ def run(chunks: int = CHUNKS, queries: int = QUERIES) -> tuple[list[Row], dict[s
         fell_back = 0
         with contextlib.closing(db.connect(svc.dsn)) as conn:
             conn.autocommit = True
+            first_pass: list[float] = []
             for vector in query_vectors:
-                vector_list = [float(x) for x in vector]
                 started = time.perf_counter()
-                found = search(conn, vector_list, SCOPE, k=K)
+                search(conn, [float(x) for x in vector], SCOPE, k=K)
+                first_pass.append(time.perf_counter() - started)
+            answers = []
+            for vector in query_vectors:
+                started = time.perf_counter()
+                answers.append(search(conn, [float(x) for x in vector], SCOPE, k=K))
                 indexed.append(time.perf_counter() - started)
+            for vector, found in zip(query_vectors, answers, strict=True):
                 fell_back += found.exact
                 params = {
-                    "vector": vector_literal(vector_list),
+                    "vector": vector_literal([float(x) for x in vector]),
                     "model": MODEL,
                     "spec_hash": SCOPE.spec_hash,
                     "extractor_version": SCOPE.extractor_version,
@@ -281,7 +290,9 @@ def run(chunks: int = CHUNKS, queries: int = QUERIES) -> tuple[list[Row], dict[s
             target_on="measured",
             notes=[
                 f"median {statistics.median(indexed) * 1000:.1f} ms through the index, "
-                f"{statistics.median(exact) * 1000:.0f} ms exact"
+                f"{statistics.median(exact) * 1000:.0f} ms exact",
+                f"first pass after the build, untimed in the figure: p95 "
+                f"{p95(first_pass) * 1000:.0f} ms",
             ],
         ),
         Row(
@@ -324,6 +335,10 @@ def run(chunks: int = CHUNKS, queries: int = QUERIES) -> tuple[list[Row], dict[s
         "load_seconds": {step: round(s, 1) for step, s in loading.items()},
         "build_seconds": round(build_s, 1),
         "index_ms": {"p50": statistics.median(indexed) * 1000, "p95": p95(indexed) * 1000},
+        "first_pass_ms": {
+            "p50": statistics.median(first_pass) * 1000,
+            "p95": p95(first_pass) * 1000,
+        },
         "exact_ms": {"p50": statistics.median(exact) * 1000, "p95": p95(exact) * 1000},
         "recall_at_10": recall,
         "recall_at_10_strict": statistics.fmean(strict),
