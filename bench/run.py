@@ -182,6 +182,18 @@ def _merged(
     return [*kept_rows, *rows], {**kept_details, **details}, kept
 
 
+def measured_in(kept: dict[str, Any]) -> dict[str, list[str]]:
+    """The kept figures by the finishing time of the run that measured them: a figure one
+    merge kept from a run that had itself kept it was measured further back."""
+    runs: dict[str, list[str]] = {}
+    for fig in kept.get("figures", []):
+        level = kept
+        while fig in level.get("kept_from", {}).get("figures", []):
+            level = level["kept_from"]
+        runs.setdefault(str(level["finished_at"]), []).append(fig)
+    return dict(sorted(runs.items()))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -267,9 +279,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         ]
         if kept:
             header[-1:] = [
-                f"Kept from the run that finished {kept['finished_at']}: "
-                + ", ".join(kept["figures"])
-                + "; the others were measured again (`--merge`).",
+                *(
+                    f"Measured in the run that finished {when}: {', '.join(figs)}."
+                    for when, figs in measured_in(kept).items()
+                ),
+                "The others were measured in this one (`--merge`).",
                 "",
             ]
         (results / "latest.md").write_text("\n".join([*header, *table]) + "\n")

@@ -58,3 +58,16 @@ def test_a_merged_run_replaces_its_own_figures_and_keeps_the_others(tmp_path, mo
     assert redone not in merged["kept_from"]["figures"]
     assert merged["details"]["fake"]["n"] == 1
     assert set(earlier["details"]) <= set(merged["details"])
+
+
+def test_a_figure_kept_through_two_merges_is_dated_by_the_run_that_measured_it():
+    kept = {
+        "finished_at": "run-3",
+        "figures": ["B1", "B2", "B3"],
+        "kept_from": {
+            "finished_at": "run-2",
+            "figures": ["B1", "B2"],
+            "kept_from": {"finished_at": "run-1", "figures": ["B1"]},
+        },
+    }
+    assert bench_run.measured_in(kept) == {"run-1": ["B1"], "run-2": ["B2"], "run-3": ["B3"]}
