@@ -153,9 +153,9 @@ class Database:
 
 def fetch_all(conn: Connection, query: str, params: Any = None) -> list[dict[str, Any]]:
     """Run a named query (see :func:`sql`) and return its rows as dicts."""
-    with conn.cursor(cursor_factory=psycopg2.extras.RealDictCursor) as cur:
+    with conn.cursor() as cur:
         cur.execute(sql(query), params)
-        return [dict(row) for row in cur.fetchall()]
+        return _dicts(cur)
 
 
 def execute(conn: Connection, query: str, params: Any = None) -> int:
@@ -187,10 +187,17 @@ def fetch_script(
     On an autocommit connection Postgres runs the whole string as one transaction: either
     every statement takes effect or none does.
     """
-    with conn.cursor(cursor_factory=psycopg2.extras.RealDictCursor) as cur:
+    with conn.cursor() as cur:
         last = cur.mogrify(sql(query), params)
         cur.execute(b";\n".join([*before, last]))
-        return [dict(row) for row in cur.fetchall()]
+        return _dicts(cur)
+
+
+def _dicts(cur: Any) -> list[dict[str, Any]]:
+    """The cursor's rows as dicts, built from plain tuples: a RealDictCursor sets each column
+    of each row from Python, which cost 3 ms of a 500-item claim's 45 (B3 in bench/)."""
+    names = [column.name for column in cur.description or ()]
+    return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
 
 
 def execute_values(
