@@ -155,7 +155,7 @@ def fetch_all(conn: Connection, query: str, params: Any = None) -> list[dict[str
     """Run a named query (see :func:`sql`) and return its rows as dicts."""
     with conn.cursor() as cur:
         cur.execute(sql(query), params)
-        return _dicts(cur)
+        return dict_rows(cur)
 
 
 def execute(conn: Connection, query: str, params: Any = None) -> int:
@@ -190,12 +190,12 @@ def fetch_script(
     with conn.cursor() as cur:
         last = cur.mogrify(sql(query), params)
         cur.execute(b";\n".join([*before, last]))
-        return _dicts(cur)
+        return dict_rows(cur)
 
 
-def _dicts(cur: Any) -> list[dict[str, Any]]:
-    """The cursor's rows as dicts, built from plain tuples: a RealDictCursor sets each column
-    of each row from Python, which cost 3 ms of a 500-item claim's 45 (B3 in bench/)."""
+def dict_rows(cur: Any) -> list[dict[str, Any]]:
+    """The executed cursor's rows as dicts, built from plain tuples: a RealDictCursor sets
+    each column of each row from Python, which cost 3 ms of a 500-item claim's 45 (B3)."""
     names = [column.name for column in cur.description or ()]
     return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
 

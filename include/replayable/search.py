@@ -23,7 +23,6 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import psycopg2.extras
 from psycopg2 import sql
 
 from replayable import db
@@ -227,9 +226,9 @@ def search(
             pool=sql.Literal(str(pool)),
             query=sql.SQL(db.sql("search/nearest_chunks")).format(dim=sql.Literal(dim)),
         )
-        with conn.cursor(cursor_factory=psycopg2.extras.RealDictCursor) as cur:
+        with conn.cursor() as cur:
             cur.execute(nearest, {**params, "pool": pool})
-            rows = [dict(row) for row in cur.fetchall()]
+            rows = db.dict_rows(cur)
         # Fewer than k left, out of a full pool: vectors beyond it may be current ones.
         if len(rows) < k and (not rows or int(rows[0]["pooled"]) >= pool):
             rows = None
