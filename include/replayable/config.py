@@ -40,6 +40,7 @@ __all__ = [
     "listed_source_roots",
     "max_map_length",
     "multi_team",
+    "queue_for_cores",
     "sweeper_poke_interval_s",
     "ui_pool_size",
     "ui_statement_timeout_s",
@@ -140,6 +141,14 @@ def batch_slots() -> int:
     cores = os.cpu_count() or 1
     parallelism = conf.getint("core", "parallelism", fallback=cores)
     return min(parallelism, cores) if parallelism > 0 else cores
+
+
+def queue_for_cores() -> bool:
+    """``[replayable] queue_for_cores`` (default true): a batch extracting on every core of
+    its machine waits for the other extractions there to end, and they for it (ADR 0123)."""
+    from airflow.configuration import conf
+
+    return conf.getboolean(SECTION, "queue_for_cores", fallback=True)
 
 
 def ui_pool_size() -> int:

@@ -111,6 +111,13 @@ def test_batch_slots_are_the_smaller_of_parallelism_and_cores_unless_set(monkeyp
             config.batch_slots()
 
 
+def test_extractions_queue_for_the_cores_unless_turned_off(monkeypatch):
+    monkeypatch.delenv("AIRFLOW__REPLAYABLE__QUEUE_FOR_CORES", raising=False)
+    assert config.queue_for_cores() is True
+    monkeypatch.setenv("AIRFLOW__REPLAYABLE__QUEUE_FOR_CORES", "False")
+    assert config.queue_for_cores() is False
+
+
 def test_the_ui_reaches_airflow_at_its_own_option_else_the_api_base_url(monkeypatch):
     monkeypatch.delenv("AIRFLOW__REPLAYABLE__AIRFLOW_API_URL", raising=False)
     monkeypatch.setenv("AIRFLOW__API__BASE_URL", "")
