@@ -68,13 +68,22 @@ and the next ``run`` starts a fresh pool too. pebble keeps a worker's last retur
 alive until its next item finishes, so ``memory_mb`` has to hold two results at once.
 
 Modules: ``errors`` (GuardError, RemoteError, check_size), ``worker`` (each worker's setup and
-how it runs an item), ``process`` (what the caller's process does for its workers) and
-``pool`` (GuardedPool).
+how it runs an item), ``process`` (what the caller's process does for its workers),
+``pool`` (GuardedPool) and ``cores`` (machine_cores: one pool as wide as the machine at a
+time, ADR 0123).
 """
 
 from __future__ import annotations
 
+from replayable.guards.cores import machine_cores
 from replayable.guards.errors import ERROR_CLASSES, GuardError, RemoteError, check_size
 from replayable.guards.pool import GuardedPool
 
-__all__ = ["ERROR_CLASSES", "GuardError", "GuardedPool", "RemoteError", "check_size"]
+__all__ = [
+    "ERROR_CLASSES",
+    "GuardError",
+    "GuardedPool",
+    "RemoteError",
+    "check_size",
+    "machine_cores",
+]

@@ -55,25 +55,21 @@ def lock_path() -> Path:
 
 
 @contextmanager
-def machine_cores(
-    width: int, path: Path | None = None, *, max_wait_s: float = MAX_WAIT_S
-) -> Iterator[bool]:
+def machine_cores(width: int, *, max_wait_s: float = MAX_WAIT_S) -> Iterator[bool]:
     """Hold the machine's cores for ``width`` workers: all of them exclusively, fewer shared.
 
     Yields whether they were got: after ``max_wait_s`` the batch goes on without them (see
     the module), side by side with their holder, as with no lock at all.
     """
-    exclusive = width >= (os.cpu_count() or 1)
-    mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
-    fd = os.open(path or lock_path(), os.O_RDWR | os.O_CREAT, 0o600)
+    mode = fcntl.LOCK_EX if width >= (os.cpu_count() or 1) else fcntl.LOCK_SH
+    fd = os.open(lock_path(), os.O_RDWR | os.O_CREAT, 0o600)
     try:
-        held = _take(fd, mode, exclusive, max_wait_s)
-        yield held
+        yield _take(fd, mode, max_wait_s)
     finally:
         os.close(fd)  # closing the only descriptor of the open file releases its lock
 
 
-def _take(fd: int, mode: int, exclusive: bool, max_wait_s: float) -> bool:
+def _take(fd: int, mode: int, max_wait_s: float) -> bool:
     """Lock ``fd`` in ``mode`` within ``max_wait_s``; whether it was locked."""
     started = time.monotonic()
     waiting = False
@@ -93,7 +89,7 @@ def _take(fd: int, mode: int, exclusive: bool, max_wait_s: float) -> bool:
                 waiting = True
                 log.info(
                     "waiting for the machine's cores (%s): another extraction is using them",
-                    "all of them" if exclusive else "shared",
+                    "all of them" if mode == fcntl.LOCK_EX else "shared",
                 )
             time.sleep(POLL_S)
             continue

@@ -55,14 +55,13 @@ class ExtractStage(Stage):
     def build(self, ctx: BuildContext) -> StageSpec:
         # Imported here: PDFium, pypdf and the process pool are task-time needs.
         from replayable import config, guards, sources
-        from replayable.guards.cores import machine_cores
         from replayable.stages.extract.spec import ExtractSpec
 
         settings = ctx.settings
         workers = lineage.default_workers(ctx.documents)
         if config.queue_for_cores():
             # Before any claim, so that no lease is held while the batch waits (ADR 0123).
-            ctx.stack.enter_context(machine_cores(workers))
+            ctx.stack.enter_context(guards.machine_cores(workers))
         pool = ctx.stack.enter_context(
             guards.GuardedPool(
                 timeout_s=settings.item_timeout_s,

@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from contextlib import ExitStack
@@ -24,9 +25,10 @@ HOLD_S = 0.3
 
 @pytest.fixture
 def lock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    path = tmp_path / "cores.lock"
-    monkeypatch.setattr(cores, "lock_path", lambda: path)
-    return path
+    """This test's own temporary folder, where the lock file is found (``lock_path``)."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # for a process the test starts
+    return cores.lock_path()
 
 
 def hold(width: int, spans: list[tuple[float, float]], barrier: threading.Barrier | None = None):
@@ -88,11 +90,9 @@ def test_a_killed_holder_leaves_the_cores_free(lock):
         [
             sys.executable,
             "-c",
-            "import sys, time; from pathlib import Path;"
-            "from replayable.guards.cores import machine_cores\n"
-            "with machine_cores(1 << 20, Path(sys.argv[1])):\n"
+            "import time; from replayable.guards.cores import machine_cores\n"
+            "with machine_cores(1 << 20):\n"
             "    print('held', flush=True); time.sleep(60)",
-            str(lock),
         ],
         stdout=subprocess.PIPE,
         text=True,
@@ -100,6 +100,7 @@ def test_a_killed_holder_leaves_the_cores_free(lock):
     )
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        assert lock.exists()  # the holder's lock file is this test's
         waited = threading.Event()
 
         def take() -> None:
@@ -159,7 +160,9 @@ def extract_build_done_while_cores_held(monkeypatch: pytest.MonkeyPatch, within_
     return done_early
 
 
-def test_an_extract_batch_waits_for_the_cores_before_it_claims_anything(lock, monkeypatch):
+def test_an_extract_batch_is_not_built_while_another_holds_the_cores(lock, monkeypatch):
+    """The operator builds a stage before it claims (``IdempotentStageOperator.execute``),
+    so a batch waiting here holds no lease."""
     assert not extract_build_done_while_cores_held(monkeypatch, within_s=1.0)
 
 
