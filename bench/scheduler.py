@@ -5,8 +5,8 @@
   files divided by the cores, plus the fewest requests the chunks need (distinct chunks /
   inputs per request) x latency / ``max_in_flight``: what the machine and the provider allow
   at best. Target ≤ 1.5.
-- **B1** identical re-run / first run: the same trigger again. Target ≤ 0.05 with 0 model
-  calls.
+- **B1** identical re-run / first run: the same trigger again, three times, the median of
+  the three. Target ≤ 0.05 with 0 model calls in any of them.
 - **B4** one mapped task instance per document against batches of 50: 600 documents through
   the extract stage (the stage every document goes through; the other stages multiply both
   sides alike), on an empty ledger each. Target ≥ 10x.
@@ -50,6 +50,7 @@ DOCUMENTS = 1000
 PER_DOC_DOCUMENTS = 600
 LATENCY_MS = 100
 BATCH = 50
+RERUNS = 3  # identical re-runs after each first run; B1 is their median
 RERUN_TARGET = Target("≤ 0.05", at_most=0.05)
 NO_CALLS = Target("= 0 calls", equals=0)
 FLOOR_TARGET = Target("≤ 1.5", at_most=1.5)
@@ -273,12 +274,13 @@ def run(
         "notes": [
             f"{documents} PDFs, {floor['pages']} pages, {small.chunks} distinct chunks; "
             f"first run {small.first:.1f} s ({small.first_calls} requests) in {small.batches} "
-            f"batches (batch_size {batch!r}), re-run {small.again:.2f} s ({small.again_calls})",
+            f"batches (batch_size {batch!r}), re-runs {_seconds(small.agains)} "
+            f"({small.again_calls} requests)",
             f"extract stage, {per_doc_documents} PDFs: {mapped[1]:.1f} s one task instance "
             f"per document, {mapped[BATCH]:.1f} s in batches of {BATCH}",
             f"at scale, {scale_documents} PDFs: first run {at_scale.first:.1f} s "
-            f"({at_scale.first_calls} requests) in {at_scale.batches} batches, re-run "
-            f"{at_scale.again:.2f} s ({at_scale.again_calls}); UI p95 "
+            f"({at_scale.first_calls} requests) in {at_scale.batches} batches, re-runs "
+            f"{_seconds(at_scale.agains)} ({at_scale.again_calls} requests); UI p95 "
             f"{poller.p95() * 1000:.0f} ms over {len(poller.seconds)} answers",
         ],
         "scale": {
@@ -293,16 +295,26 @@ def run(
     return rows, details
 
 
+def _seconds(values: tuple[float, ...]) -> str:
+    return ", ".join(f"{value:.2f}" for value in values) + " s"
+
+
 @dataclass(frozen=True)
 class _Runs:
-    """A first run and its identical re-run of one folder, with what the provider saw."""
+    """A first run and its identical re-runs of one folder, with what the provider saw."""
 
     first: float
     first_calls: int
-    again: float
-    again_calls: int
+    agains: tuple[float, ...]
+    again_calls: int  # over every re-run
     batches: int
     chunks: int
+
+    @property
+    def again(self) -> float:
+        """The median re-run: a re-run is a few task instances, whose timing varies by
+        scheduler loops (0.2 s each) more than a long first run does."""
+        return statistics.median(self.agains)
 
     @classmethod
     def of(
@@ -312,13 +324,16 @@ class _Runs:
         first, first_state, _ = airflow.run(conf)
         first_calls = model.stats()["requests"]
         model.reset_stats()
-        again, again_state, _ = airflow.run(conf)
-        if first_state != "success" or again_state != "success":
-            raise BenchError(f"runs of {conf} ended {first_state} and {again_state}")
+        agains: list[float] = []
+        for _ in range(RERUNS):
+            again, again_state, _ = airflow.run(conf)
+            if first_state != "success" or again_state != "success":
+                raise BenchError(f"runs of {conf} ended {first_state} and {again_state}")
+            agains.append(again)
         return cls(
             first,
             first_calls,
-            again,
+            tuple(agains),
             model.stats()["requests"],
             _first_run_batches(dsn),
             count_rows(dsn, "chunks"),
@@ -330,6 +345,7 @@ class _Runs:
             "requests_first_run": self.first_calls,
             "first_run_s": round(self.first, 2),
             "rerun_s": round(self.again, 2),
+            "reruns_s": [round(again, 2) for again in self.agains],
             "batches": self.batches,
         }
 
@@ -367,7 +383,7 @@ def _run_rows(
             "first run",
             Samples((runs.first,)),
             "identical re-run",
-            Samples((runs.again,)),
+            Samples(runs.agains),
             rerun_target,
         ),
         Row(

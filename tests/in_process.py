@@ -157,8 +157,6 @@ class PipelineInProcess:
         try:
             publisher.execute({**current, "outlet_events": outlets})
             self.tasks["publish", -1] = Outcome("success", 1)
-        except AirflowSkipException:
-            self.tasks["publish", -1] = Outcome("skipped", 1)
         except Exception as error:
             self.tasks["publish", -1] = Outcome("failed", 1, error)
         report["_failed"] = failed

@@ -79,7 +79,9 @@ def pipeline_dag(
         **dag_args,
     )
     def build() -> None:
-        batches = task(execution_timeout=TASK_TIMEOUTS["plan"])(dag_tasks.plan)()
+        batches = task(task_id="plan", execution_timeout=TASK_TIMEOUTS["plan"])(
+            dag_tasks.plan_task
+        )()
 
         @task_group(group_id="batch")
         def process(batch: dict[str, object]) -> None:

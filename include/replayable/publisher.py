@@ -19,7 +19,7 @@ from contextlib import ExitStack
 from typing import Any
 
 from airflow.sdk import Asset, BaseOperator, Context
-from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+from airflow.sdk.exceptions import AirflowFailException
 
 from replayable import db
 from replayable.hooks import connection_dsn, connection_fields
@@ -32,8 +32,8 @@ DOCUMENTS_READY = Asset(name="replayable_documents_ready", uri="replayable://doc
 class PublishEventsOperator(BaseOperator):
     """Deliver due outbox events to the webhook; announce ready documents as an asset event.
 
-    The task is skipped when it announced no ready document (no asset event is emitted
-    then). It fails when the webhook fails systemically (ADR 0070): it refuses the
+    The task emits no asset event when it announced no ready document: it drops its outlets
+    and succeeds. It fails when the webhook fails systemically (ADR 0070): it refuses the
     credentials (401/403), its endpoint is missing (404/410), it cannot be reached, or
     delivery after delivery fails; the events then stay pending with no attempt spent.
     Events that fail otherwise stay pending, with a backoff, or are dead-lettered in the
@@ -162,10 +162,15 @@ class PublishEventsOperator(BaseOperator):
                 "pending, no attempt spent"
             )
         if counts["ready"] == 0:
-            raise AirflowSkipException(
-                f"no document became ready ({counts['events']} other event(s) published): "
-                "no asset event"
+            # No asset event, and no skip either: Airflow records a skip only once the task's
+            # process has exited, up to a second after it ended, where a success is recorded
+            # at once. The runner reads the outlets after execute (ADR 0124).
+            self.outlets = []
+            self.log.info(
+                "no document became ready (%d other event(s) published): no asset event",
+                counts["events"],
             )
+            return summary
         context["outlet_events"][DOCUMENTS_READY].extra = {
             "publication": publication,
             "ready": counts["ready"],

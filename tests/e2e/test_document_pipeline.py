@@ -23,6 +23,7 @@ from checks import (
     SAMPLES,
     assert_nothing_lost,
     asset_events,
+    metadata_rows,
     output_rows,
     rows,
     scalar,
@@ -100,8 +101,29 @@ def test_sample_corpus_runs_to_done_announcing_each_document_once_and_a_rerun_co
     assert all(second["stages"][s]["done"] == documents for s in STAGES)
     assert scalar(conn, "SELECT count(*) FROM replayable.outbox") == documents
     assert model.stats()["webhooks"]["received"] == received
+    # It announces nothing, and it ends as soon as Airflow records its tasks: publish
+    # succeeds without an asset event (a skip is recorded only after its process exits), and
+    # plan skips the batch tasks itself before it ends, where the scheduler would take a loop
+    # per stage, then leaves the empty list a cleared batch task expands over (ADR 0124).
     assert asset_events(airflow_env, second["run_id"]) == []
-    assert task_states(airflow_env, "document_pipeline", second["run_id"])["publish"] == "skipped"
+    states = task_states(airflow_env, "document_pipeline", second["run_id"])
+    assert states["publish"] == "success"
+    batch_tasks = {task for task in states if task.startswith("batch.")}
+    assert batch_tasks == {f"batch.{stage}" for stage in (*STAGES, "summarize")}
+    assert {states[task] for task in batch_tasks} == {"skipped"}
+    assert metadata_rows(
+        airflow_env,
+        "SELECT count(*) FROM task_instance WHERE run_id = %s AND task_id LIKE 'batch.%%'"
+        " AND end_date <= (SELECT end_date FROM task_instance WHERE run_id = %s"
+        " AND task_id = 'plan')",
+        second["run_id"],
+        second["run_id"],
+    ) == [(len(batch_tasks),)]
+    assert metadata_rows(
+        airflow_env,
+        "SELECT length FROM task_map WHERE run_id = %s AND task_id = 'plan'",
+        second["run_id"],
+    ) == [(0,)]
 
     # The README's question after the demo finds the sample document it names, first.
     question, expected = readme_search()

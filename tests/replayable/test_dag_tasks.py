@@ -4,10 +4,13 @@ import re
 from types import SimpleNamespace
 
 import pytest
-from airflow.sdk.exceptions import AirflowFailException
+from airflow.sdk.exceptions import AirflowFailException, DownstreamTasksSkipped
+from airflow.sdk.execution_time import xcom
 from test_operators import flaky_connect
 
 from replayable import dag_tasks, db, pipeline
+from replayable.dag_factory import pipeline_dag
+from replayable.stages.builtin import BUILTIN
 from replayable.vocabulary import STAGES
 
 REPORT = {
@@ -54,3 +57,28 @@ def test_plan_refuses_an_unknown_conf_key_before_it_reads_any_source(monkeypatch
     with pytest.raises(AirflowFailException, match=re.escape(named)):
         dag_tasks.plan()
     assert reached == []
+
+
+@pytest.mark.parametrize("batches", [[], [{"label": "1-2", "size": 2}]])
+def test_a_plan_with_no_batch_skips_the_batch_tasks_itself(monkeypatch, batches):
+    """Every task mapped over the plan ends skipped with it, not a scheduler loop per stage
+    later, and the plan leaves the empty list (mapped length 0) a cleared one expands over."""
+    dag = pipeline_dag("plan_skip_probe", BUILTIN, source="/tmp", sweeper=False)
+    plan = dag.get_task("plan")
+    ti = SimpleNamespace(dag_id=dag.dag_id, run_id="run-1", task_id="plan", map_index=-1)
+    monkeypatch.setattr(dag_tasks, "get_current_context", lambda: {"ti": ti, "task": plan})
+    monkeypatch.setattr(dag_tasks, "plan", lambda *args: batches)
+    pushed: list[tuple[str, object, dict]] = []
+    monkeypatch.setattr(
+        xcom.XCom, "set", lambda key, value, **where: pushed.append((key, value, where))
+    )
+    if batches:
+        assert dag_tasks.plan_task() == batches
+        assert pushed == []
+        return
+    with pytest.raises(DownstreamTasksSkipped) as skipped:
+        dag_tasks.plan_task()
+    assert skipped.value.tasks == sorted(f"batch.{stage.name}" for stage in BUILTIN)
+    assert [(key, value, where["_mapped_length"]) for key, value, where in pushed] == [
+        ("return_value", [], 0)
+    ]
