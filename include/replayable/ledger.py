@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import random
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -109,15 +109,35 @@ class Ledger:
             "max_attempts": self.max_attempts,
         }
 
+    @property
+    def _announcing(self) -> dict[str, Any]:
+        """Whether an item ending done announces its document, and the versions it names."""
+        return {
+            "announce_ready": self.announce_ready is not None,
+            "versions": json.dumps(dict(self.announce_ready or {}), sort_keys=True),
+        }
+
     def claim(
-        self, items: Iterable[tuple[str, str]], *, revive: Revival | None = None
+        self,
+        items: Iterable[tuple[str, str]],
+        *,
+        revive: Revival | None = None,
+        ready: Collection[str] = (),
     ) -> dict[str, ItemState]:
-        """Register and lease (item_key, doc_id) pairs in one round trip; return every state."""
+        """Register and lease (item_key, doc_id) pairs in one round trip; return every state.
+
+        Keys in ``ready`` have their outputs stored already: new ones are registered done,
+        with no lease, and announced like a finish (ADR 0125); existing ones are claimed as
+        any other.
+        """
         pairs = list(items)
+        ready = set(ready)
         params = {
             **self._params,
+            **self._announcing,
             "keys": [key for key, _ in pairs],
             "doc_ids": [doc for _, doc in pairs],
+            "ready": [key in ready for key, _ in pairs],
             "code_version": self.code_version,
             "config_hash": self.config_hash,
             "spec_hash": self.spec_hash,
@@ -169,8 +189,7 @@ class Ledger:
             "error_kinds": [e.kind.value if e else None for e in errors],
             "errors": [e.message if e else None for e in errors],
             "tracebacks": [o.traceback for o in outcomes],
-            "announce_ready": self.announce_ready is not None,
-            "versions": json.dumps(dict(self.announce_ready or {}), sort_keys=True),
+            **self._announcing,
         }
         return _states(fetch_script(conn, list(outputs), "ledger/finish_items", params))
 

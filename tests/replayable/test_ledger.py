@@ -122,6 +122,37 @@ def test_done_items_are_not_claimed_again(conn, database, docs):
     assert again["k"].status == "done" and not again["k"].mine
 
 
+def test_a_new_item_whose_outputs_are_stored_is_registered_done_by_its_claim(conn, database, docs):
+    """One write, no lease, no attempt: nothing is left for a worker to do (ADR 0125)."""
+    states = make(database).claim([("k", DOC), ("j", DOCS[1])], ready={"k"})
+    assert states["k"].status == "done" and not states["k"].mine and not states["k"].lease_live
+    assert states["j"].mine and states["j"].status == "running"
+    assert rows(
+        conn,
+        "SELECT status, attempts, lease_owner, lease_expires, started_at, finished_at IS NOT NULL"
+        " FROM replayable.stage_runs WHERE item_key = 'k'",
+    ) == [("done", 0, None, None, None, True)]
+    assert (
+        counts(conn)
+        == recount(conn)
+        == {
+            ("extract", "done", ""): 1,
+            ("extract", "running", ""): 1,
+        }
+    )
+
+
+def test_an_existing_item_found_ready_is_claimed_as_any_other(conn, database, docs):
+    """Only a new key is recorded done at the claim; a failed one is leased and processed,
+    so its attempts and its dead letter stay the runner's business."""
+    ledger = make(database)
+    ledger.claim([("k", DOC)])
+    finish(database, ledger, Outcome("k", "failed", RETRYABLE))
+    again = make(database, owner="w2").claim([("k", DOC)], ready={"k"})
+    assert again["k"].mine and again["k"].status == "running"
+    assert status(conn, "k") == ("running", 2, "http_503")
+
+
 def test_an_expired_lease_can_be_taken_over_and_the_old_owner_cannot_finish(conn, database, docs):
     first = make(database, owner="w1", lease_s=0.05)
     first.claim([("k", DOC)])

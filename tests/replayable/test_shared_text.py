@@ -73,3 +73,35 @@ def test_a_twin_in_a_later_batch_is_done_without_a_call(conn, dsn, model):
         " WHERE stage = 'embed' AND is_current AND status = 'done'",
     )
     assert report == [(3,)]
+
+
+def test_a_twin_whose_chunks_all_have_vectors_is_done_in_its_claim_and_announced(conn, dsn, model):
+    """Its embed plan finds every chunk's vector stored, so the claim records it done, with
+    no lease, no attempt and no finish, and writes its ``document.ready`` in the shape a
+    finish writes (ADR 0125): identical text is announced on this path too."""
+    twins = seed_twins(conn, 3)
+    chunk(dsn, twins)
+    embed(model, dsn, twins[:1], owner="w1")
+    requests = model.stats()["requests"]
+    later = embed(model, dsn, twins[1:], owner="w2")
+    assert sorted(later.done) == twins[1:] and later.processed == 0
+    assert model.stats()["requests"] == requests
+    assert rows(
+        conn,
+        "SELECT doc_id, status, attempts, lease_owner, started_at FROM replayable.stage_runs"
+        " WHERE stage = 'embed' AND doc_id = ANY(%s) ORDER BY doc_id",
+        twins[1:],
+    ) == [(doc_id, "done", 0, None, None) for doc_id in twins[1:]]
+    events = dict(
+        rows(
+            conn,
+            "SELECT aggregate_id, payload FROM replayable.outbox"
+            " WHERE event_type = 'document.ready'",
+        )
+    )
+    assert sorted(events) == twins
+    finished, *claimed = (events[doc_id] for doc_id in twins)
+    for payload in claimed:
+        assert set(payload) == set(finished)
+        assert payload["versions"] == finished["versions"]
+        assert payload["spec_hash"] == finished["spec_hash"]

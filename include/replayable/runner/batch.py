@@ -117,7 +117,11 @@ class Batch:
         )
         planned = {item.doc_id for item in items}
         self.result.not_entered = [d for d in doc_ids if d not in planned]
-        states = self.ledger.claim(((i.item_key, i.doc_id) for i in items), revive=self.revive)
+        states = self.ledger.claim(
+            ((i.item_key, i.doc_id) for i in items),
+            revive=self.revive,
+            ready={i.item_key for i in items if i.ready},
+        )
         waiting = self._take(items, states, first=True)
         log.info(
             "%s: %d documents, %d already done, %d dead, %d to do, %d leased elsewhere, "

@@ -23,11 +23,18 @@ DEADLINE = "deadline"
 
 @dataclass(frozen=True)
 class WorkItem:
-    """One document's unit of work in one stage."""
+    """One document's unit of work in one stage.
+
+    ``ready``: the stage's plan found its outputs stored already (say, every chunk of the
+    document embedded for another document): if its key is new, the claim records it done
+    and announces it, with no lease and no ``process`` (ADR 0125); otherwise it is claimed
+    and processed as any item.
+    """
 
     doc_id: str
     item_key: str
     payload: Any = None
+    ready: bool = False
 
 
 @dataclass(frozen=True)

@@ -158,14 +158,23 @@ class EmbedSpec(StageSpec):
                 "doc_ids": list(doc_ids),
                 "extractor_version": self.extractor_version,
                 "chunker_key": self.chunker_key,
+                "model": self.model,
             },
         )
         by_doc: dict[str, list[str]] = defaultdict(list)
+        missing: set[str] = set()  # documents with a chunk that has no vector yet
         for row in rows:
             by_doc[row["doc_id"]].append(row["chunk_id"])
+            if not row["embedded"]:
+                missing.add(row["doc_id"])
         cfg = self.key_config()
         return [
-            WorkItem(doc_id, item_key(self.name, self.code_version, cfg, [doc_id, *ids]), ids)
+            WorkItem(
+                doc_id,
+                item_key(self.name, self.code_version, cfg, [doc_id, *ids]),
+                ids,
+                ready=doc_id not in missing,
+            )
             for doc_id, ids in by_doc.items()
         ]
 

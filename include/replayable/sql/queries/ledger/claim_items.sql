@@ -1,7 +1,9 @@
 -- Claim a batch's items in one round trip (ADR 0002, 0009). Statements run in order in one
 -- implicit transaction, each seeing the ones before:
 -- 1. the keys given become each document's current row in this stage;
--- 2. new items enter already claimed by this worker (one write per new item);
+-- 2. new items enter already claimed by this worker (one write per new item), except the
+--    ones the stage found ready (their outputs are stored already: ADR 0125), which enter
+--    done, with the document.ready event a last stage announces, as finish_items.sql writes;
 -- 3. existing items are taken when nobody holds a live lease on them, or when the holder is
 --    an earlier try of this same task instance (Airflow only starts a new try once it has
 --    given up on the old one), or, in a revive, when they are dead (fresh attempt budget);
@@ -32,14 +34,32 @@ FROM input
 WHERE s.stage = %(stage)s AND s.doc_id = input.doc_id AND s.is_current
   AND s.item_key <> input.item_key;
 
-INSERT INTO replayable.stage_runs
-    (stage, item_key, doc_id, status, attempts, code_version, config_hash, spec_hash,
-     is_current, lease_owner, lease_expires, dag_id, run_id, map_index, try_number, started_at)
-SELECT %(stage)s, item_key, doc_id, 'running', 1, %(code_version)s, %(config_hash)s,
-       %(spec_hash)s, true, %(owner)s, now() + make_interval(secs => %(lease_s)s),
-       %(dag_id)s, %(run_id)s, %(map_index)s, %(try_number)s, now()
-FROM unnest(%(keys)s::text[], %(doc_ids)s::text[]) AS t (item_key, doc_id)
-ON CONFLICT DO NOTHING;
+WITH inserted AS (
+    INSERT INTO replayable.stage_runs
+        (stage, item_key, doc_id, status, attempts, code_version, config_hash, spec_hash,
+         is_current, lease_owner, lease_expires, dag_id, run_id, map_index, try_number,
+         started_at, finished_at)
+    SELECT %(stage)s, item_key, doc_id, CASE WHEN ready THEN 'done' ELSE 'running' END,
+           CASE WHEN ready THEN 0 ELSE 1 END, %(code_version)s, %(config_hash)s,
+           %(spec_hash)s, true, CASE WHEN ready THEN NULL ELSE %(owner)s END,
+           CASE WHEN ready THEN NULL ELSE now() + make_interval(secs => %(lease_s)s) END,
+           %(dag_id)s, %(run_id)s, %(map_index)s, %(try_number)s,
+           CASE WHEN ready THEN NULL ELSE now() END, CASE WHEN ready THEN now() END
+    FROM unnest(%(keys)s::text[], %(doc_ids)s::text[], %(ready)s::boolean[])
+        AS t (item_key, doc_id, ready)
+    ON CONFLICT DO NOTHING
+    RETURNING item_key, doc_id, status, spec_hash
+)
+INSERT INTO replayable.outbox (event_id, event_key, event_type, aggregate_id, payload)
+SELECT replayable.outbox_event_id(e.event_key), e.event_key, 'document.ready', e.doc_id,
+       jsonb_build_object('doc_id', e.doc_id, 'uri', d.uri)
+       || replayable.document_ready_payload(%(stage)s, e.item_key, e.spec_hash,
+                                            %(versions)s::jsonb, %(dag_id)s, %(run_id)s)
+FROM (SELECT 'document.ready:' || i.doc_id || ':' || i.spec_hash AS event_key, i.*
+      FROM inserted i WHERE %(announce_ready)s AND i.status = 'done') e
+LEFT JOIN replayable.documents d ON d.doc_id = e.doc_id
+ORDER BY e.event_key
+ON CONFLICT (event_id) DO NOTHING;
 
 WITH takeable AS (
     SELECT s.item_key, s.doc_id, s.attempts, s.code_version, s.lease_owner, s.dag_id,
@@ -53,6 +73,9 @@ WITH takeable AS (
     FROM replayable.stage_runs s
     WHERE s.stage = %(stage)s AND s.item_key = ANY(%(keys)s::text[])
       AND NOT (s.status = 'running' AND s.lease_owner = %(owner)s)
+      -- a current done row under this spec stays as it is: nothing to lock or write
+      AND NOT (s.status = 'done' AND s.is_current
+               AND s.spec_hash IS NOT DISTINCT FROM %(spec_hash)s)
     FOR UPDATE
 ), decided AS (
     SELECT t.*,

@@ -41,9 +41,9 @@ WITH input AS (
 ), events AS (
     SELECT 'document.ready:' || f.doc_id || ':' || f.spec_hash AS event_key,
            'document.ready' AS event_type, f.doc_id,
-           jsonb_build_object('stage', %(stage)s::text, 'item_key', f.item_key,
-                              'spec_hash', f.spec_hash, 'versions', %(versions)s::jsonb,
-                              'dag_id', %(dag_id)s::text, 'run_id', %(run_id)s::text) AS payload
+           replayable.document_ready_payload(%(stage)s, f.item_key, f.spec_hash,
+                                             %(versions)s::jsonb, %(dag_id)s, %(run_id)s)
+               AS payload
     FROM finished f
     WHERE %(announce_ready)s AND f.status = 'done'
     UNION ALL
