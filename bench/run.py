@@ -46,7 +46,14 @@ BENCHMARKS: dict[str, tuple[Benchmark, dict[str, Any], dict[str, Any]]] = {
     "scheduler": (
         scheduler.run,
         {},
-        {"documents": 24, "per_doc_documents": 6, "scale_documents": 48, "poll_every_s": 0.05},
+        {
+            "documents": 24,
+            "per_doc_documents": 6,
+            "scale_documents": 48,
+            "poll_every_s": 0.05,
+            "first_runs": 1,
+            "reruns": 1,
+        },
     ),
     "check-before-call": (check_before_call.run, {}, {"repeats": 1, "docs": 24}),
     "bookkeeping": (bookkeeping.run, {}, {"repeats": 1, "batch": 50}),
