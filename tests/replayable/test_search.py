@@ -184,7 +184,7 @@ def test_the_index_build_is_given_the_memory_of_its_whole_graph(conn, dsn, monke
     from psycopg2.extras import execute_values
 
     monkeypatch.setattr(search_module, "BUILD_MEMORY_MIN_MB", 1)
-    vectors = np.random.default_rng(3).normal(size=(20_000, DIM)).astype(np.float32)
+    vectors = np.random.default_rng(3).normal(size=(5_000, DIM)).astype(np.float32)
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
     with conn.cursor() as cur:
         ids = [f"fits-{i}" for i in range(len(vectors))]
