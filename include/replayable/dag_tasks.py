@@ -10,7 +10,7 @@ import logging
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from airflow.sdk import get_current_context
+from airflow.sdk import TaskGroup, get_current_context
 from airflow.sdk.exceptions import AirflowFailException, DownstreamTasksSkipped
 
 from replayable import config, db, pipeline, sources
@@ -123,9 +123,10 @@ def plan_task(
     mapped = [
         task
         for node in context["task"].iter_mapped_dependants()
-        for task in (node.iter_tasks() if hasattr(node, "iter_tasks") else (node,))
+        for task in (node.iter_tasks() if isinstance(node, TaskGroup) else (node,))
     ]
     skipped = sorted(task.task_id for task in mapped)
+    # The Task SDK 3.3 declares this exception's __init__ without types.
     raise DownstreamTasksSkipped(tasks=skipped)  # type: ignore[no-untyped-call]
 
 

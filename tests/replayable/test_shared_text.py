@@ -59,33 +59,27 @@ def test_two_files_with_identical_text_both_end_done_and_announce_ready_paid_onc
     assert set(stats["input_success_counts"].values()) == {1}
 
 
-def test_a_twin_in_a_later_batch_is_done_without_a_call(conn, dsn, model):
-    twins = seed_twins(conn, 3)
-    chunk(dsn, twins)
-    embed(model, dsn, twins[:1], owner="w1")
-    paid = model.stats()["inputs_embedded"]
-    later = embed(model, dsn, twins[1:], owner="w2")
-    assert sorted(later.done) == twins[1:]
-    assert model.stats()["inputs_embedded"] == paid
-    report = rows(
-        conn,
-        "SELECT count(*) FROM replayable.stage_runs"
-        " WHERE stage = 'embed' AND is_current AND status = 'done'",
-    )
-    assert report == [(3,)]
-
-
-def test_a_twin_whose_chunks_all_have_vectors_is_done_in_its_claim_and_announced(conn, dsn, model):
+def test_a_twin_in_a_later_batch_is_done_by_its_claim_without_a_call_and_announced(
+    conn, dsn, model
+):
     """Its embed plan finds every chunk's vector stored, so the claim records it done, with
     no lease, no attempt and no finish, and writes its ``document.ready`` in the shape a
     finish writes (ADR 0125): identical text is announced on this path too."""
     twins = seed_twins(conn, 3)
     chunk(dsn, twins)
     embed(model, dsn, twins[:1], owner="w1")
+    paid = model.stats()["inputs_embedded"]
     requests = model.stats()["requests"]
     later = embed(model, dsn, twins[1:], owner="w2")
     assert sorted(later.done) == twins[1:] and later.processed == 0
+    assert model.stats()["inputs_embedded"] == paid
     assert model.stats()["requests"] == requests
+    report = rows(
+        conn,
+        "SELECT count(*) FROM replayable.stage_runs"
+        " WHERE stage = 'embed' AND is_current AND status = 'done'",
+    )
+    assert report == [(3,)]
     assert rows(
         conn,
         "SELECT doc_id, status, attempts, lease_owner, started_at FROM replayable.stage_runs"
