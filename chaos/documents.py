@@ -152,35 +152,43 @@ def huge_text_pdf_bytes(
     return corpus._assemble(objects)
 
 
-def killer_pdf_bytes(after: Iterable[str], *, draws: int = 80) -> bytes:
-    """A one-page PDF that takes about a second to extract, whose id sorts after ``after``.
+def killer_pdf_bytes(after: Iterable[str], *, pages: int = 60, draws: int = 2_000) -> bytes:
+    """A small PDF that holds PDFium for about half a second, whose id sorts after ``after``.
 
-    Scenario (h) kills the task process whenever a task holds this document; taking a
-    second to extract keeps it held long enough to be seen. Plan numbers a run's batches
-    in doc_id order, so an id above every other one (and above any id of the form ``fff…``,
-    which covers the stat-named ids of oversize files but for a chance of 1 in 4,096) puts
-    the document last, in a batch of its own when the others fill whole batches.
+    Scenario (h) kills the task process whenever a task holds this document; the longer the
+    extraction, the surer the harness sees it held. Every page paints a form XObject showing
+    one word ``draws`` times: PDFium builds a text object for every paint (about 4 µs each,
+    60 times 2,000 of them: 0.45 s on an idle two-core machine, under 60 MB), and all paints land
+    on one spot, so the text stays one word per page. Plan numbers a run's batches in doc_id
+    order, so an id above every other one (and above any id of the form ``fff…``, which
+    covers the stat-named ids of oversize files but for a chance of 1 in 4,096) puts the
+    document last, in a batch of its own when the others fill whole batches.
     """
     highest = max(after, default="")
-    form_ops = b"BT /F1 1 Tf 0 0 Td " + b"0 Tc " * 2_000 + b"(killer) Tj ET\n"
-    resources = b"<< /XObject << /Fm 4 0 R >> >>"
+    first_page = 6
     objects = [
         b"<< /Type /Catalog /Pages 2 0 R >>",
-        corpus._pages_objects(1, 5),
+        corpus._pages_objects(pages, first_page),
         corpus._stream(b"", b"/Fm Do\n" * draws),
         corpus._stream(
             b"/Type /XObject /Subtype /Form /BBox [0 0 612 792]"
-            b" /Resources << /Font << /F1 6 0 R >> >>",
-            form_ops,
+            b" /Resources << /Font << /F1 5 0 R >> >>",
+            b"BT /F1 1 Tf 0 0 Td (killer) Tj ET\n",
         ),
-        corpus._page(3, resources),
         corpus._helvetica(),
     ]
+    objects += [corpus._page(3, b"<< /XObject << /Fm 4 0 R >> >>") for _ in range(pages)]
+    # The variants differ only in a fixed-width comment, so the bytes around it are hashed once.
+    mark = b"% variant 00000000\n"
+    head, tail = corpus._assemble(objects, filler=mark).split(mark)
+    hashed_head = hashlib.sha256(head)
     for variant in itertools.count():
-        data = corpus._assemble(objects, filler=b"%% variant %d\n" % variant)
-        digest = hashlib.sha256(data).hexdigest()
-        if digest.startswith("fff") and digest > highest:
-            return data
+        filler = b"%% variant %08d\n" % variant
+        digest = hashed_head.copy()
+        digest.update(filler + tail)
+        hexdigest = digest.hexdigest()
+        if hexdigest.startswith("fff") and hexdigest > highest:
+            return head + filler + tail
     raise AssertionError("unreachable")
 
 

@@ -640,34 +640,7 @@ def poison_that_kills(ctx: Context, result: ScenarioResult) -> None:
     run_id = ctx.env.api.trigger(conf)
     ctx.log(f"   triggered {run_id} over {corpus.documents} documents")
     max_attempts = int(conf["max_attempts"])
-    kills: list[str] = []
-    settled: tuple[Any, ...] | None = None
-    next_state_check = 0.0
-    while True:
-        rows = ctx.env.query(
-            "SELECT status, attempts, map_index, try_number, error_class"
-            " FROM replayable.stage_runs"
-            " WHERE stage = 'extract' AND doc_id = %s AND is_current AND run_id = %s",
-            (killer_id, run_id),
-        )
-        if rows and rows[0][0] in ("done", "dead"):
-            settled = rows[0]
-            break
-        if rows and rows[0][0] == "running" and len(kills) <= max_attempts + 1:
-            _, attempts, map_index, try_number, _ = rows[0]
-            for ti in ctx.running(run_id, "batch.extract"):
-                label = _label(ti)
-                if ti["map_index"] == map_index and ti["try_number"] == try_number:
-                    proc = task_process(ti)
-                    if proc is not None and label not in kills:
-                        proc.kill()
-                        kills.append(label)
-                        ctx.log(f"   SIGKILLed {label} holding the killer (attempt {attempts})")
-        if time.monotonic() > next_state_check:
-            if ctx.env.api.state(run_id) in ("success", "failed"):
-                break
-            next_state_check = time.monotonic() + 2
-        time.sleep(0.05)
+    kills, settled, kill_after_claim_s = _kill_whoever_holds(ctx, run_id, killer_id, max_attempts)
     state, clears = ctx.finish(run_id)
     letters = ctx.env.query(
         "SELECT d.error_class, d.attempts FROM replayable.dead_letters d"
@@ -681,6 +654,7 @@ def poison_that_kills(ctx: Context, result: ScenarioResult) -> None:
             "huge document: file (bytes)": huge.path.stat().st_size,
             "max_text_chars": conf.get("max_text_chars"),
             "killed tries": kills,
+            "seconds from each claim to its kill": kill_after_claim_s,
             "killer ended": list(settled) if settled else None,
             "killer's dead letter (class, attempts)": [list(r) for r in letters],
             "batch tries past the first": ctx.batch_tries(run_id),
@@ -695,6 +669,60 @@ def poison_that_kills(ctx: Context, result: ScenarioResult) -> None:
     if any(attempts > max_attempts for _, attempts in letters):
         result.checks.append("the killer's dead letter counts more attempts than the cap")
     result.parts.append(Part("run", ctx.reconcile([(run_id, state, clears, corpus)])))
+
+
+def _kill_whoever_holds(
+    ctx: Context, run_id: str, doc_id: str, max_attempts: int
+) -> tuple[list[str], tuple[Any, ...] | None, list[float]]:
+    """SIGKILL the task process of every try that claims ``doc_id``'s extract item.
+
+    Return the tries killed, the item's row once it is done or dead (None if the run ended
+    first), and the seconds from each claim to its kill. A claimed item is held only for the
+    guarded pool's start and the extraction (under a second), so the watch must be quick: the
+    item's row is polled every few milliseconds on one open connection, and the running
+    extract tries' processes are looked up ahead, not after the claim is seen.
+    """
+    kills: list[str] = []
+    after_claim: list[float] = []
+    processes: dict[tuple[int, int], tuple[str, psutil.Process]] = {}
+    last_lookup = next_state_check = 0.0
+    with ctx.env.connection() as conn:
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            while True:
+                cur.execute(
+                    "SELECT status, attempts, map_index, try_number, error_class,"
+                    " extract(epoch FROM clock_timestamp() - started_at)"
+                    " FROM replayable.stage_runs WHERE stage = 'extract' AND doc_id = %s"
+                    " AND is_current AND run_id = %s",
+                    (doc_id, run_id),
+                )
+                row = cur.fetchone()
+                if row and row[0] in ("done", "dead"):
+                    return kills, row[:5], after_claim
+                now = time.monotonic()
+                held = row is not None and row[0] == "running" and len(kills) <= max_attempts + 1
+                key = (row[2], row[3]) if held and row else None
+                # Every 0.2 s, and every 20 ms while a claim's try is not known yet.
+                if now - last_lookup > (0.02 if key and key not in processes else 0.2):
+                    for ti in ctx.running(run_id, "batch.extract"):
+                        proc = task_process(ti)
+                        if proc is not None:
+                            processes[(ti["map_index"], ti["try_number"])] = (_label(ti), proc)
+                    last_lookup = now
+                if key is not None and key in processes and row:
+                    label, proc = processes[key]
+                    if label not in kills:
+                        with contextlib.suppress(psutil.NoSuchProcess):
+                            proc.kill()
+                        kills.append(label)
+                        after_claim.append(round(float(row[5] or 0.0), 3))
+                        ctx.log(f"   SIGKILLed {label} holding the killer (attempt {row[1]})")
+                if now > next_state_check:
+                    if ctx.env.api.state(run_id) in ("success", "failed"):
+                        return kills, None, after_claim
+                    next_state_check = now + 2
+                time.sleep(0.005)
 
 
 def _sync_waiter(ctx: Context) -> tuple[int, bool] | None:

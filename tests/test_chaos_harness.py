@@ -39,6 +39,20 @@ def test_the_killer_document_sorts_after_every_other_id_given() -> None:
     assert digest > max(others) and digest.startswith("fff")
 
 
+def test_the_killer_document_is_a_sound_pdf_whose_every_page_shows_its_word() -> None:
+    data = documents.killer_pdf_bytes([], pages=3, draws=5)
+    # Its variant comment is fixed-width, so the cross-reference table is where it says.
+    start = int(data[data.rindex(b"startxref") :].split()[1])
+    assert data[start:].startswith(b"xref")
+    document = pypdfium2.PdfDocument(data)
+    try:
+        texts = [document[n].get_textpage().get_text_bounded() for n in range(len(document))]
+    finally:
+        document.close()
+    # Every paint lands on one spot: one word per page, however many paints.
+    assert [t.strip() for t in texts] == ["killer"] * 3
+
+
 def _reconciliation(*, extra: int, lost_inputs: int, lost: int, allowed: int) -> Reconciliation:
     provider = {
         "chunks_charged_more_than_once": extra,
