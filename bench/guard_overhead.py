@@ -7,8 +7,9 @@ generator (``tests/corpus.py``), is extracted on all cores:
   ``concurrent.futures.ProcessPoolExecutor(max_workers=cores)``, no guards;
 - measured: the extract stage's ``extract_file`` (PDFium, the default engine, with its
   normalisation and checks) on ``GuardedPool(workers=cores)`` driven by ``cores`` threads,
-  the shape the extract stage uses (wall-clock, CPU and memory limits and the parent-death
-  signal all in force).
+  a few documents per call (``run_each``, as many as ``items_per_call`` gives a batch of the
+  corpus's size), the shape the extract stage uses (each document under its own wall-clock,
+  CPU and memory limits, and the parent-death signal, all in force).
 
 Both pools are started and warmed by one untimed pass first, so worker start-up and the
 engine import are not what is measured. A repeat is one pass over the corpus on each side, made of
@@ -35,6 +36,7 @@ from harness import BenchError, Row, Samples, Target, corpus, timed
 
 from replayable.guards import GuardedPool
 from replayable.stages.extract.pdf import Extraction, extract_file
+from replayable.stages.extract.spec import items_per_call
 
 TIMEOUT_S = 60.0
 MEMORY_MB = 1024
@@ -108,6 +110,7 @@ def run(repeats: int = REPEATS, documents: int = DOCUMENTS) -> tuple[list[Row], 
         size = math.ceil(len(paths) / SLICES)
         slices = [paths[i : i + size] for i in range(0, len(paths), size)]
         fresh_paths = paths[:FRESH_DOCUMENTS]
+        per_call = items_per_call(len(paths), cores)
         wall: tuple[list[float], list[float]] = ([], [])
         cpu: tuple[list[float], list[float]] = ([], [])
         fresh: list[float] = []
@@ -117,7 +120,12 @@ def run(repeats: int = REPEATS, documents: int = DOCUMENTS) -> tuple[list[Row], 
         ):
 
             def guarded(items: list[str]) -> list[Any]:
-                return list(threads.map(partial(pool.run, extract_file), items))
+                calls = [
+                    [(path,) for path in items[i : i + per_call]]
+                    for i in range(0, len(items), per_call)
+                ]
+                ended = threads.map(partial(pool.run_each, extract_file), calls)
+                return [outcome.result() for outcomes in ended for outcome in outcomes]
 
             # Warming the guarded pool first starts the forkserver while GuardedPool keeps the
             # bench script out of it, so the baseline's workers below (forked by the same
@@ -166,7 +174,7 @@ def run(repeats: int = REPEATS, documents: int = DOCUMENTS) -> tuple[list[Row], 
             "guarded PDFium extraction / bare pypdfium2, all cores, warm",
             f"{len(paths)} PDFs, bare pypdfium2, ProcessPoolExecutor({cores})",
             plain,
-            f"GuardedPool({cores} workers), {cores} threads",
+            f"GuardedPool({cores} workers), {cores} threads, {per_call} documents per call",
             through_guard,
             POOL_TARGET,
         ),
@@ -186,6 +194,7 @@ def run(repeats: int = REPEATS, documents: int = DOCUMENTS) -> tuple[list[Row], 
 
     details: dict[str, Any] = {
         "pdfs": len(paths),
+        "documents_per_call": per_call,
         "pages": pages,
         "slices": len(slices),
         "fresh_pdfs": len(fresh_paths),

@@ -565,6 +565,33 @@ def test_a_long_item_keeps_its_lease_while_it_runs(conn, dsn):
     assert outcome["result"].done == [doc_id]
 
 
+class _HorizonSpec(_SlowSpec):
+    """A slow stage that samples, while its item runs, until when its lease is known valid."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(seconds)
+        self.samples: list[tuple[float, float]] = []  # (when, valid until), monotonic
+
+    def process(self, items, io):
+        for item in items:
+            deadline = time.monotonic() + self.seconds
+            while time.monotonic() < deadline:
+                self.samples.append((time.monotonic(), io.lease_valid_until()))
+                time.sleep(0.05)
+            io.done(item)
+
+
+def test_the_lease_horizon_stays_ahead_of_the_clock_as_renewals_answer(conn, dsn):
+    """Work handed on ahead starts only before ``lease_valid_until`` (ADR 0126): with the
+    keeper renewing, that stays in the future through an item three leases long."""
+    (doc_id,) = seed_documents(conn, 1)
+    spec = _HorizonSpec(2.7)
+    assert run(spec, dsn, [doc_id], lease_s=0.9).done == [doc_id]
+    assert all(valid_until > when for when, valid_until in spec.samples)
+    # Renewals moved it: it ends later than a lease after the item began.
+    assert spec.samples[-1][1] > spec.samples[0][0] + 0.9
+
+
 RENEWAL = db.sql("ledger/renew_leases").splitlines()[0]  # how a renewal shows in pg_stat_activity
 
 
@@ -653,8 +680,8 @@ def _stall_after_one_item(name: str, dsn: str, doc_ids, lease_s: float, folder: 
     out = Path(folder)
     logging.basicConfig(filename=out / "log", level=logging.WARNING)
 
-    # The spied step names its document by what it is given: a path to extract (after the
-    # function), a text to chunk.
+    # The spied step names its document by what it is given: the path of a call to extract
+    # (four documents make calls of one, ADR 0126), a text to chunk.
     reader = db.connect(dsn)
     query = (
         "SELECT uri, doc_id FROM replayable.documents WHERE doc_id = ANY(%s)"
@@ -667,7 +694,7 @@ def _stall_after_one_item(name: str, dsn: str, doc_ids, lease_s: float, folder: 
 
     def gated(step):
         def spy(*args, **kwargs):
-            doc_id = docs[args[1] if name == "extract" else args[0]]
+            doc_id = docs[args[1][0][0] if name == "extract" else args[0]]
             seen.append(doc_id)
             with open(out / "started", "a") as started:
                 print(doc_id, file=started)
@@ -681,7 +708,7 @@ def _stall_after_one_item(name: str, dsn: str, doc_ids, lease_s: float, folder: 
     with guards.GuardedPool(timeout_s=60, memory_mb=None, workers=1) as pool:
         spec = _stage(name, dsn, pool)
         if name == "extract":
-            pool.run = gated(pool.run)
+            pool.run_each = gated(pool.run_each)
         else:
             chunker.chunk_text = gated(chunker.chunk_text)
         result = run_batch(

@@ -7,14 +7,17 @@ into a :class:`~replayable.guards.errors.GuardError`. See :mod:`replayable.guard
 
 from __future__ import annotations
 
+import itertools
 import math
 import multiprocessing
 import signal
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Final, TypeVar, cast
+from typing import Any, Final, Generic, TypeVar, cast
 
 from pebble import ProcessExpired, ProcessPool
 from pebble.common.types import RemoteTraceback
@@ -27,7 +30,13 @@ from replayable.guards.process import (
     restore_script_main,
     undo_inherited_process_state,
 )
-from replayable.guards.worker import USAGE_SLOTS, init_worker, run_item
+from replayable.guards.worker import (
+    PROGRESS_FIELDS,
+    USAGE_SLOTS,
+    init_worker,
+    run_item,
+    run_items,
+)
 
 T = TypeVar("T")
 
@@ -36,6 +45,27 @@ T = TypeVar("T")
 _NEAR_LIMIT_FRACTION: Final = 0.9
 # Default CPU allowance of one item, in multiples of its wall-clock timeout.
 _CPU_PER_TIMEOUT: Final = 2
+
+
+@dataclass(frozen=True)
+class ItemOutcome(Generic[T]):
+    """What one item of :meth:`GuardedPool.run_each` came to.
+
+    Its value, or the error ``run`` would have raised for it (``error``), or neither when it
+    was not started because ``not_after`` had passed (``started`` False).
+    """
+
+    value: T | None = None
+    error: BaseException | None = None
+    started: bool = True
+
+    def result(self) -> T:
+        """Return the value, or raise the item's error (an unstarted item is a RuntimeError)."""
+        if self.error is not None:
+            raise self.error
+        if not self.started:
+            raise RuntimeError("the item was not started: its not_after had passed")
+        return cast(T, self.value)
 
 
 class GuardedPool:
@@ -77,6 +107,9 @@ class GuardedPool:
         self._usage: Any = None
         if self._limit_bytes is not None:
             self._usage = self._context.RawArray("q", 2 * USAGE_SLOTS)
+        # Shared with the workers: which item of which run_each call each one is running.
+        self._progress: Any = self._context.RawArray("q", PROGRESS_FIELDS * USAGE_SLOTS)
+        self._calls = itertools.count(1)
         self._oom_events = oom_events_file()
         self._lock = threading.Lock()
         self._pool: ProcessPool | None = None
@@ -103,7 +136,6 @@ class GuardedPool:
         """
         pool = self._live_pool()
         oom_kills = read_oom_kills(self._oom_events)
-        name = getattr(fn, "__qualname__", repr(fn))
         try:
             future = pool.schedule(run_item, args=(fn, args), timeout=self.timeout_s)
             return cast(T, future.result())
@@ -111,23 +143,111 @@ class GuardedPool:
             raise
         except MemoryError as error:
             raise GuardError(
-                "memory", f"{name} ran out of memory (limit {self.memory_mb} MiB)"
+                "memory", f"{_name(fn)} ran out of memory (limit {self.memory_mb} MiB)"
             ) from error
         except TimeoutError as error:
             if isinstance(error.__cause__, RemoteTraceback):
                 raise  # fn's own TimeoutError, e.g. from a socket: not ours to classify
             raise GuardError(
-                "timeout", f"{name} ran longer than {self.timeout_s} s; its worker was killed"
+                "timeout", f"{_name(fn)} ran longer than {self.timeout_s} s; its worker was killed"
             ) from None
         except ProcessExpired as error:
             error_class, reason = self._classify_death(error, oom_kills)
-            raise GuardError(error_class, f"{name}: worker {reason}") from error
+            raise GuardError(error_class, f"{_name(fn)}: worker {reason}") from error
         except BrokenProcessPool:
             # Workers that cannot start, or a result the caller cannot unpickle: a fault of
             # the setup or of fn, not of this item, so it must not be filed as one. Nothing
             # more can run on a broken pebble pool; the next run starts a fresh one.
             self._discard(pool)
             raise
+
+    def run_each(
+        self,
+        fn: Callable[..., T],
+        calls: Sequence[tuple[Any, ...]],
+        *,
+        not_after: float | None = None,
+    ) -> list[ItemOutcome[T]]:
+        """Compute ``fn(*args)`` for each of ``calls`` in one worker, one after another.
+
+        One round trip to a worker for several items: each item still runs under its own
+        wall-clock, CPU and memory limits, and comes to what ``run`` would have made of it,
+        value or error. If an item kills its worker, only that item gets the classified
+        death; the worker says which item it was on, and the others run again on a fresh
+        worker. No item starts once ``time.monotonic()`` is past ``not_after``: those come
+        back unstarted. ``BrokenProcessPool`` is raised as ``run`` raises it.
+        """
+        if not calls:
+            return []
+        pool = self._live_pool()
+        oom_kills = read_oom_kills(self._oom_events)
+        call_id = next(self._calls)
+        # Each item ends at its own alarm; this only backs those up.
+        backstop_s = self.timeout_s * (len(calls) + 1)
+        try:
+            future = pool.schedule(
+                run_items,
+                args=(fn, list(calls), call_id, self.timeout_s, not_after),
+                timeout=backstop_s,
+            )
+            done: list[tuple[bool, Any]] = future.result()
+        except ProcessExpired as error:
+            index = self._progress_of(error.pid, call_id)
+            if index is None:
+                return [self._run_alone(fn, args, not_after) for args in calls]
+            error_class, reason = self._classify_death(error, oom_kills)
+            died = GuardError(error_class, f"{_name(fn)}: worker {reason}")
+            died.__cause__ = error
+            return [
+                *self.run_each(fn, calls[:index], not_after=not_after),
+                ItemOutcome[T](error=died),
+                *self.run_each(fn, calls[index + 1 :], not_after=not_after),
+            ]
+        except TimeoutError:
+            # The backstop fired, so no item's alarm did: run each alone, with its own timeout.
+            return [self._run_alone(fn, args, not_after) for args in calls]
+        except BrokenProcessPool:
+            self._discard(pool)
+            raise
+        outcomes = [
+            ItemOutcome[T](value=cast(T, value))
+            if ok
+            else ItemOutcome[T](error=self._item_error(fn, value))
+            for ok, value in done
+        ]
+        return outcomes + [ItemOutcome[T](started=False)] * (len(calls) - len(done))
+
+    def _run_alone(
+        self, fn: Callable[..., T], args: tuple[Any, ...], not_after: float | None
+    ) -> ItemOutcome[T]:
+        """One item through ``run``, as an outcome; unstarted past ``not_after``."""
+        if not_after is not None and time.monotonic() > not_after:
+            return ItemOutcome[T](started=False)
+        try:
+            return ItemOutcome[T](value=self.run(fn, *args))
+        except BrokenProcessPool:
+            raise
+        except Exception as error:
+            return ItemOutcome[T](error=error)
+
+    def _item_error(self, fn: Callable[..., Any], error: BaseException) -> BaseException:
+        """What the caller gets for ``error``, raised by one item of ``fn`` in its worker."""
+        if isinstance(error, MemoryError):
+            memory = GuardError(
+                "memory", f"{_name(fn)} ran out of memory (limit {self.memory_mb} MiB)"
+            )
+            memory.__cause__ = error
+            return memory
+        return error
+
+    def _progress_of(self, pid: int | None, call_id: int) -> int | None:
+        """The index of the item of call ``call_id`` that worker ``pid`` last started."""
+        if pid is None:
+            return None
+        slot = PROGRESS_FIELDS * (pid % USAGE_SLOTS)
+        if self._progress[slot] != pid or self._progress[slot + 1] != call_id:
+            return None
+        return int(self._progress[slot + 2])
 
     def close(self) -> None:
         """Stop the workers after any items still running; the pool cannot be used again."""
@@ -156,7 +276,7 @@ class GuardedPool:
                     max_workers=self.workers,
                     max_tasks=0,
                     initializer=init_worker,
-                    initargs=(self._limit_bytes, self._usage, self.cpu_s),
+                    initargs=(self._limit_bytes, self._usage, self.cpu_s, self._progress),
                     context=self._context,
                 )
             pool = self._pool
@@ -189,6 +309,9 @@ class GuardedPool:
                 how = f"killed by signal {-exitcode}"
         else:
             how = f"exited with code {exitcode}"
+        if exitcode == -signal.SIGALRM:
+            # Only run_items arms the alarm, for one item at a time.
+            return "timeout", f"{how}: the item ran longer than {self.timeout_s} s"
         if exitcode == -signal.SIGXCPU:
             # Only RLIMIT_CPU sends SIGXCPU, and it is armed only while an item runs.
             return "timeout", f"{how}: the item used more than {self.cpu_s} s of CPU"
@@ -210,3 +333,7 @@ class GuardedPool:
         if self._usage[slot] != pid or self._usage[slot + 1] <= 0:
             return None
         return int(self._usage[slot + 1])
+
+
+def _name(fn: Callable[..., Any]) -> str:
+    return getattr(fn, "__qualname__", repr(fn))

@@ -4,7 +4,10 @@ Run once per worker (:func:`init_worker`): the parent-death signal, no core dump
 limit's hard bound, malloc tuned so that the address space tracks live data, RLIMIT_AS, and
 a thread that samples the address space while an item runs. Run per item (:func:`run_item`):
 the CPU limit armed for the item and lifted after it, and whatever the item raises made fit
-to reach the caller. See :mod:`replayable.guards` for why each is needed.
+to reach the caller. :func:`run_items` runs several items in one call, each under those
+limits and its own wall-clock alarm, and says in shared memory which item it is on, so that
+the caller can tell which one a dead worker died of. See :mod:`replayable.guards` for why
+each is needed.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ import traceback
 from collections.abc import Callable
 from multiprocessing import forkserver
 from typing import Any, Final, TypeVar
+
+from pebble.common.types import RemoteException
 
 from replayable.guards.errors import GuardError, RemoteError
 
@@ -51,6 +56,11 @@ _item_running = threading.Event()
 # This worker's (pid, address-space bytes) pair in the shared array, set by _init_worker.
 _usage: Any = None
 _usage_slot = 0
+# This worker's (pid, call, item index) triple in the shared progress array: which item of
+# which several-item call it is running (PROGRESS_FIELDS values per slot, same slots).
+PROGRESS_FIELDS: Final = 3
+_progress: Any = None
+_progress_slot = 0
 
 
 def _sample_address_space(usage: Any, slot: int) -> None:
@@ -147,9 +157,9 @@ def _lift_cpu_limit() -> None:
     resource.setrlimit(resource.RLIMIT_CPU, (_cpu_hard_limit, _cpu_hard_limit))
 
 
-def init_worker(limit_bytes: int | None, usage: Any, cpu_budget_s: int) -> None:
+def init_worker(limit_bytes: int | None, usage: Any, cpu_budget_s: int, progress: Any) -> None:
     """Set up the worker's guards and start sampling its address space; runs once per worker."""
-    global _cpu_budget_s, _cpu_hard_limit, _usage, _usage_slot
+    global _cpu_budget_s, _cpu_hard_limit, _usage, _usage_slot, _progress, _progress_slot
     # A segfaulting item then leaves a Python traceback in the task log, not just "-11".
     faulthandler.enable()
     _die_with_owner()
@@ -161,6 +171,10 @@ def init_worker(limit_bytes: int | None, usage: Any, cpu_budget_s: int) -> None:
     # cannot run while the item is stuck in C (a lock, a native hang): pebble then waits 3 s
     # before SIGKILL. The default action ends the worker at once, wherever it is.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    # run_items's per-item alarm: the default action ends the worker, even inside C code.
+    signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    _progress = progress
+    _progress_slot = PROGRESS_FIELDS * (os.getpid() % USAGE_SLOTS)
     _cpu_budget_s = cpu_budget_s
     _cpu_hard_limit = resource.getrlimit(resource.RLIMIT_CPU)[1]
     if limit_bytes is None:
@@ -236,6 +250,46 @@ def run_item(fn: Callable[..., T], args: tuple[Any, ...]) -> T:
     finally:
         _item_running.clear()
         _lift_cpu_limit()
+
+
+def run_items(
+    fn: Callable[..., T],
+    calls: list[tuple[Any, ...]],
+    call_id: int,
+    timeout_s: float,
+    not_after: float | None,
+) -> list[tuple[bool, Any]]:
+    """Run ``fn(*args)`` for each of ``calls`` in turn, each as :func:`run_item` runs one.
+
+    Return one (ok, value) per item started, where an item that raised has for value its
+    exception wrapped as pebble wraps a single call's (it arrives with the remote traceback
+    as its cause). Items start in order, and none once ``time.monotonic()`` (the machine's
+    clock, the caller's too) is past ``not_after``, so the list may be shorter than
+    ``calls``. Each item has its own wall-clock alarm of ``timeout_s``: SIGALRM, whose
+    default action ends the worker wherever it is, for the caller to classify as that
+    item's timeout. Before each item the worker writes (pid, ``call_id``, index) to its
+    progress slot, which tells the caller, should the worker die, which item it died of.
+    """
+    outcomes: list[tuple[bool, Any]] = []
+    for index, args in enumerate(calls):
+        if not_after is not None and time.monotonic() > not_after:
+            break
+        if _progress is not None:
+            _progress[_progress_slot : _progress_slot + PROGRESS_FIELDS] = [
+                os.getpid(),
+                call_id,
+                index,
+            ]
+        signal.setitimer(signal.ITIMER_REAL, timeout_s)
+        try:
+            outcomes.append((True, run_item(fn, args)))
+        except BaseException as error:
+            wrapped = RemoteException(error, traceback.format_exc())  # type: ignore[no-untyped-call]  # pebble leaves it unannotated
+            outcomes.append((False, wrapped))
+            traceback.clear_frames(error.__traceback__)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+    return outcomes
 
 
 def _transportable(error: BaseException) -> BaseException:

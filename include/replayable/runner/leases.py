@@ -47,12 +47,22 @@ class LeaseKeeper:
         with self._lock:
             return key not in self.lost
 
+    def valid_until(self) -> float:
+        """A ``time.monotonic()`` time before which every lease held is known to be valid.
+
+        One renewal interval short of a lease after the last renewal began (or the claim):
+        no later renewal is counted until it has answered.
+        """
+        with self._lock:
+            return self._last_ok + self._ledger.lease_s - self._every_s
+
     def _run(self) -> None:
         while not self._stop.wait(self._every_s):
             with self._lock:
                 keys = sorted(self._held)
             if not keys:
                 continue
+            began = time.monotonic()
             try:
                 kept = self._ledger.renew(keys)
             except Exception as error:  # never let the keeper die: leases would silently lapse
@@ -62,7 +72,7 @@ class LeaseKeeper:
                         self.lost.update(self._held)
                 continue
             with self._lock:
-                self._last_ok = time.monotonic()
+                self._last_ok = began
                 gone = [key for key in keys if key not in kept and key in self._held]
                 self.lost.update(gone)
             for key in gone:

@@ -77,6 +77,9 @@ class Processing(BatchIO):
     def holds(self, item: WorkItem) -> bool:
         return self.batch.leases.holds(item.item_key)
 
+    def lease_valid_until(self) -> float:
+        return self.batch.leases.valid_until()
+
     def attempt(self, item: WorkItem) -> int:
         return self._attempts.get(item.item_key, 1)
 

@@ -70,6 +70,13 @@ class BatchIO(Protocol):
         """Whether this worker still holds ``item``'s lease (False: stop paying for it)."""
         ...
 
+    def lease_valid_until(self) -> float:
+        """A ``time.monotonic()`` time before which every lease of the batch is known valid.
+
+        For work handed on ahead, to start none of it once its lease may be gone (ADR 0126).
+        """
+        ...
+
     def attempt(self, item: WorkItem) -> int:
         """The attempt number of ``item`` in this stage (1 for its first)."""
         ...

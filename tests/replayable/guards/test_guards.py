@@ -320,6 +320,88 @@ def test_worker_is_reused_across_items(pool: GuardedPool) -> None:
     assert first != os.getpid()
 
 
+# -- several items per call (run_each) ---------------------------------------------------
+
+
+def act(what: str, arg: Any = None) -> Any:
+    """One item of a run_each call: what it does is named, so that one fn serves them all."""
+    actions: dict[str, Callable[[], Any]] = {
+        "pid": worker_pid,
+        "kill": kill_self,
+        "deadlock": deadlock_in_c,
+        "allocate": lambda: allocate_mb(arg),
+        "hide_memory_error": hide_memory_error,
+        "raise": lambda: raise_item_error(),
+        "sleep": lambda: hold(arg),
+    }
+    return actions[what]()
+
+
+def test_run_each_computes_every_item_in_one_worker_in_order(pool: GuardedPool) -> None:
+    outcomes = pool.run_each(act, [("pid",), ("pid",), ("pid",)])
+    pids = [outcome.result() for outcome in outcomes]
+    assert len(set(pids)) == 1 and pids[0] != os.getpid()
+
+
+def test_an_item_that_kills_its_worker_is_the_only_one_of_its_call_to_fail(
+    pool: GuardedPool,
+) -> None:
+    """The worker says which item it was on: that one is the crash, the others still end."""
+    outcomes = pool.run_each(act, [("pid",), ("kill",), ("pid",), ("pid",)])
+    assert isinstance(outcomes[1].error, GuardError)
+    assert outcomes[1].error.error_class == "crash"
+    ended = [outcomes[i].result() for i in (0, 2, 3)]
+    # The items after the death ran on the worker that replaced it.
+    assert ended[1] == ended[2] != os.getpid()
+
+
+def test_an_item_stuck_in_native_code_times_out_alone_at_its_own_limit(
+    pool: GuardedPool,
+) -> None:
+    """Each item has its own alarm: the stuck one ends at timeout_s, not at the call's
+    backstop (one timeout_s per item of the call), and the items around it still end."""
+    started = time.monotonic()
+    outcomes = pool.run_each(act, [("pid",), ("deadlock",), ("pid",), ("pid",), ("pid",)])
+    assert time.monotonic() - started < 2 * TIMEOUT_S + 1.5
+    assert isinstance(outcomes[1].error, GuardError)
+    assert outcomes[1].error.error_class == "timeout"
+    assert all(isinstance(outcomes[i].result(), int) for i in (0, 2, 3, 4))
+
+
+def test_an_item_past_the_memory_limit_is_memory_and_the_rest_of_its_call_ends(
+    roomy_pool: GuardedPool,
+) -> None:
+    outcomes = roomy_pool.run_each(
+        act, [("allocate", 8 * MEMORY_MB), ("pid",), ("hide_memory_error",), ("pid",)]
+    )
+    for failed in (outcomes[0], outcomes[2]):
+        assert isinstance(failed.error, GuardError) and failed.error.error_class == "memory"
+    assert outcomes[1].result() == outcomes[3].result()
+
+
+def test_an_item_s_own_exception_keeps_its_type_and_remote_traceback(pool: GuardedPool) -> None:
+    outcomes = pool.run_each(act, [("raise",), ("pid",)])
+    with pytest.raises(ItemError) as caught:
+        outcomes[0].result()
+    assert (caught.value.item_id, caught.value.reason) == ("doc-7", "bad xref")
+    assert "raise_item_error" in str(caught.value.__cause__)  # the worker's traceback
+    assert isinstance(outcomes[1].result(), int)
+
+
+def test_no_item_of_a_call_starts_past_its_not_after(pool: GuardedPool) -> None:
+    """Say a lease runs out while a call's first items run: the rest come back unstarted."""
+    assert pool.run(add, 1, 1) == 2  # a warm worker: the items' starts are 0.5 s apart
+    not_after = time.monotonic() + 0.75
+    outcomes = pool.run_each(
+        act, [("sleep", 0.5), ("sleep", 0.5), ("sleep", 0.5)], not_after=not_after
+    )
+    assert [o.started for o in outcomes] == [True, True, False]
+    assert [o.result()[0] for o in outcomes[:2]] == [pool.run(worker_pid)] * 2
+    with pytest.raises(RuntimeError, match="not started"):
+        outcomes[2].result()
+    assert all(not o.started for o in pool.run_each(act, [("pid",)], not_after=0.0))
+
+
 def test_guard_error_survives_pickling() -> None:
     """GuardError keeps error_class and message through pickle, as it crosses processes."""
     error = pickle.loads(pickle.dumps(GuardError("timeout", "too slow")))  # noqa: S301  # own bytes
