@@ -78,8 +78,8 @@ alive until its next item finishes, so ``memory_mb`` has to hold two results at 
 
 Modules: ``errors`` (GuardError, RemoteError, check_size), ``worker`` (each worker's setup and
 how it runs an item, or several), ``process`` (what the caller's process does for its
-workers), ``pool`` (GuardedPool, ItemOutcome) and ``cores`` (machine_cores: one pool as wide as the machine at a
-time, ADR 0123).
+workers), ``pool`` (GuardedPool, ItemOutcome) and ``cores`` (machine_cores: one pool as wide
+as the machine at a time, ADR 0123).
 """
 
 from __future__ import annotations
