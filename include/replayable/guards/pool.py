@@ -175,7 +175,9 @@ class GuardedPool:
         value or error. If an item kills its worker, only that item gets the classified
         death; the worker says which item it was on, and the others run again on a fresh
         worker. No item starts once ``time.monotonic()`` is past ``not_after``: those come
-        back unstarted. ``BrokenProcessPool`` is raised as ``run`` raises it.
+        back unstarted. A worker past a quarter of its memory limit returns the results it
+        holds, and the rest go in another call. ``BrokenProcessPool`` is raised as ``run``
+        raises it.
         """
         if not calls:
             return []
@@ -215,7 +217,11 @@ class GuardedPool:
             else ItemOutcome[T](error=self._item_error(fn, value))
             for ok, value in done
         ]
-        return outcomes + [ItemOutcome[T](started=False)] * (len(calls) - len(done))
+        rest = calls[len(done) :]
+        if rest and (not_after is None or time.monotonic() <= not_after):
+            # The worker stopped with its results filling its share of memory: send the rest.
+            return outcomes + self.run_each(fn, rest, not_after=not_after)
+        return outcomes + [ItemOutcome[T](started=False)] * len(rest)
 
     def _run_alone(
         self, fn: Callable[..., T], args: tuple[Any, ...], not_after: float | None

@@ -61,6 +61,11 @@ _usage_slot = 0
 PROGRESS_FIELDS: Final = 3
 _progress: Any = None
 _progress_slot = 0
+# run_items starts no further item once the worker's address space is past this share of its
+# limit: the results it holds until the call returns must still fit twice (pickled to be
+# sent), with the last call's, which pebble keeps until this one ends.
+_CALL_SHARE_OF_LIMIT: Final = 0.25
+_call_bytes: int | None = None
 
 
 def _sample_address_space(usage: Any, slot: int) -> None:
@@ -160,6 +165,7 @@ def _lift_cpu_limit() -> None:
 def init_worker(limit_bytes: int | None, usage: Any, cpu_budget_s: int, progress: Any) -> None:
     """Set up the worker's guards and start sampling its address space; runs once per worker."""
     global _cpu_budget_s, _cpu_hard_limit, _usage, _usage_slot, _progress, _progress_slot
+    global _call_bytes
     # A segfaulting item then leaves a Python traceback in the task log, not just "-11".
     faulthandler.enable()
     _die_with_owner()
@@ -179,6 +185,7 @@ def init_worker(limit_bytes: int | None, usage: Any, cpu_budget_s: int, progress
     _cpu_hard_limit = resource.getrlimit(resource.RLIMIT_CPU)[1]
     if limit_bytes is None:
         return
+    _call_bytes = int(_CALL_SHARE_OF_LIMIT * limit_bytes)
     _tune_malloc()
     if usage is not None:
         slot = 2 * (os.getpid() % USAGE_SLOTS)
@@ -269,10 +276,14 @@ def run_items(
     default action ends the worker wherever it is, for the caller to classify as that
     item's timeout. Before each item the worker writes (pid, ``call_id``, index) to its
     progress slot, which tells the caller, should the worker die, which item it died of.
+    No further item starts either once the address space is past a quarter of the memory
+    limit: the caller sends the rest in another call.
     """
     outcomes: list[tuple[bool, Any]] = []
     for index, args in enumerate(calls):
         if not_after is not None and time.monotonic() > not_after:
+            break
+        if outcomes and _call_bytes is not None and _address_space() > _call_bytes:
             break
         if _progress is not None:
             _progress[_progress_slot : _progress_slot + PROGRESS_FIELDS] = [
@@ -290,6 +301,15 @@ def run_items(
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
     return outcomes
+
+
+def _address_space() -> int:
+    """This process's address-space size in bytes (0 where there is no procfs)."""
+    try:
+        with open("/proc/self/statm", "rb") as statm:
+            return int(statm.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def _transportable(error: BaseException) -> BaseException:

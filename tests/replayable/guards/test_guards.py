@@ -333,6 +333,7 @@ def act(what: str, arg: Any = None) -> Any:
         "hide_memory_error": hide_memory_error,
         "raise": lambda: raise_item_error(),
         "sleep": lambda: hold(arg),
+        "result_mb": lambda: bytes(arg * 2**20),
     }
     return actions[what]()
 
@@ -386,6 +387,15 @@ def test_an_item_s_own_exception_keeps_its_type_and_remote_traceback(pool: Guard
     assert (caught.value.item_id, caught.value.reason) == ("doc-7", "bad xref")
     assert "raise_item_error" in str(caught.value.__cause__)  # the worker's traceback
     assert isinstance(outcomes[1].result(), int)
+
+
+def test_a_call_returns_early_when_its_results_fill_its_share_of_the_memory_limit() -> None:
+    """Three results of 100 MiB would need 300 MiB held and 300 more pickled, past the
+    512 MiB limit, and the worker would die sending them. It returns once a quarter of the
+    limit is used; the rest go in other calls, and every result arrives."""
+    with GuardedPool(timeout_s=30, memory_mb=512) as roomy:
+        outcomes = roomy.run_each(act, [("result_mb", 100)] * 3)
+        assert [len(o.result()) for o in outcomes] == [100 * 2**20] * 3
 
 
 def test_no_item_of_a_call_starts_past_its_not_after(pool: GuardedPool) -> None:
