@@ -206,6 +206,13 @@ class Pipeline:
         for what, selection in (("rerun", settings.rerun), ("redrive", settings.redrive)):
             if selection and selection.get("stage") not in names:
                 raise ValueError(f"{what}.stage: {selection.get('stage')!r} is not one of {names}")
+            if selection and not self.effective_stages(settings):
+                stage = selection["stage"]
+                raise ValueError(
+                    f"stages: {list(settings.stages or ())} leave this {what} nothing to run:"
+                    f" {what}.stage {stage!r} runs only {list(self.downstream(stage))}"
+                    f" ({stage} and the stages that read it)"
+                )
 
     def spec_hashes(self, settings: PipelineSettings, models: Models) -> dict[str, str]:
         """Every stage's spec hash under ``settings``, inputs first, without building any."""

@@ -315,6 +315,21 @@ def test_a_stage_the_pipeline_does_not_have_is_refused_naming_the_field(values, 
         document_pipeline().check(PipelineSettings(**values))
 
 
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"rerun": {"stage": "chunk"}, "stages": ("extract",)},
+        {"redrive": {"stage": "embed", "reason": "x"}, "stages": ("summarize",)},
+    ],
+)
+def test_stages_that_leave_a_rerun_nothing_to_run_are_refused_naming_both_fields(values):
+    """A re-run runs those of ``stages`` that are its stage or read it: none here. Such a run
+    would plan nothing and succeed, so its conf is refused instead."""
+    (what,) = {"rerun", "redrive"} & set(values)
+    with pytest.raises(ValueError, match=rf"^stages: .*{what}\.stage"):
+        document_pipeline().check(PipelineSettings(**values))
+
+
 def runs(**settings) -> tuple[str, ...]:
     """The stages a run of the document pipeline with ``settings`` executes."""
     return document_pipeline().effective_stages(PipelineSettings(**settings))
