@@ -22,8 +22,8 @@ wall-clock alarm of its own (SIGALRM, whose default action ends the worker even 
 native code: ``timeout``). The worker records which item of which call it is on in shared
 memory, so a death is charged to the item that died and the call's other items run again
 on a fresh worker. No item starts past the call's ``not_after``, nor once the worker's
-address space is past a quarter of its limit (the rest go in another call), so that the
-results a call holds still fit when pickled.
+address space has grown by a quarter of its limit during the call (the rest go in another
+call), so that the results a call holds still fit when pickled.
 
 Every other exception from ``fn`` is re-raised in the caller with its own type. It crosses the
 process boundary by pickling, so a custom exception class must be picklable: either pass

@@ -175,9 +175,9 @@ class GuardedPool:
         value or error. If an item kills its worker, only that item gets the classified
         death; the worker says which item it was on, and the others run again on a fresh
         worker. No item starts once ``time.monotonic()`` is past ``not_after``: those come
-        back unstarted. A worker past a quarter of its memory limit returns the results it
-        holds, and the rest go in another call. ``BrokenProcessPool`` is raised as ``run``
-        raises it.
+        back unstarted. A worker grown by a quarter of its memory limit during the call
+        returns the results it holds, and the rest go in another call.
+        ``BrokenProcessPool`` is raised as ``run`` raises it.
         """
         if not calls:
             return []

@@ -61,9 +61,9 @@ _usage_slot = 0
 PROGRESS_FIELDS: Final = 3
 _progress: Any = None
 _progress_slot = 0
-# run_items starts no further item once the worker's address space is past this share of its
-# limit: the results it holds until the call returns must still fit twice (pickled to be
-# sent), with the last call's, which pebble keeps until this one ends.
+# run_items starts no further item once the worker's address space has grown by this share of
+# its limit since the call began: the results it holds until the call returns must still fit
+# twice (pickled to be sent), with the last call's, which pebble keeps until this one ends.
 _CALL_SHARE_OF_LIMIT: Final = 0.25
 _call_bytes: int | None = None
 
@@ -276,14 +276,15 @@ def run_items(
     default action ends the worker wherever it is, for the caller to classify as that
     item's timeout. Before each item the worker writes (pid, ``call_id``, index) to its
     progress slot, which tells the caller, should the worker die, which item it died of.
-    No further item starts either once the address space is past a quarter of the memory
-    limit: the caller sends the rest in another call.
+    No further item starts either once the address space has grown by a quarter of the
+    memory limit since the call began: the caller sends the rest in another call.
     """
     outcomes: list[tuple[bool, Any]] = []
+    at_start = _address_space() if _call_bytes is not None else 0
     for index, args in enumerate(calls):
         if not_after is not None and time.monotonic() > not_after:
             break
-        if outcomes and _call_bytes is not None and _address_space() > _call_bytes:
+        if outcomes and _call_bytes is not None and _address_space() - at_start > _call_bytes:
             break
         if _progress is not None:
             _progress[_progress_slot : _progress_slot + PROGRESS_FIELDS] = [

@@ -391,8 +391,9 @@ def test_an_item_s_own_exception_keeps_its_type_and_remote_traceback(pool: Guard
 
 def test_a_call_returns_early_when_its_results_fill_its_share_of_the_memory_limit() -> None:
     """Three results of 100 MiB would need 300 MiB held and 300 more pickled, past the
-    512 MiB limit, and the worker would die sending them. It returns once a quarter of the
-    limit is used; the rest go in other calls, and every result arrives."""
+    512 MiB limit, and the worker would die sending them. It returns once the call has
+    grown it by a quarter of the limit; the rest go in another call, and every result
+    arrives."""
     with GuardedPool(timeout_s=30, memory_mb=512) as roomy:
         outcomes = roomy.run_each(act, [("result_mb", 100)] * 3)
         assert [len(o.result()) for o in outcomes] == [100 * 2**20] * 3
