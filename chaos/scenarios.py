@@ -640,7 +640,7 @@ def poison_that_kills(ctx: Context, result: ScenarioResult) -> None:
     run_id = ctx.env.api.trigger(conf)
     ctx.log(f"   triggered {run_id} over {corpus.documents} documents")
     max_attempts = int(conf["max_attempts"])
-    kills, settled, kill_after_claim_s = _kill_whoever_holds(ctx, run_id, killer_id, max_attempts)
+    kills, settled, kill_after_start_s = _kill_whoever_holds(ctx, run_id, killer_id, max_attempts)
     state, clears = ctx.finish(run_id)
     letters = ctx.env.query(
         "SELECT d.error_class, d.attempts FROM replayable.dead_letters d"
@@ -654,7 +654,7 @@ def poison_that_kills(ctx: Context, result: ScenarioResult) -> None:
             "huge document: file (bytes)": huge.path.stat().st_size,
             "max_text_chars": conf.get("max_text_chars"),
             "killed tries": kills,
-            "seconds from each claim to its kill": kill_after_claim_s,
+            "seconds from each start to its kill": kill_after_start_s,
             "killer ended": list(settled) if settled else None,
             "killer's dead letter (class, attempts)": [list(r) for r in letters],
             "batch tries past the first": ctx.batch_tries(run_id),
@@ -674,16 +674,19 @@ def poison_that_kills(ctx: Context, result: ScenarioResult) -> None:
 def _kill_whoever_holds(
     ctx: Context, run_id: str, doc_id: str, max_attempts: int
 ) -> tuple[list[str], tuple[Any, ...] | None, list[float]]:
-    """SIGKILL the task process of every try that claims ``doc_id``'s extract item.
+    """SIGKILL the task process of every try that starts work on ``doc_id``'s extract item.
 
     Return the tries killed, the item's row once it is done or dead (None if the run ended
-    first), and the seconds from each claim to its kill. A claimed item is held only for the
-    guarded pool's start and the extraction (under a second), so the watch must be quick: the
-    item's row is polled every few milliseconds on one open connection, and the running
-    extract tries' processes are looked up ahead, not after the claim is seen.
+    first), and the seconds from each start to its kill. A try that takes the item over holds
+    it unstarted at first (ADR 0084: no attempt spent until the runner starts it, just before
+    the work); only a started item is one the task is working on, as the OOM killer would
+    find it. A started item is held only for the guarded pool's start and the extraction
+    (under a second), so the watch must be quick: the item's row is polled every few
+    milliseconds on one open connection, and the running extract tries' processes are looked
+    up ahead, not after the start is seen.
     """
     kills: list[str] = []
-    after_claim: list[float] = []
+    after_start: list[float] = []
     processes: dict[tuple[int, int], tuple[str, psutil.Process]] = {}
     last_lookup = next_state_check = 0.0
     with ctx.env.connection() as conn:
@@ -699,11 +702,16 @@ def _kill_whoever_holds(
                 )
                 row = cur.fetchone()
                 if row and row[0] in ("done", "dead"):
-                    return kills, row[:5], after_claim
+                    return kills, row[:5], after_start
                 now = time.monotonic()
-                held = row is not None and row[0] == "running" and len(kills) <= max_attempts + 1
+                held = (
+                    row is not None
+                    and row[0] == "running"
+                    and row[5] is not None  # started: the task is working on it
+                    and len(kills) <= max_attempts + 1
+                )
                 key = (row[2], row[3]) if held and row else None
-                # Every 0.2 s, and every 20 ms while a claim's try is not known yet.
+                # Every 0.2 s, and every 20 ms while a starting try is not known yet.
                 if now - last_lookup > (0.02 if key and key not in processes else 0.2):
                     for ti in ctx.running(run_id, "batch.extract"):
                         proc = task_process(ti)
@@ -716,11 +724,11 @@ def _kill_whoever_holds(
                         with contextlib.suppress(psutil.NoSuchProcess):
                             proc.kill()
                         kills.append(label)
-                        after_claim.append(round(float(row[5] or 0.0), 3))
+                        after_start.append(round(float(row[5]), 3))
                         ctx.log(f"   SIGKILLed {label} holding the killer (attempt {row[1]})")
                 if now > next_state_check:
                     if ctx.env.api.state(run_id) in ("success", "failed"):
-                        return kills, None, after_claim
+                        return kills, None, after_start
                     next_state_check = now + 2
                 time.sleep(0.005)
 
