@@ -142,9 +142,7 @@ class GuardedPool:
         except GuardError:
             raise
         except MemoryError as error:
-            raise GuardError(
-                "memory", f"{_name(fn)} ran out of memory (limit {self.memory_mb} MiB)"
-            ) from error
+            raise self._item_error(fn, error)  # noqa: B904  # its cause is the MemoryError
         except TimeoutError as error:
             if isinstance(error.__cause__, RemoteTraceback):
                 raise  # fn's own TimeoutError, e.g. from a socket: not ours to classify

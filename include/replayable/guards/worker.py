@@ -66,19 +66,17 @@ _progress_slot = 0
 # twice (pickled to be sent), with the last call's, which pebble keeps until this one ends.
 _CALL_SHARE_OF_LIMIT: Final = 0.25
 _call_bytes: int | None = None
+# /proc/self/statm, opened once by _init_worker when there is a memory limit to watch.
+_statm_fd: int | None = None
 
 
 def _sample_address_space(usage: Any, slot: int) -> None:
     """While an item runs, keep writing this process's address-space size into ``usage``."""
-    page = os.sysconf("SC_PAGE_SIZE")
-    try:
-        fd = os.open("/proc/self/statm", os.O_RDONLY)
-    except OSError:
+    if _statm_fd is None:
         return  # no procfs: deaths near the limit are then reported as plain crashes
     while True:
         _item_running.wait()
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            usage[slot + 1] = int(os.pread(fd, 128, 0).split()[0]) * page
+        usage[slot + 1] = _address_space()
         time.sleep(_SAMPLE_INTERVAL_S)
 
 
@@ -165,7 +163,7 @@ def _lift_cpu_limit() -> None:
 def init_worker(limit_bytes: int | None, usage: Any, cpu_budget_s: int, progress: Any) -> None:
     """Set up the worker's guards and start sampling its address space; runs once per worker."""
     global _cpu_budget_s, _cpu_hard_limit, _usage, _usage_slot, _progress, _progress_slot
-    global _call_bytes
+    global _call_bytes, _statm_fd
     # A segfaulting item then leaves a Python traceback in the task log, not just "-11".
     faulthandler.enable()
     _die_with_owner()
@@ -186,6 +184,8 @@ def init_worker(limit_bytes: int | None, usage: Any, cpu_budget_s: int, progress
     if limit_bytes is None:
         return
     _call_bytes = int(_CALL_SHARE_OF_LIMIT * limit_bytes)
+    with contextlib.suppress(OSError):
+        _statm_fd = os.open("/proc/self/statm", os.O_RDONLY)
     _tune_malloc()
     if usage is not None:
         slot = 2 * (os.getpid() % USAGE_SLOTS)
@@ -305,10 +305,11 @@ def run_items(
 
 
 def _address_space() -> int:
-    """This process's address-space size in bytes (0 where there is no procfs)."""
+    """This process's address-space size in bytes (0 without procfs, or on a failed read)."""
+    if _statm_fd is None:
+        return 0
     try:
-        with open("/proc/self/statm", "rb") as statm:
-            return int(statm.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        return int(os.pread(_statm_fd, 128, 0).split()[0]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return 0
 
