@@ -339,9 +339,11 @@ def act(what: str, arg: Any = None) -> Any:
 
 
 def test_run_each_computes_every_item_in_one_worker_in_order(pool: GuardedPool) -> None:
-    outcomes = pool.run_each(act, [("pid",), ("pid",), ("pid",)])
-    pids = [outcome.result() for outcome in outcomes]
+    outcomes = pool.run_each(act, [("sleep", 0.01), ("sleep", 0.01), ("sleep", 0.01)])
+    pids, started, ended = zip(*(outcome.result() for outcome in outcomes), strict=True)
     assert len(set(pids)) == 1 and pids[0] != os.getpid()
+    # One after another, in the order given.
+    assert started[0] < ended[0] <= started[1] < ended[1] <= started[2]
 
 
 def test_an_item_that_kills_its_worker_is_the_only_one_of_its_call_to_fail(

@@ -107,12 +107,12 @@ class ExtractSpec(StageSpec):
                 for item in ready:
                     io.failed(item, error)
                 return
+            items = []
             for item, outcome in zip(ready, outcomes, strict=True):
                 if outcome.started:
                     self._store(item, outcome, io)
-            items = [
-                item for item, outcome in zip(ready, outcomes, strict=True) if not outcome.started
-            ]
+                else:
+                    items.append(item)
 
     def _store(
         self, item: WorkItem, outcome: guards.ItemOutcome[pdf.Extraction], io: BatchIO
