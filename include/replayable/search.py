@@ -214,6 +214,7 @@ def search(
         "source": source,
         "k": k,
         "snippet": SNIPPET_CHARS,
+        "dim": len(vector),
     }
     dim = len(vector)
     rows: list[dict[str, Any]] | None = None
@@ -235,8 +236,10 @@ def search(
     exact = rows is None
     if rows is None:
         rows = fetch_all(conn, "search/best_chunks", params)
-    if not rows and not has_vectors(conn, scope.model):
-        raise no_vectors(scope.model)
+    if not rows:
+        held = vector_sets(conn)
+        if (scope.model, dim) not in held:
+            raise no_vectors(scope.model, held, dim)
     hits = [
         Hit(
             doc_id=row["doc_id"],
@@ -331,11 +334,41 @@ def has_vectors(conn: Connection, model: str) -> bool:
     return bool(fetch_all(conn, "search/has_model", {"model": model})[0]["found"])
 
 
-def no_vectors(model: str) -> SearchError:
+def vector_sets(conn: Connection) -> list[tuple[str, int]]:
+    """The models and dimensions the ledger holds vectors of, in order."""
+    return [(row["model"], int(row["dim"])) for row in fetch_all(conn, "search/vector_sets")]
+
+
+def no_vectors(model: str, held: Sequence[tuple[str, int]], dim: int | None = None) -> SearchError:
+    """The refusal of a model (at ``dim`` dimensions) the ledger has no vectors of, naming
+    the models and dimensions it has."""
+    asked = repr(model) if dim is None else f"{model!r} at {dim} dimensions"
+    if not held:
+        return SearchError(
+            f"model: the ledger has no vectors for {asked}; it holds no vectors yet: run the "
+            "pipeline's embed stage first"
+        )
+    have = ", ".join(f"{m!r} ({d} dimensions)" for m, d in held)
     return SearchError(
-        f"model: the ledger has no vectors for {model!r}; embed documents with it first, or "
-        "name the model they were embedded with"
+        f"model: the ledger has no vectors for {asked}; it has vectors of {have}: search "
+        f"one of those, or embed documents with {model!r} first"
     )
+
+
+def current_model(conn: Connection, default: str) -> str:
+    """The model a search that names none reads: the one the newest paid embedding used,
+    where its vectors are still held; else ``default`` (the model connection's) when it has
+    vectors, or the only model that has; else a refusal naming them."""
+    held = vector_sets(conn)
+    models = list(dict.fromkeys(model for model, _ in held))
+    latest = fetch_all(conn, "search/latest_embed_model", {"stage": "embed"})
+    if latest and latest[0]["model"] in models:
+        return str(latest[0]["model"])
+    if default in models or not models:
+        return default
+    if len(models) == 1:
+        return models[0]
+    raise no_vectors(default, held)
 
 
 def vector_for(
@@ -368,12 +401,17 @@ def answer(
     budget, the call's record and the index build write; ``conn`` may be read-only.
 
     A model asked for by name is checked for vectors first, so a name mistyped costs no
-    model call and builds no index.
+    model call and builds no index; without one, the search reads the model that holds the
+    current vectors (:func:`current_model`).
     """
     text = check_query(query)
     check_k(k)
     scope, choice = scope_of(model, dag_id, conn_id)
-    if model is not None and not has_vectors(conn, model):
-        raise no_vectors(model)
+    if model is None:
+        chosen = current_model(conn, choice.model)
+        if chosen != choice.model:
+            scope, choice = scope_of(chosen, dag_id, conn_id)
+    elif not has_vectors(conn, model):
+        raise no_vectors(model, vector_sets(conn))
     vector = vector_for(text, scope, choice, dsn, conn_id)
     return search(conn, vector, scope, query=text, k=k, source=source)

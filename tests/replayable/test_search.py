@@ -95,6 +95,7 @@ def test_the_first_search_builds_the_index_and_the_next_ones_read_through_it(
         "chunker_key": scope.chunker_key,
         "source": None,
         "k": 3,
+        "dim": DIM,
         "snippet": 300,
     }
     with conn.cursor() as cur:
@@ -169,11 +170,38 @@ def test_a_query_is_one_request_within_the_shared_budget_recorded_and_charged_on
 
 
 def test_a_model_without_vectors_is_refused_before_the_provider_is_paid(topics, conn, dsn, model):
+    """The refusal names the models and dimensions the ledger has vectors of."""
     model.reset_stats()
-    with pytest.raises(SearchError, match="model: the ledger has no vectors for 'mistyped'"):
+    with pytest.raises(
+        SearchError,
+        match=f"model: the ledger has no vectors for 'mistyped'; it has vectors of '{MODEL}' "
+        f"\\({DIM} dimensions\\)",
+    ):
         answer(conn, QUESTION, dsn=dsn, model="mistyped")
     assert model.stats()["charged"] == 0
     assert not rows(conn, "SELECT 1 FROM pg_indexes WHERE indexname LIKE 'embeddings_hnsw_%%'")
+
+
+def test_a_search_that_names_no_model_reads_the_model_that_holds_the_vectors(topics, conn, dsn):
+    """The run embedded with another model than the connection's default: a search without
+    a model reads that one, as the demo's search does after `make demo`."""
+    default_model = scope_of(None)[0].model
+    assert default_model != MODEL
+    found = answer(conn, QUESTION, dsn=dsn)
+    assert found.model == MODEL
+    assert found.hits
+
+
+def test_a_question_of_another_dimension_is_refused_naming_the_dimensions_held(
+    topics, conn, dsn
+):
+    """Vectors of 256 dimensions, a question of 64: no comparison across dimensions (which
+    Postgres refuses), but a refusal that names what the ledger holds."""
+    scope, vector = _query_vector(conn, dsn)
+    with pytest.raises(
+        SearchError, match=f"'{MODEL}' at 64 dimensions; it has vectors of '{MODEL}' \\(256"
+    ):
+        search(conn, vector[:64], scope, query=QUESTION)
 
 
 def test_the_index_build_is_given_the_memory_of_its_whole_graph(conn, dsn, monkeypatch):

@@ -43,11 +43,13 @@ from replayable.search import (
     SearchError,
     check_k,
     check_query,
+    current_model,
     has_vectors,
     no_vectors,
     scope_of,
     search,
     vector_for,
+    vector_sets,
 )
 from replayable.vocabulary import LEDGER_CONN_ID, MODEL_CONN_ID
 from replayable.web.database import pooled, unavailable
@@ -153,11 +155,18 @@ def _search(
 ) -> SearchAnswer:
     """:func:`replayable.search.answer`, with a UI connection taken only to read."""
     scope, choice = _scope(asked.model)
-    if asked.model is not None:
-        # Before the provider is paid, and before an index is built, for a name anyone typed.
-        with pooled(pool, readonly=True) as conn:
-            if not has_vectors(conn, asked.model):
-                raise _refused(str(no_vectors(asked.model)))
+    with pooled(pool, readonly=True) as conn:
+        if asked.model is None:
+            # The model that holds the current vectors, not only the connection's default.
+            try:
+                chosen = current_model(conn, choice.model)
+            except SearchError as error:
+                raise _refused(_named(error)) from None
+            if chosen != choice.model:
+                scope, choice = _scope(chosen)
+        elif not has_vectors(conn, asked.model):
+            # Before the provider is paid, and before an index is built, for a name anyone typed.
+            raise _refused(str(no_vectors(asked.model, vector_sets(conn))))
     dsn = _ledger_dsn(ledger_dsn_provider)
     try:
         vector = vector_for(asked.q, scope, choice, dsn)
