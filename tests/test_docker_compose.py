@@ -847,3 +847,14 @@ def test_airflow_owns_its_metadata_database_and_nothing_else(initialised: Any) -
         conn.close()
     with pytest.raises(Exception, match="permission denied"):
         _as_role(initialised, "airflow", "replayable").close()
+
+
+def test_postgres_has_shared_memory_for_the_largest_search_index_build() -> None:
+    """pgvector builds an index in parallel in /dev/shm: the container's must hold the most
+    memory a build is given (ADR 0120), not Docker's 64 MB default."""
+    from replayable.search import BUILD_MEMORY_MAX_MB
+
+    shm = str(compose()["services"]["postgres"].get("shm_size", "64m")).lower()
+    number, unit = re.fullmatch(r"(\d+)([kmg]?)b?", shm).groups()  # type: ignore[union-attr]
+    megabytes = int(number) * {"k": 1 / 1024, "m": 1, "g": 1024, "": 1 / 2**20}[unit]
+    assert megabytes >= BUILD_MEMORY_MAX_MB

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import psycopg2
 from psycopg2 import sql
 
 from replayable import db
@@ -53,6 +54,10 @@ MAX_POOL = 1000
 BUILD_MEMORY_MIN_MB = 64
 BUILD_MEMORY_MAX_MB = 4096
 HNSW_M = 16  # pgvector's default, which the index is built with
+# How long after a failed index build the searches read every vector before one of them
+# builds it again (ADR 0137): a build that fails (say, out of shared memory) fails again
+# at once, and every search would otherwise pay for the attempt.
+BUILD_RETRY_AFTER_S = 600
 
 
 def build_memory_mb(vectors: int, dim: int) -> int:
@@ -132,8 +137,10 @@ def ensure_index(database: Database, model: str, dim: int) -> bool:
     valid; return whether this call built it.
 
     It is built concurrently (writers go on) on ``database``, which must be in autocommit,
-    by one builder at a time: the others wait on an advisory lock, then find it built. A
-    build that failed half-way leaves an invalid index, which is dropped and built again.
+    by one builder at a time. No search waits for it (ADR 0137): while another builds it,
+    or for ``BUILD_RETRY_AFTER_S`` after a build failed, this returns at once and the search
+    reads every vector. A build that failed leaves an invalid index, recorded as failed; the
+    first search after the pause drops it and builds it again.
     """
     name = index_name(model, dim)
 
@@ -147,49 +154,65 @@ def ensure_index(database: Database, model: str, dim: int) -> bool:
     def build(conn: Connection) -> bool:
         key = int(sha256_bytes(f"replayable-search-index\x00{name}".encode())[:15], 16)
         with conn.cursor() as cur:
-            cur.execute("SELECT pg_advisory_lock(%s)", (key,))
+            cur.execute("SELECT pg_try_advisory_lock(%s)", (key,))
+            (locked,) = cur.fetchone() or (False,)
+            if not locked:
+                return False  # another search is building it: this one reads every vector
             try:
-                found = state(conn)
-                if found:
-                    return False
-                if found is not None:  # an invalid index, left by a failed build
-                    cur.execute(
-                        sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS replayable.{}").format(
-                            sql.Identifier(name)
-                        )
-                    )
-                vectors = fetch_all(conn, "search/vectors_of", {"model": model, "dim": dim})
-                memory = build_memory_mb(int(vectors[0]["vectors"]), dim)
-                cur.execute(
-                    "SELECT set_config('maintenance_work_mem', %s, false)", (f"{memory}MB",)
-                )
-                started = time.monotonic()
-                cur.execute(
-                    sql.SQL(
-                        "CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} ON replayable.embeddings"
-                        " USING hnsw ((embedding::vector({dim})) vector_cosine_ops)"
-                        " WITH (m = {m}) WHERE model = {model} AND dim = {dim}"
-                    ).format(
-                        name=sql.Identifier(name),
-                        dim=sql.Literal(dim),
-                        m=sql.Literal(HNSW_M),
-                        model=sql.Literal(model),
-                    )
-                )
-                # Debug: under Airflow's logging this would reach the CLI's --json stdout.
-                log.debug(
-                    "built the search index of %s at %d dimensions in %.1f s with %d MB",
-                    model,
-                    dim,
-                    time.monotonic() - started,
-                    memory,
-                )
-                return True
+                return _build(conn, cur, name, model, dim, state(conn))
             finally:
                 cur.execute("RESET maintenance_work_mem")
                 cur.execute("SELECT pg_advisory_unlock(%s)", (key,))
 
     return database.transaction(build, describe=f"build {name}")
+
+
+def _build(conn: Connection, cur: Any, name: str, model: str, dim: int, found: bool | None) -> bool:
+    """The build of :func:`ensure_index`, under its lock: ``found`` is the index's state."""
+    if found:
+        return False
+    paused = {"name": name, "pause_s": BUILD_RETRY_AFTER_S}
+    if fetch_all(conn, "search/build_paused", paused)[0]["paused"]:
+        return False
+    if found is not None:  # an invalid index, left by a failed build
+        cur.execute(
+            sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS replayable.{}").format(sql.Identifier(name))
+        )
+    vectors = fetch_all(conn, "search/vectors_of", {"model": model, "dim": dim})
+    memory = build_memory_mb(int(vectors[0]["vectors"]), dim)
+    cur.execute("SELECT set_config('maintenance_work_mem', %s, false)", (f"{memory}MB",))
+    started = time.monotonic()
+    try:
+        cur.execute(
+            sql.SQL(
+                "CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} ON replayable.embeddings"
+                " USING hnsw ((embedding::vector({dim})) vector_cosine_ops)"
+                " WITH (m = {m}) WHERE model = {model} AND dim = {dim}"
+            ).format(
+                name=sql.Identifier(name),
+                dim=sql.Literal(dim),
+                m=sql.Literal(HNSW_M),
+                model=sql.Literal(model),
+            )
+        )
+    except psycopg2.DatabaseError as error:
+        if db.connection_lost(conn, error):
+            raise
+        log.warning(
+            "the search index of %s at %d dimensions failed to build: %s", model, dim, error
+        )
+        db.execute(conn, "search/build_failed", {"name": name, "error": str(error).strip()})
+        return False
+    db.execute(conn, "search/build_done", {"name": name})
+    # Debug: under Airflow's logging this would reach the CLI's --json stdout.
+    log.debug(
+        "built the search index of %s at %d dimensions in %.1f s with %d MB",
+        model,
+        dim,
+        time.monotonic() - started,
+        memory,
+    )
+    return True
 
 
 def search(

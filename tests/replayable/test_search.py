@@ -192,9 +192,7 @@ def test_a_search_that_names_no_model_reads_the_model_that_holds_the_vectors(top
     assert found.hits
 
 
-def test_a_question_of_another_dimension_is_refused_naming_the_dimensions_held(
-    topics, conn, dsn
-):
+def test_a_question_of_another_dimension_is_refused_naming_the_dimensions_held(topics, conn, dsn):
     """Vectors of 256 dimensions, a question of 64: no comparison across dimensions (which
     Postgres refuses), but a refusal that names what the ledger holds."""
     scope, vector = _query_vector(conn, dsn)
@@ -234,3 +232,75 @@ def test_the_index_build_is_given_the_memory_of_its_whole_graph(conn, dsn, monke
         database.close()
     name = f"replayable.{index_name('fits', DIM)}"
     assert scalar(conn, "SELECT indisvalid FROM pg_index WHERE indexrelid = %s::regclass", name)
+
+
+def _vector_rows(conn, model: str, vectors: list[list[float]], dim: int) -> None:
+    """Vectors of ``model`` recorded at ``dim`` dimensions, of chunks of their own."""
+    with conn.cursor() as cur:
+        for i, vector in enumerate(vectors):
+            cur.execute(
+                "INSERT INTO replayable.chunks (chunk_id, text) VALUES (%s, 'x')", (f"{model}-{i}",)
+            )
+            cur.execute(
+                "INSERT INTO replayable.embeddings (chunk_id, model, dim, embedding)"
+                " VALUES (%s, %s, %s, %s::vector)",
+                (f"{model}-{i}", model, dim, vector_literal(vector)),
+            )
+    conn.commit()
+
+
+def test_a_search_never_waits_for_an_index_another_search_is_building(conn, dsn):
+    """While a builder holds the index's build, ensure_index returns at once without
+    building: the search reads every vector instead of holding a UI slot (ADR 0137)."""
+    _vector_rows(conn, "building", [[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]], 3)
+    name = index_name("building", 3)
+    key = int(search_module.sha256_bytes(f"replayable-search-index\x00{name}".encode())[:15], 16)
+    holder = db.connect(dsn, autocommit=True)
+    outcome: dict[str, bool] = {}
+    try:
+        with holder.cursor() as cur:
+            cur.execute("SELECT pg_advisory_lock(%s)", (key,))
+
+        def call() -> None:
+            outcome["built"] = ensure_index(db.Database(dsn, autocommit=True), "building", 3)
+
+        thread = threading.Thread(target=call, daemon=True)
+        thread.start()
+        thread.join(timeout=60)
+        assert not thread.is_alive(), "ensure_index waited for the other builder"
+        assert outcome == {"built": False}
+        assert not rows(conn, "SELECT 1 FROM pg_indexes WHERE indexname = %s", name)
+    finally:
+        holder.close()  # ends the session, and so its lock: a waiting call would go on
+    thread.join(timeout=60)
+
+
+def test_a_failed_index_build_is_not_tried_again_by_every_search(conn, dsn, monkeypatch):
+    """A build that fails leaves an invalid index, recorded as failed: the searches after it
+    read every vector and leave it be; the first after the pause builds it again."""
+    # A vector recorded at 3 dimensions that has 2: the build's cast to vector(3) fails.
+    _vector_rows(conn, "broken", [[1.0, 0.0, 0.0], [0.0, 1.0]], 3)
+    name = index_name("broken", 3)
+    database = db.Database(dsn, autocommit=True)
+
+    def failures() -> list[tuple[int, int]]:
+        return rows(
+            conn,
+            "SELECT b.failures, c.oid::int FROM replayable.search_index_builds b"
+            " JOIN pg_class c ON c.relname = b.name WHERE b.name = %s",
+            name,
+        )
+
+    try:
+        assert ensure_index(database, "broken", 3) is False
+        first = failures()
+        assert [n for n, _ in first] == [1]
+        for _ in range(3):
+            assert ensure_index(database, "broken", 3) is False
+        assert failures() == first  # not dropped, not built again
+
+        monkeypatch.setattr(search_module, "BUILD_RETRY_AFTER_S", 0)
+        assert ensure_index(database, "broken", 3) is False
+        assert [n for n, _ in failures()] == [2]
+    finally:
+        database.close()

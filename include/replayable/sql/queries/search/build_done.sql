@@ -1,0 +1,1 @@
+DELETE FROM replayable.search_index_builds WHERE name = %(name)s
