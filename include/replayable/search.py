@@ -306,8 +306,33 @@ def scope_of(
 
 
 def embed_query(query: str, choice: Any, dsn: str, conn_id: str = MODEL_CONN_ID) -> list[float]:
-    """The query's vector, from the model ``choice`` names, sent within the shared budget
-    (a slot and a send time, as every model request) and recorded as a ``search`` call."""
+    """The query's vector: the one stored for this question, model and dimensions (ADR
+    0142), or one from the model ``choice`` names, sent within the shared budget (a slot and
+    a send time, as every model request), recorded as a ``search`` call and stored."""
+    cached = {
+        "model": choice.model,
+        "dimensions": choice.dimensions or 0,
+        "query_hash": sha256_bytes(query.encode()),
+    }
+    database = Database(dsn)
+    try:
+        found = database.transaction(
+            lambda conn: fetch_all(conn, "search/cached_query", cached), describe="search/cached"
+        )
+        if found:
+            return [float(x) for x in str(found[0]["embedding"]).strip("[]").split(",")]
+        vector = _paid_query_vector(query, choice, dsn, conn_id)
+        stored = {**cached, "embedding": vector_literal(vector)}
+        database.transaction(
+            lambda conn: db.execute(conn, "search/store_query", stored), describe="search/store"
+        )
+    finally:
+        database.close()
+    return vector
+
+
+def _paid_query_vector(query: str, choice: Any, dsn: str, conn_id: str) -> list[float]:
+    """The query's vector from the provider, within the shared budget, recorded as a call."""
     from replayable.budget import RequestBudget
     from replayable.hooks import EmbeddingsHook
     from replayable.stages.embed.packing import estimate_tokens
