@@ -14,10 +14,9 @@ import pytest
 
 from checks import TOPICS, rows, scalar, topic_pdfs
 from replayable import db
-from replayable import search as search_module
 from replayable.budget import RequestBudget
+from replayable.keys import sha256_bytes
 from replayable.search import (
-    MIN_POOL,
     Scope,
     SearchError,
     answer,
@@ -26,6 +25,8 @@ from replayable.search import (
     scope_of,
     search,
 )
+from replayable.search import index as search_index
+from replayable.search.vectors import MIN_POOL
 from replayable.stages.embed.store import vector_literal
 
 MODEL = "local-wordllama-256"
@@ -205,7 +206,7 @@ def test_the_index_build_is_given_the_memory_of_its_whole_graph(conn, dsn, monke
     import numpy as np
     from psycopg2.extras import execute_values
 
-    monkeypatch.setattr(search_module, "BUILD_MEMORY_MIN_MB", 1)
+    monkeypatch.setattr(search_index, "BUILD_MEMORY_MIN_MB", 1)
     vectors = np.random.default_rng(3).normal(size=(5_000, DIM)).astype(np.float32)
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
     with conn.cursor() as cur:
@@ -250,7 +251,7 @@ def test_a_search_never_waits_for_an_index_another_search_is_building(conn, dsn)
     building: the search reads every vector instead of holding a UI slot (ADR 0137)."""
     _vector_rows(conn, "building", [[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]], 3)
     name = index_name("building", 3)
-    key = int(search_module.sha256_bytes(f"replayable-search-index\x00{name}".encode())[:15], 16)
+    key = int(sha256_bytes(f"replayable-search-index\x00{name}".encode())[:15], 16)
     holder = db.connect(dsn, autocommit=True)
     outcome: dict[str, bool] = {}
     try:
@@ -295,7 +296,7 @@ def test_a_failed_index_build_is_not_tried_again_by_every_search(conn, dsn, monk
             assert ensure_index(database, "broken", 3) is False
         assert failures() == first  # not dropped, not built again
 
-        monkeypatch.setattr(search_module, "BUILD_RETRY_AFTER_S", 0)
+        monkeypatch.setattr(search_index, "BUILD_RETRY_AFTER_S", 0)
         assert ensure_index(database, "broken", 3) is False
         assert [n for n, _ in failures()] == [2]
     finally:

@@ -1,0 +1,96 @@
+"""Search the pipeline's output: the chunks nearest a question, by their embeddings.
+
+The question is embedded through the model connection, as the embed stage embeds chunks
+(the same model resolution, and a slot and send time of the same shared budget), then
+compared (cosine) with the current embeddings of current documents: those of the documents
+whose embed item is done under the spec a run with these settings has now (the model and
+dimensions, the chunker and the extractor), so a document re-chunked or re-embedded under
+other settings is searched under the current ones only (ADR 0118).
+
+Vectors are found through an HNSW index per model and dimension, built the first time that
+model and dimension are searched and kept current by Postgres as vectors are written (ADR
+0119). The index gives the nearest vectors of the model; those of current documents are kept,
+and when fewer than asked are left (a narrow ``source``, many stale vectors) the search is
+made again exactly, so a hit the index would miss is still found.
+"""
+
+from __future__ import annotations
+
+from replayable.db import Connection
+from replayable.search.index import BUILD_MEMORY_MAX_MB, ensure_index, index_name
+from replayable.search.model import (
+    MAX_K,
+    SNIPPET_CHARS,
+    Answer,
+    Hit,
+    Scope,
+    SearchError,
+    check_k,
+    check_query,
+)
+from replayable.search.question import STAGE, embed_query, vector_for
+from replayable.search.vectors import (
+    current_model,
+    has_vectors,
+    no_vectors,
+    scope_of,
+    search,
+    vector_sets,
+)
+from replayable.vocabulary import MODEL_CONN_ID, PIPELINE_DAG_ID
+
+__all__ = [
+    "BUILD_MEMORY_MAX_MB",
+    "MAX_K",
+    "SNIPPET_CHARS",
+    "STAGE",
+    "Answer",
+    "Hit",
+    "Scope",
+    "SearchError",
+    "answer",
+    "check_k",
+    "check_query",
+    "current_model",
+    "embed_query",
+    "ensure_index",
+    "has_vectors",
+    "index_name",
+    "no_vectors",
+    "scope_of",
+    "search",
+    "vector_for",
+    "vector_sets",
+]
+
+
+def answer(
+    conn: Connection,
+    query: str,
+    *,
+    dsn: str,
+    model: str | None = None,
+    k: int = 10,
+    source: str | None = None,
+    dag_id: str = PIPELINE_DAG_ID,
+    conn_id: str = MODEL_CONN_ID,
+) -> Answer:
+    """Search for ``query``: embed it, build the index of its model and dimension on first
+    use, and read the ``k`` nearest chunks on ``conn``. ``dsn`` is the ledger's, on which the
+    budget, the call's record and the index build write; ``conn`` may be read-only.
+
+    A model asked for by name is checked for vectors first, so a name mistyped costs no
+    model call and builds no index; without one, the search reads the model that holds the
+    current vectors (:func:`current_model`).
+    """
+    text = check_query(query)
+    check_k(k)
+    scope, choice = scope_of(model, dag_id, conn_id)
+    if model is None:
+        chosen = current_model(conn, choice.model)
+        if chosen != choice.model:
+            scope, choice = scope_of(chosen, dag_id, conn_id)
+    elif not has_vectors(conn, model):
+        raise no_vectors(model, vector_sets(conn))
+    vector = vector_for(text, scope, choice, dsn, conn_id)
+    return search(conn, vector, scope, query=text, k=k, source=source)

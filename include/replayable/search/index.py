@@ -1,0 +1,124 @@
+"""The search indexes: one HNSW index per model and dimension, built on first use by one
+search at a time, never waited for (ADR 0119, 0120, 0137)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import psycopg2
+from psycopg2 import sql
+
+from replayable import db
+from replayable.db import Connection, Database, fetch_all
+from replayable.keys import sha256_bytes
+
+log = logging.getLogger(__name__)
+
+# The memory one index build may use: the graph of every vector, so that it is built in
+# memory (2.5 min at a million vectors of 256 dimensions, against 8-10 min on disk with
+# 1 GB), within bounds. Per vector: the vector, its 2m neighbours at layer 0 (16 bytes
+# each, m = 16), the element's bookkeeping, and half as much again for the allocator.
+BUILD_MEMORY_MIN_MB = 64
+BUILD_MEMORY_MAX_MB = 4096
+HNSW_M = 16  # pgvector's default, which the index is built with
+# How long after a failed index build the searches read every vector before one of them
+# builds it again (ADR 0137): a build that fails (say, out of shared memory) fails again
+# at once, and every search would otherwise pay for the attempt.
+BUILD_RETRY_AFTER_S = 600
+
+
+def build_memory_mb(vectors: int, dim: int) -> int:
+    """``maintenance_work_mem`` in MB for building the graph of ``vectors`` of ``dim``."""
+    per_vector = (8 + 4 * dim + 2 * HNSW_M * 16 + 200) * 3 // 2
+    needed = -(-vectors * per_vector // 2**20)
+    return min(BUILD_MEMORY_MAX_MB, max(BUILD_MEMORY_MIN_MB, needed))
+
+
+def index_name(model: str, dim: int) -> str:
+    """The name of the search index of ``model`` at ``dim`` dimensions."""
+    return "embeddings_hnsw_" + sha256_bytes(f"{model}\x00{dim}".encode())[:16]
+
+
+def ensure_index(database: Database, model: str, dim: int) -> bool:
+    """Build the HNSW index of ``model`` at ``dim`` dimensions unless it exists and is
+    valid; return whether this call built it.
+
+    It is built concurrently (writers go on) on ``database``, which must be in autocommit,
+    by one builder at a time. No search waits for it (ADR 0137): while another builds it,
+    or for ``BUILD_RETRY_AFTER_S`` after a build failed, this returns at once and the search
+    reads every vector. A build that failed leaves an invalid index, recorded as failed; the
+    first search after the pause drops it and builds it again.
+    """
+    name = index_name(model, dim)
+
+    def state(conn: Connection) -> bool | None:
+        rows = fetch_all(conn, "search/index_of", {"name": name})
+        return bool(rows[0]["valid"]) if rows else None
+
+    if database.transaction(state, describe="search/index_of"):
+        return False
+
+    def build(conn: Connection) -> bool:
+        key = int(sha256_bytes(f"replayable-search-index\x00{name}".encode())[:15], 16)
+        with conn.cursor() as cur:
+            cur.execute("SELECT pg_try_advisory_lock(%s)", (key,))
+            (locked,) = cur.fetchone() or (False,)
+            if not locked:
+                return False  # another search is building it: this one reads every vector
+            try:
+                return _build(conn, cur, name, model, dim, state(conn))
+            finally:
+                cur.execute("RESET maintenance_work_mem")
+                cur.execute("SELECT pg_advisory_unlock(%s)", (key,))
+
+    return database.transaction(build, describe=f"build {name}")
+
+
+def _build(conn: Connection, cur: Any, name: str, model: str, dim: int, found: bool | None) -> bool:
+    """The build of :func:`ensure_index`, under its lock: ``found`` is the index's state."""
+    if found:
+        return False
+    paused = {"name": name, "pause_s": BUILD_RETRY_AFTER_S}
+    if fetch_all(conn, "search/build_paused", paused)[0]["paused"]:
+        return False
+    if found is not None:  # an invalid index, left by a failed build
+        cur.execute(
+            sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS replayable.{}").format(sql.Identifier(name))
+        )
+    vectors = fetch_all(conn, "search/vectors_of", {"model": model, "dim": dim})
+    memory = build_memory_mb(int(vectors[0]["vectors"]), dim)
+    cur.execute("SELECT set_config('maintenance_work_mem', %s, false)", (f"{memory}MB",))
+    started = time.monotonic()
+    try:
+        cur.execute(
+            sql.SQL(
+                "CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} ON replayable.embeddings"
+                " USING hnsw ((embedding::vector({dim})) vector_cosine_ops)"
+                " WITH (m = {m}) WHERE model = {model} AND dim = {dim}"
+            ).format(
+                name=sql.Identifier(name),
+                dim=sql.Literal(dim),
+                m=sql.Literal(HNSW_M),
+                model=sql.Literal(model),
+            )
+        )
+    except psycopg2.DatabaseError as error:
+        if db.connection_lost(conn, error):
+            raise
+        log.warning(
+            "the search index of %s at %d dimensions failed to build: %s", model, dim, error
+        )
+        db.execute(conn, "search/build_failed", {"name": name, "error": str(error).strip()})
+        return False
+    db.execute(conn, "search/build_done", {"name": name})
+    # Debug: under Airflow's logging this would reach the CLI's --json stdout.
+    log.debug(
+        "built the search index of %s at %d dimensions in %.1f s with %d MB",
+        model,
+        dim,
+        time.monotonic() - started,
+        memory,
+    )
+    return True
