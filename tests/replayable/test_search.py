@@ -301,3 +301,60 @@ def test_a_failed_index_build_is_not_tried_again_by_every_search(conn, dsn, monk
         assert [n for n, _ in failures()] == [2]
     finally:
         database.close()
+
+
+CODED = {**TOPICS, "remittance.pdf": "Remittance advice QX-4417-B: the supplier was paid twice."}
+
+
+@pytest.fixture
+def coded(run_in_process, conn, tmp_path):
+    """The topics and a document that holds a code no embedding model knows."""
+    folder = topic_pdfs(tmp_path / "coded", CODED)
+    assert not run_in_process({"source": str(folder), "model": MODEL})["_failed"]
+    return folder
+
+
+def test_a_text_search_finds_the_chunks_that_share_the_questions_words_with_no_model_call(
+    coded, conn, dsn, model
+):
+    model.reset_stats()
+    found = answer(conn, "which payment was QX-4417-B", dsn=dsn, model=MODEL, mode="text")
+    assert found.mode == "text"
+    # The code in one, "payment" in the ledger's: each word counts, the most matched first.
+    assert [hit.uri.rsplit("/", 1)[-1] for hit in found.hits] == ["remittance.pdf", "ledger.pdf"]
+    assert model.stats()["charged"] == 0
+    assert rows(conn, "SELECT 1 FROM pg_indexes WHERE indexname = 'chunks_text_search'")
+
+
+def test_a_hybrid_search_puts_first_what_both_rankings_find(coded, conn, dsn):
+    """By default a search fuses the two rankings: the chunk that holds the question's code
+    comes first, and a question in other words still finds its document by meaning."""
+    coded_first = answer(conn, "which payment was QX-4417-B", dsn=dsn, model=MODEL)
+    assert coded_first.mode == "hybrid"
+    assert coded_first.hits[0].uri.endswith("remittance.pdf")
+    scores = [hit.score for hit in coded_first.hits]
+    assert scores == sorted(scores, reverse=True)
+    by_meaning = answer(conn, QUESTION, dsn=dsn, model=MODEL)
+    assert by_meaning.hits[0].uri.endswith("bees.pdf")
+
+
+def test_a_search_in_an_unknown_mode_is_refused_naming_the_modes(coded, conn, dsn):
+    with pytest.raises(SearchError, match="mode: one of vector, text, hybrid, not 'fuzzy'"):
+        answer(conn, QUESTION, dsn=dsn, model=MODEL, mode="fuzzy")
+
+
+def test_fusion_ranks_by_reciprocal_rank_and_breaks_ties_by_document_and_chunk():
+    from replayable.search import Hit, fuse
+
+    def hit(doc: str, ordinal: int = 0) -> Hit:
+        return Hit(doc, f"/{doc}", ordinal, f"{doc}{ordinal}", 0.5, "")
+
+    vector = [hit("a"), hit("b"), hit("c")]
+    text = [hit("c"), hit("d")]
+    fused = fuse([vector, text], 3)
+    # c: 1/63 + 1/61 beats a's 1/61 alone; b and d tie at 1/62, b's document first.
+    assert [(h.doc_id, round(h.score, 5)) for h in fused] == [
+        ("c", round(1 / 63 + 1 / 61, 5)),
+        ("a", round(1 / 61, 5)),
+        ("b", round(1 / 62, 5)),
+    ]

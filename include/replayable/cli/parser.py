@@ -13,6 +13,7 @@ from replayable import config
 from replayable.cli import arguments
 from replayable.cli.arguments import non_empty, positive
 from replayable.cli.commands import failures, outbox, redrive, rerun, search, status
+from replayable.search.text import DEFAULT_MODE, MODES
 from replayable.vocabulary import (
     DATABASE_URL_ENV,
     DEAD_LETTER_STATUSES,
@@ -99,9 +100,10 @@ def _add_search(sub: Commands, common: argparse.ArgumentParser) -> None:
     command = sub.add_parser(
         "search",
         parents=[common],
-        help="the chunks nearest a question",
-        description="Embed QUERY through the model connection and print the chunks nearest "
-        "it, among the current embeddings of current documents (cosine similarity).",
+        help="the chunks that best answer a question",
+        description="Print the chunks of current documents that best answer QUERY: by the "
+        "words they share with it and by their embeddings (QUERY embedded through the model "
+        "connection), fused by reciprocal rank, or by either alone (--mode).",
     )
     command.add_argument("query", metavar="QUERY", help="a question, or some words")
     command.add_argument("--k", type=positive(int), default=10, help="(default: %(default)s)")
@@ -111,7 +113,14 @@ def _add_search(sub: Commands, common: argparse.ArgumentParser) -> None:
     command.add_argument(
         "--model",
         type=non_empty,
-        help="the embedding model whose vectors to search (default: the connection's)",
+        help="the embedding model whose vectors to search (default: the one that holds "
+        "the current vectors)",
+    )
+    command.add_argument(
+        "--mode",
+        choices=MODES,
+        default=DEFAULT_MODE,
+        help="rank by vector, by shared words (text, no model call) or both (default: %(default)s)",
     )
     command.add_argument(
         "--dag-id",

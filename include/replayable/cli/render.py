@@ -224,8 +224,12 @@ def print_redrive(console: Console, as_json: bool, data: dict[str, Any]) -> None
 
 def search_table(data: dict[str, Any]) -> RenderableType:
     """A table of ``search``: the chunks found, best first."""
+    ranking = {
+        "text": "by shared words",
+        "hybrid": f"by shared words and {data['model']} vectors, fused",
+    }.get(data.get("mode", "vector"), f"by {data['model']} vectors")
     table = Table(
-        title=f"Nearest chunks to {data['query']!r} ({data['model']})",
+        title=f"Best chunks for {cell(repr(data['query']))} ({ranking})",
         caption=f"{len(data['hits'])} found",
     )
     table.add_column("#", justify="right", no_wrap=True)

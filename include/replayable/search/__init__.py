@@ -16,8 +16,16 @@ made again exactly, so a hit the index would miss is still found.
 
 from __future__ import annotations
 
-from replayable.db import Connection
-from replayable.search.index import BUILD_MEMORY_MAX_MB, ensure_index, index_name
+from collections.abc import Sequence
+from typing import Any
+
+from replayable.db import Connection, Database
+from replayable.search.index import (
+    BUILD_MEMORY_MAX_MB,
+    ensure_index,
+    ensure_text_index,
+    index_name,
+)
 from replayable.search.model import (
     MAX_K,
     SNIPPET_CHARS,
@@ -29,6 +37,14 @@ from replayable.search.model import (
     check_query,
 )
 from replayable.search.question import STAGE, embed_query, vector_for
+from replayable.search.text import (
+    DEFAULT_MODE,
+    MODES,
+    check_mode,
+    fuse,
+    fusion_pool,
+    text_hits,
+)
 from replayable.search.vectors import (
     current_model,
     has_vectors,
@@ -41,7 +57,9 @@ from replayable.vocabulary import MODEL_CONN_ID, PIPELINE_DAG_ID
 
 __all__ = [
     "BUILD_MEMORY_MAX_MB",
+    "DEFAULT_MODE",
     "MAX_K",
+    "MODES",
     "SNIPPET_CHARS",
     "STAGE",
     "Answer",
@@ -50,15 +68,20 @@ __all__ = [
     "SearchError",
     "answer",
     "check_k",
+    "check_mode",
     "check_query",
     "current_model",
     "embed_query",
     "ensure_index",
+    "fuse",
     "has_vectors",
     "index_name",
     "no_vectors",
+    "prepare",
+    "ranked",
     "scope_of",
     "search",
+    "text_hits",
     "vector_for",
     "vector_sets",
 ]
@@ -74,10 +97,12 @@ def answer(
     source: str | None = None,
     dag_id: str = PIPELINE_DAG_ID,
     conn_id: str = MODEL_CONN_ID,
+    mode: str = DEFAULT_MODE,
 ) -> Answer:
-    """Search for ``query``: embed it, build the index of its model and dimension on first
-    use, and read the ``k`` nearest chunks on ``conn``. ``dsn`` is the ledger's, on which the
-    budget, the call's record and the index build write; ``conn`` may be read-only.
+    """Search for ``query`` in ``mode``: embed it (not in text mode), build the indexes it
+    reads on first use, and read the ``k`` best chunks on ``conn``. ``dsn`` is the ledger's,
+    on which the budget, the call's record and the index builds write; ``conn`` may be
+    read-only.
 
     A model asked for by name is checked for vectors first, so a name mistyped costs no
     model call and builds no index; without one, the search reads the model that holds the
@@ -85,6 +110,7 @@ def answer(
     """
     text = check_query(query)
     check_k(k)
+    check_mode(mode)
     scope, choice = scope_of(model, dag_id, conn_id)
     if model is None:
         chosen = current_model(conn, choice.model)
@@ -92,5 +118,45 @@ def answer(
             scope, choice = scope_of(chosen, dag_id, conn_id)
     elif not has_vectors(conn, model):
         raise no_vectors(model, vector_sets(conn))
-    vector = vector_for(text, scope, choice, dsn, conn_id)
-    return search(conn, vector, scope, query=text, k=k, source=source)
+    vector = prepare(text, scope, choice, dsn, mode=mode, conn_id=conn_id)
+    return ranked(conn, text, scope, vector, mode=mode, k=k, source=source)
+
+
+def prepare(
+    query: str, scope: Scope, choice: Any, dsn: str, *, mode: str, conn_id: str = MODEL_CONN_ID
+) -> list[float] | None:
+    """What a search in ``mode`` writes before it reads, through ``dsn`` only: the text index
+    (built on first use), and the question's vector with its index (none in text mode)."""
+    if mode != "vector":
+        builder = Database(dsn, autocommit=True)
+        try:
+            ensure_text_index(builder)
+        finally:
+            builder.close()
+    return None if mode == "text" else vector_for(query, scope, choice, dsn, conn_id)
+
+
+def ranked(
+    conn: Connection,
+    query: str,
+    scope: Scope,
+    vector: Sequence[float] | None,
+    *,
+    mode: str,
+    k: int,
+    source: str | None = None,
+) -> Answer:
+    """The ``k`` best chunks for ``query`` in ``mode``, read on ``conn``: by its ``vector``,
+    by the words it shares with them, or both fused by reciprocal rank (ADR 0143)."""
+    if mode == "text":
+        hits = text_hits(conn, query, scope, k=k, source=source)
+        return Answer(query=query, model=scope.model, hits=hits, mode=mode)
+    if vector is None:
+        raise ValueError(f"a {mode} search needs the question's vector")
+    if mode == "vector":
+        return search(conn, vector, scope, query=query, k=k, source=source)
+    pool = fusion_pool(k)
+    by_vector = search(conn, vector, scope, query=query, k=pool, source=source)
+    by_text = text_hits(conn, query, scope, k=pool, source=source)
+    hits = fuse([by_vector.hits, by_text], k)
+    return Answer(query=query, model=scope.model, hits=hits, exact=by_vector.exact, mode=mode)

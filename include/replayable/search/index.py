@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import psycopg2
@@ -27,6 +28,11 @@ HNSW_M = 16  # pgvector's default, which the index is built with
 # builds it again (ADR 0137): a build that fails (say, out of shared memory) fails again
 # at once, and every search would otherwise pay for the attempt.
 BUILD_RETRY_AFTER_S = 600
+# The full-text index of the chunks (ADR 0143): one GIN index of their words under the
+# text search configuration below, built on first use like the vector indexes.
+TEXT_INDEX = "chunks_text_search"
+TEXT_CONFIG = "english"
+TEXT_BUILD_MEMORY_MB = 256
 
 
 def build_memory_mb(vectors: int, dim: int) -> int:
@@ -51,7 +57,44 @@ def ensure_index(database: Database, model: str, dim: int) -> bool:
     reads every vector. A build that failed leaves an invalid index, recorded as failed; the
     first search after the pause drops it and builds it again.
     """
+
+    def memory(conn: Connection) -> int:
+        vectors = fetch_all(conn, "search/vectors_of", {"model": model, "dim": dim})
+        return build_memory_mb(int(vectors[0]["vectors"]), dim)
+
     name = index_name(model, dim)
+    create = sql.SQL(
+        "CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} ON replayable.embeddings"
+        " USING hnsw ((embedding::vector({dim})) vector_cosine_ops)"
+        " WITH (m = {m}) WHERE model = {model} AND dim = {dim}"
+    ).format(
+        name=sql.Identifier(name),
+        dim=sql.Literal(dim),
+        m=sql.Literal(HNSW_M),
+        model=sql.Literal(model),
+    )
+    return _ensure(database, name, create, memory, f"{model} at {dim} dimensions")
+
+
+def ensure_text_index(database: Database) -> bool:
+    """Build the full-text index of the chunks (ADR 0143) as :func:`ensure_index` builds a
+    vector index: on first use, concurrently, never waited for; return whether it built it."""
+    create = sql.SQL(
+        "CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} ON replayable.chunks"
+        " USING gin (to_tsvector({config}::regconfig, text))"
+    ).format(name=sql.Identifier(TEXT_INDEX), config=sql.Literal(TEXT_CONFIG))
+    return _ensure(database, TEXT_INDEX, create, lambda conn: TEXT_BUILD_MEMORY_MB, "the text")
+
+
+def _ensure(
+    database: Database,
+    name: str,
+    create: sql.Composed,
+    memory: Callable[[Connection], int],
+    what: str,
+) -> bool:
+    """Build the index ``name`` with ``create`` unless it exists and is valid, another
+    builder holds it, or its last build failed within the pause; see :func:`ensure_index`."""
 
     def state(conn: Connection) -> bool | None:
         rows = fetch_all(conn, "search/index_of", {"name": name})
@@ -66,9 +109,25 @@ def ensure_index(database: Database, model: str, dim: int) -> bool:
             cur.execute("SELECT pg_try_advisory_lock(%s)", (key,))
             (locked,) = cur.fetchone() or (False,)
             if not locked:
-                return False  # another search is building it: this one reads every vector
+                return False  # another search is building it: this one reads every row
             try:
-                return _build(conn, cur, name, model, dim, state(conn))
+                found = state(conn)
+                if found:
+                    return False
+                paused = {"name": name, "pause_s": BUILD_RETRY_AFTER_S}
+                if fetch_all(conn, "search/build_paused", paused)[0]["paused"]:
+                    return False
+                if found is not None:  # an invalid index, left by a failed build
+                    cur.execute(
+                        sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS replayable.{}").format(
+                            sql.Identifier(name)
+                        )
+                    )
+                megabytes = memory(conn)
+                cur.execute(
+                    "SELECT set_config('maintenance_work_mem', %s, false)", (f"{megabytes}MB",)
+                )
+                return _create(conn, cur, name, create, f"{what} ({megabytes} MB)")
             finally:
                 cur.execute("RESET maintenance_work_mem")
                 cur.execute("SELECT pg_advisory_unlock(%s)", (key,))
@@ -76,49 +135,18 @@ def ensure_index(database: Database, model: str, dim: int) -> bool:
     return database.transaction(build, describe=f"build {name}")
 
 
-def _build(conn: Connection, cur: Any, name: str, model: str, dim: int, found: bool | None) -> bool:
-    """The build of :func:`ensure_index`, under its lock: ``found`` is the index's state."""
-    if found:
-        return False
-    paused = {"name": name, "pause_s": BUILD_RETRY_AFTER_S}
-    if fetch_all(conn, "search/build_paused", paused)[0]["paused"]:
-        return False
-    if found is not None:  # an invalid index, left by a failed build
-        cur.execute(
-            sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS replayable.{}").format(sql.Identifier(name))
-        )
-    vectors = fetch_all(conn, "search/vectors_of", {"model": model, "dim": dim})
-    memory = build_memory_mb(int(vectors[0]["vectors"]), dim)
-    cur.execute("SELECT set_config('maintenance_work_mem', %s, false)", (f"{memory}MB",))
+def _create(conn: Connection, cur: Any, name: str, create: sql.Composed, what: str) -> bool:
+    """Run ``create``; record a failure (not a lost connection) instead of raising it."""
     started = time.monotonic()
     try:
-        cur.execute(
-            sql.SQL(
-                "CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} ON replayable.embeddings"
-                " USING hnsw ((embedding::vector({dim})) vector_cosine_ops)"
-                " WITH (m = {m}) WHERE model = {model} AND dim = {dim}"
-            ).format(
-                name=sql.Identifier(name),
-                dim=sql.Literal(dim),
-                m=sql.Literal(HNSW_M),
-                model=sql.Literal(model),
-            )
-        )
+        cur.execute(create)
     except psycopg2.DatabaseError as error:
         if db.connection_lost(conn, error):
             raise
-        log.warning(
-            "the search index of %s at %d dimensions failed to build: %s", model, dim, error
-        )
+        log.warning("the search index of %s failed to build: %s", what, error)
         db.execute(conn, "search/build_failed", {"name": name, "error": str(error).strip()})
         return False
     db.execute(conn, "search/build_done", {"name": name})
     # Debug: under Airflow's logging this would reach the CLI's --json stdout.
-    log.debug(
-        "built the search index of %s at %d dimensions in %.1f s with %d MB",
-        model,
-        dim,
-        time.monotonic() - started,
-        memory,
-    )
+    log.debug("built the search index of %s in %.1f s", what, time.monotonic() - started)
     return True

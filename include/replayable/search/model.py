@@ -43,12 +43,14 @@ class Answer:
     model: str
     hits: list[Hit] = field(default_factory=list)
     exact: bool = False  # whether the index's candidates fell short and every vector was read
+    mode: str = "vector"  # vector, text or hybrid (ADR 0143)
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "query": self.query,
             "model": self.model,
             "exact": self.exact,
+            "mode": self.mode,
             "hits": [hit.as_dict() for hit in self.hits],
         }
 

@@ -27,6 +27,7 @@ from replayable.web.reads import dead_letter, dead_letters, failed_items, letter
 from replayable.web.search import (
     DEFAULT_K,
     Hits,
+    Mode,
     ModelName,
     Question,
     Source,
@@ -84,8 +85,10 @@ async def search_api(
     k: Hits = DEFAULT_K,
     source: Source = None,
     model: ModelName = None,
+    mode: Mode = "hybrid",
 ) -> SearchAnswer:
-    """The ``k`` chunks nearest the question ``q``, best first, as JSON: of the documents
-    whose URI starts with ``source``, among the vectors of ``model`` (default: the model
-    connection's)."""
-    return await find(request, search_input(q, k, source, model))
+    """The ``k`` chunks best for the question ``q``, as JSON: of the documents whose URI
+    starts with ``source``, among the vectors of ``model`` (default: the model that holds
+    the current vectors), by ``mode``: ``vector``, ``text`` (shared words) or ``hybrid``
+    (both, fused by reciprocal rank)."""
+    return await find(request, search_input(q, k, source, model, mode))

@@ -260,12 +260,13 @@ class SearchHit(BaseModel):
 
 class SearchAnswer(BaseModel):
     """A search's answer (:meth:`replayable.search.Answer.as_dict`): the question as searched,
-    the model whose vectors were read, whether every vector was read (``exact``), and the
-    chunks nearest the question, best first."""
+    the model whose vectors were read, whether every vector was read (``exact``), how the
+    chunks were ranked (``mode``: vector, text or hybrid), and the chunks, best first."""
 
     query: str
     model: str
     exact: bool
+    mode: str
     hits: list[SearchHit]
 
 

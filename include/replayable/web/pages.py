@@ -88,18 +88,23 @@ def dead_letter_page(conn: ReadConn, letter_id: LetterId) -> HTMLResponse:
 
 @router.get("/search", response_class=HTMLResponse, responses=SEARCH_PAGE)
 async def search_page(
-    request: Request, q: str = "", k: str = "", source: str = "", model: str = ""
+    request: Request,
+    q: str = "",
+    k: str = "",
+    source: str = "",
+    model: str = "",
+    mode: str = "",
 ) -> HTMLResponse:
     """The search box and the chunks nearest its question; without a question, the box.
 
     Each parameter comes as the form's text: a value that cannot be searched (400), or a
     search that fails (502, 503), is shown in the page with its status.
     """
-    shown = {"q": q, "k": k or DEFAULT_K, "source": source, "model": model}
+    shown = {"q": q, "k": k or DEFAULT_K, "source": source, "model": model, "mode": mode}
     if not q.strip():
         return page("search.html", shown=shown, found=None, error=None)
     try:
-        found = await find(request, search_input(q, k, source, model))
+        found = await find(request, search_input(q, k, source, model, mode))
     except HTTPException as refused:
         answer = page(
             "search.html", shown=shown, found=None, error=refused.detail, status=refused.status_code

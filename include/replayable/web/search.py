@@ -26,7 +26,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import anyio
 import httpx
@@ -38,17 +38,19 @@ from fastapi import HTTPException, Query, Request
 from replayable.db import DatabaseUnavailableError
 from replayable.retry import ItemError, classify
 from replayable.search import (
+    DEFAULT_MODE,
     MAX_K,
     Scope,
     SearchError,
     check_k,
+    check_mode,
     check_query,
     current_model,
     has_vectors,
     no_vectors,
+    prepare,
+    ranked,
     scope_of,
-    search,
-    vector_for,
     vector_sets,
 )
 from replayable.vocabulary import LEDGER_CONN_ID, MODEL_CONN_ID
@@ -81,6 +83,7 @@ Question = Annotated[str, Query(max_length=MAX_QUERY_CHARS, pattern=QUESTION_PAT
 Hits = Annotated[int, Query(ge=1, le=MAX_K)]
 Source = Annotated[str | None, Query(max_length=MAX_SOURCE_CHARS, pattern=NAME_PATTERN)]
 ModelName = Annotated[str | None, Query(max_length=MAX_MODEL_CHARS, pattern=NAME_PATTERN)]
+Mode = Annotated[Literal["vector", "text", "hybrid"], Query()]
 
 
 @dataclass(frozen=True)
@@ -91,6 +94,7 @@ class SearchInput:
     k: int = DEFAULT_K
     source: str | None = None
     model: str | None = None
+    mode: str = DEFAULT_MODE
 
 
 def _refused(detail: str) -> HTTPException:
@@ -112,12 +116,16 @@ def _text(name: str, value: str, limit: int, pattern: str) -> str:
 
 
 def search_input(
-    q: str, k: int | str | None = None, source: str | None = None, model: str | None = None
+    q: str,
+    k: int | str | None = None,
+    source: str | None = None,
+    model: str | None = None,
+    mode: str | None = None,
 ) -> SearchInput:
     """The search asked for, checked; 400 naming the parameter when it cannot be made.
 
     ``k`` may come as the page's text (blank: :data:`DEFAULT_K`); a blank ``source`` or
-    ``model`` means none (the model connection's model).
+    ``model`` means none (the model connection's model), a blank ``mode`` the default.
     """
     _text("q", q, MAX_QUERY_CHARS, QUESTION_PATTERN)
     if k is None or (isinstance(k, str) and not k.strip()):
@@ -129,7 +137,13 @@ def search_input(
     source = _text("source", source, MAX_SOURCE_CHARS, NAME_PATTERN) if source else None
     model = _text("model", model.strip(), MAX_MODEL_CHARS, NAME_PATTERN) if model else None
     try:
-        return SearchInput(check_query(q), check_k(count), source, model or None)
+        return SearchInput(
+            check_query(q),
+            check_k(count),
+            source,
+            model or None,
+            check_mode(mode.strip() if mode and mode.strip() else DEFAULT_MODE),
+        )
     except SearchError as error:
         raise _refused(_named(error)) from None
 
@@ -169,9 +183,11 @@ def _search(
             raise _refused(str(no_vectors(asked.model, vector_sets(conn))))
     dsn = _ledger_dsn(ledger_dsn_provider)
     try:
-        vector = vector_for(asked.q, scope, choice, dsn)
+        vector = prepare(asked.q, scope, choice, dsn, mode=asked.mode)
         with pooled(pool, readonly=True) as conn:
-            found = search(conn, vector, scope, query=asked.q, k=asked.k, source=asked.source)
+            found = ranked(
+                conn, asked.q, scope, vector, mode=asked.mode, k=asked.k, source=asked.source
+            )
     except SearchError as error:
         raise _refused(_named(error)) from None
     except (httpx.HTTPError, ItemError) as error:

@@ -88,8 +88,8 @@ def test_the_api_finds_the_document_that_answers_a_paraphrased_question_first(
         found = client.get("/replayable/api/search", params={"q": question, "model": MODEL})
         assert found.status_code == 200, found.text
         body = found.json()
-        assert set(body) == {"query", "model", "exact", "hits"}
-        assert (body["query"], body["model"]) == (question, MODEL)
+        assert set(body) == {"query", "model", "exact", "mode", "hits"}
+        assert (body["query"], body["model"], body["mode"]) == (question, MODEL, "hybrid")
         assert body["hits"][0]["uri"].endswith(answer), (question, body["hits"])
         assert set(body["hits"][0]) == {"doc_id", "uri", "ordinal", "chunk_id", "score", "snippet"}
         scores = [hit["score"] for hit in body["hits"]]

@@ -24,6 +24,7 @@ def run(conn: db.Connection, args: argparse.Namespace, console: Console, as_json
             k=args.k,
             source=args.source,
             dag_id=args.dag_id,
+            mode=args.mode,
         )
     except SearchError as err:
         raise UsageError(str(err)) from None

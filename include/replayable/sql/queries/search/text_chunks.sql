@@ -1,0 +1,24 @@
+-- The chunks that share the most words with a question (Postgres full-text search, ADR
+-- 0143), among the chunks of current documents, as best_chunks.sql scopes them. The
+-- question's words are OR'ed (plainto_tsquery ANDs them, which a question in a sentence
+-- rarely matches whole) and ranked by cover density. The expression is the one the GIN
+-- index chunks_text_search is built on, so the match reads it when it exists.
+WITH q AS (
+    SELECT replace(plainto_tsquery(%(config)s::regconfig, %(query)s)::text, ' & ', ' | ')
+           ::tsquery AS q
+)
+SELECT dc.doc_id, d.uri, dc.ordinal, c.chunk_id,
+       ts_rank_cd(to_tsvector(%(config)s::regconfig, c.text), q.q) AS score,
+       left(c.text, %(snippet)s) AS snippet
+FROM q
+JOIN replayable.chunks c ON to_tsvector(%(config)s::regconfig, c.text) @@ q.q
+JOIN replayable.doc_chunks dc
+  ON dc.chunk_id = c.chunk_id AND dc.extractor_version = %(extractor_version)s
+ AND dc.chunker_key = %(chunker_key)s
+JOIN replayable.stage_runs s
+  ON s.doc_id = dc.doc_id AND s.stage = 'embed' AND s.is_current AND s.status = 'done'
+ AND s.spec_hash = %(spec_hash)s
+JOIN replayable.documents d ON d.doc_id = dc.doc_id
+WHERE (%(source)s::text IS NULL OR starts_with(d.uri, %(source)s::text))
+ORDER BY score DESC, dc.doc_id, dc.ordinal
+LIMIT %(k)s
