@@ -352,9 +352,9 @@ def test_fusion_ranks_by_reciprocal_rank_and_breaks_ties_by_document_and_chunk()
     vector = [hit("a"), hit("b"), hit("c")]
     text = [hit("c"), hit("d")]
     fused = fuse([vector, text], 3)
-    # c: 1/63 + 1/61 beats a's 1/61 alone; b and d tie at 1/62, b's document first.
+    # c: 1/8 + 1/6 beats a's 1/6 alone; b and d tie at 1/7, b's document first.
     assert [(h.doc_id, round(h.score, 5)) for h in fused] == [
-        ("c", round(1 / 63 + 1 / 61, 5)),
-        ("a", round(1 / 61, 5)),
-        ("b", round(1 / 62, 5)),
+        ("c", round(1 / 8 + 1 / 6, 5)),
+        ("a", round(1 / 6, 5)),
+        ("b", round(1 / 7, 5)),
     ]
