@@ -21,7 +21,7 @@ from replayable import config, sources, views
 from replayable.db import Connection, execute, fetch_all
 from replayable.keys import sha256_bytes, sha256_file
 from replayable.settings import AUTO, BOUNDS, PipelineSettings
-from replayable.stage import Pipeline, pipeline_of
+from replayable.stage import STAGE_BUILD, Pipeline, pipeline_of
 from replayable.vocabulary import DEFAULT_STAGES, STAGES
 
 log = logging.getLogger(__name__)
@@ -357,6 +357,12 @@ def build_report(
         entry["not_entered"] = documents - sum(
             entry.get(s, 0) for s in ("done", "failed", "dead", "running", "pending")
         )
+    # A stage that could not be built: its documents never entered it, and this is why.
+    for stage, message in ((run[0]["stage_errors"] or {}) if run else {}).items():
+        entry = stages.setdefault(stage, {"errors": {}, "not_entered": documents})
+        entry["not_built"] = str(message)
+        if entry["not_entered"] > 0:
+            entry["errors"][STAGE_BUILD] = entry["not_entered"]
     calls = dict(fetch_all(conn, "report/model_calls", {"run_id": run_id})[0])
     by_stage = {str(k): int(v) for k, v in (calls.pop("by_stage") or {}).items()}
     which = {"dag_id": dag_id, "run_id": run_id}
@@ -451,6 +457,8 @@ def format_report(report: dict[str, Any]) -> str:
             f"{stage:<10} {entry.get('done', 0):>6} {entry.get('failed', 0):>7} "
             f"{entry.get('dead', 0):>6} {other:>6}  {errors or '-'}"
         )
+        if entry.get("not_built"):
+            lines.append(f"  {entry['not_built']}")
     calls = report["model_calls"]
     lines.append(
         f"model calls: {calls['calls']} ({calls['ok']} ok, {calls['inputs']} inputs embedded, "
