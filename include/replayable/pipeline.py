@@ -464,6 +464,11 @@ def format_report(report: dict[str, Any]) -> str:
         f"model calls: {calls['calls']} ({calls['ok']} ok, {calls['inputs']} inputs embedded, "
         f"{calls['tokens']} tokens); dead letters opened: {report['dead_letters_opened']}"
     )
+    if calls.get("truncated"):
+        lines.append(
+            f"answers cut off at max_tokens: {calls['truncated']} (class truncated; "
+            "summary_max_tokens sets the limit)"
+        )
     by_stage = report.get("model_calls_by_stage") or {}
     if len(by_stage) > 1 or set(by_stage) - {"embed"}:
         lines.append(
