@@ -322,6 +322,27 @@ def batch_doc_ids(conn: Connection, *, dag_id: str, run_id: str, batch: int) -> 
     return [row["doc_id"] for row in rows]
 
 
+# Params that select a run's documents rather than shape its work: not kept for the sweep.
+_SELECTION_PARAMS = ("rerun", "redrive", "source", "stages")
+
+
+def record_run_settings(
+    conn: Connection, *, dag_id: str, run_id: str, params: Mapping[str, Any]
+) -> None:
+    """Keep the params a run was planned with, less its selection, in its ``runs`` row: the
+    sweep re-runs an item this run left failed under them (ADR 0135)."""
+    kept = {k: v for k, v in params.items() if k not in _SELECTION_PARAMS}
+    execute(
+        conn,
+        "plan/record_run_settings",
+        {
+            "dag_id": dag_id,
+            "run_id": run_id,
+            "settings": json.dumps(kept, sort_keys=True, default=str),
+        },
+    )
+
+
 def build_report(
     conn: Connection,
     *,

@@ -13,8 +13,9 @@
 -- (ADR 0132): one outcome per document.
 WITH input AS (
     SELECT * FROM unnest(%(keys)s::text[], %(outcomes)s::text[], %(error_classes)s::text[],
-                         %(error_kinds)s::text[], %(errors)s::text[], %(tracebacks)s::text[])
-        AS t (item_key, outcome, error_class, error_kind, error, traceback)
+                         %(error_kinds)s::text[], %(errors)s::text[], %(tracebacks)s::text[],
+                         %(retry_after_s)s::float8[])
+        AS t (item_key, outcome, error_class, error_kind, error, traceback, retry_after_s)
 ), finished AS (
     UPDATE replayable.stage_runs s
     SET status = CASE WHEN i.outcome = 'done' THEN 'done'
@@ -25,6 +26,10 @@ WITH input AS (
                         THEN greatest(s.attempts - 1, 0)
                         ELSE s.attempts END,
         error_class = i.error_class, error_kind = i.error_kind, last_error = i.error,
+        -- a provider's Retry-After (at most a day): the sweep waits for it (ADR 0135)
+        retry_not_before = CASE WHEN i.outcome <> 'done' AND i.retry_after_s > 0
+                                THEN now() + make_interval(secs => least(i.retry_after_s, 86400))
+                           END,
         lease_owner = NULL, lease_expires = NULL, finished_at = now(), updated_at = now()
     FROM input i
     WHERE s.stage = %(stage)s AND s.item_key = i.item_key
