@@ -259,8 +259,8 @@ class IdempotentStageOperator(BaseOperator):
         try:
             return pipeline.stage(self.stage).build(build)
         except Exception as error:
-            if _transient(error):
-                raise
+            if _transient(error) or type(error).__module__.startswith("airflow"):
+                raise  # retried as usual; Airflow's own exceptions keep their meaning
             failure = StageBuildError(self.stage, error)
             self.log.error("%s", failure)
             self._record_build_error(dsn, build, failure)

@@ -378,11 +378,12 @@ def build_report(
         entry["not_entered"] = documents - sum(
             entry.get(s, 0) for s in ("done", "failed", "dead", "running", "pending")
         )
-    # A stage that could not be built: its documents never entered it, and this is why.
+    # A stage that could not be built: its documents never entered it, and this is why
+    # (unless a later try, the stage fixed, entered them after all).
     for stage, message in ((run[0]["stage_errors"] or {}) if run else {}).items():
         entry = stages.setdefault(stage, {"errors": {}, "not_entered": documents})
-        entry["not_built"] = str(message)
         if entry["not_entered"] > 0:
+            entry["not_built"] = str(message)
             entry["errors"][STAGE_BUILD] = entry["not_entered"]
     calls = dict(fetch_all(conn, "report/model_calls", {"run_id": run_id})[0])
     by_stage = {str(k): int(v) for k, v in (calls.pop("by_stage") or {}).items()}
