@@ -121,8 +121,9 @@ def pipeline_dag(
 SWEEPER_DOC = """Hourly, re-run the items `{pipeline}`'s runs left failed under their cap.
 
 `sweep` selects at most `max_items` items that runs of `{pipeline}` left failed, older than
-`min_age_minutes` (so a live run's own retries are not raced), and asks for one `{pipeline}`
-re-run per stage; with nothing to sweep it asks for none and nothing is triggered. Each
+`min_age_minutes` (so a live run's own retries are not raced) and past any Retry-After, and
+asks for one `{pipeline}` re-run per stage (and per settings, for items failed under a run's
+own); with nothing to sweep it asks for none and nothing is triggered. Each
 trigger waits (deferred, no worker slot) until its re-run ends, so with `max_active_runs=1`
 no later sweep starts while a re-run it would sweep again is unfinished. See
 `replayable.sweeper`, ADR 0042, 0076 and 0109.

@@ -189,6 +189,7 @@ class Ledger:
             "error_kinds": [e.kind.value if e else None for e in errors],
             "errors": [e.message if e else None for e in errors],
             "tracebacks": [o.traceback for o in outcomes],
+            "retry_after_s": [e.retry_after_s if e else None for e in errors],
             **self._announcing,
         }
         return _states(fetch_script(conn, list(outputs), "ledger/finish_items", params))

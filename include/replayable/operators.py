@@ -18,10 +18,10 @@ from replayable import db
 from replayable.context import triggered_by
 from replayable.hooks import connection_dsn, run_models
 from replayable.ledger import Revival, RunContext
-from replayable.retry import Classified
+from replayable.retry import Classified, ErrorKind, classify
 from replayable.runner import DEADLINE, BatchResult, Limits, run_batch
 from replayable.settings import PipelineSettings
-from replayable.stage import BuildContext, Pipeline, pipeline_of
+from replayable.stage import BuildContext, Pipeline, StageBuildError, pipeline_of
 from replayable.stages.embed.batch_mode import BATCH_WAITING
 from replayable.vocabulary import LEDGER_CONN_ID, MODEL_CONN_ID, STAGES
 
@@ -68,6 +68,8 @@ class BatchRetryPolicy(RetryPolicy):
         max_tries: int,
         context: Context | None = None,
     ) -> RetryDecision:
+        if isinstance(exception, StageBuildError):
+            return RetryDecision.fail(reason=f"stage {exception.stage!r} could not be built")
         if isinstance(exception, SystemicFailureError) and exception.is_auth:
             return RetryDecision.fail(
                 reason=f"provider refused credentials ({exception.error.error_class})"
@@ -86,6 +88,14 @@ class BatchRetryPolicy(RetryPolicy):
     @classmethod
     def deserialize(cls, data: dict[str, Any]) -> BatchRetryPolicy:
         return cls()
+
+
+def _transient(error: BaseException) -> bool:
+    """Whether a later try may not meet ``error``: the database, the network, a provider."""
+    found = classify(error)
+    if found.kind is ErrorKind.SYSTEMIC:
+        return True
+    return found.retryable and found.error_class != "unexpected"
 
 
 def revival_reason(settings: PipelineSettings, run_id: str) -> str:
@@ -234,13 +244,45 @@ class IdempotentStageOperator(BaseOperator):
                 dag_id=ti.dag_id,
                 map_index=ti.map_index,
             )
-            spec = pipeline.stage(self.stage).build(build)
+            spec = self._build(pipeline, build, dsn)
             result = run_batch(
                 spec, doc_ids, connect=connect, ctx=ctx, limits=limits, revive=revive
             )
         if result.systemic is not None and result.systemic.error_class == BATCH_WAITING:
             self._wait_for_batches(result, getattr(spec, "waiting_on", []), settings)
         return self._outcome(result, settings, time.monotonic() - started)
+
+    def _build(self, pipeline: Pipeline, build: BuildContext, dsn: str) -> Any:
+        """The stage's spec; a ``build`` that raises fails the task once, naming the stage,
+        and the run's report says why its documents never entered it (ADR 0133). A transient
+        failure (the database, the network) is raised as it is, and retried."""
+        try:
+            return pipeline.stage(self.stage).build(build)
+        except Exception as error:
+            if _transient(error) or type(error).__module__.startswith("airflow"):
+                raise  # retried as usual; Airflow's own exceptions keep their meaning
+            failure = StageBuildError(self.stage, error)
+            self.log.error("%s", failure)
+            self._record_build_error(dsn, build, failure)
+            raise failure from error
+
+    def _record_build_error(self, dsn: str, build: BuildContext, failure: StageBuildError) -> None:
+        params = {
+            "dag_id": build.dag_id,
+            "run_id": build.run_id,
+            "stage": self.stage,
+            "message": str(failure)[:2000],
+        }
+        database = db.Database(dsn)
+        try:
+            database.transaction(
+                lambda conn: db.execute(conn, "report/record_stage_error", params),
+                describe=f"{self.stage}: record the build error",
+            )
+        except Exception:  # the task fails with the build error whatever happens here
+            self.log.exception("%s: the build error could not be recorded", self.stage)
+        finally:
+            database.close()
 
     def _wait_for_batches(
         self, result: BatchResult, waiting_on: Sequence[str], settings: PipelineSettings

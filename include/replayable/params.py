@@ -261,6 +261,12 @@ def pipeline_params(
             **_bounded("summary_max_tokens", type="integer"),
             description="The longest summary, in tokens (the request's max_tokens).",
         ),
+        "summary_keep_truncated": Param(
+            _DEFAULTS.summary_keep_truncated,
+            type="boolean",
+            description="Keep a summary cut off at summary_max_tokens, marked truncated, "
+            "instead of dead-lettering its document as truncated.",
+        ),
         "rerun": Param(
             None,
             type=["null", "object"],

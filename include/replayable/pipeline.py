@@ -21,7 +21,7 @@ from replayable import config, sources, views
 from replayable.db import Connection, execute, fetch_all
 from replayable.keys import sha256_bytes, sha256_file
 from replayable.settings import AUTO, BOUNDS, PipelineSettings
-from replayable.stage import Pipeline, pipeline_of
+from replayable.stage import STAGE_BUILD, Pipeline, pipeline_of
 from replayable.vocabulary import DEFAULT_STAGES, STAGES
 
 log = logging.getLogger(__name__)
@@ -322,6 +322,27 @@ def batch_doc_ids(conn: Connection, *, dag_id: str, run_id: str, batch: int) -> 
     return [row["doc_id"] for row in rows]
 
 
+# Params that select a run's documents rather than shape its work: not kept for the sweep.
+_SELECTION_PARAMS = ("rerun", "redrive", "source", "stages")
+
+
+def record_run_settings(
+    conn: Connection, *, dag_id: str, run_id: str, params: Mapping[str, Any]
+) -> None:
+    """Keep the params a run was planned with, less its selection, in its ``runs`` row: the
+    sweep re-runs an item this run left failed under them (ADR 0135)."""
+    kept = {k: v for k, v in params.items() if k not in _SELECTION_PARAMS}
+    execute(
+        conn,
+        "plan/record_run_settings",
+        {
+            "dag_id": dag_id,
+            "run_id": run_id,
+            "settings": json.dumps(kept, sort_keys=True, default=str),
+        },
+    )
+
+
 def build_report(
     conn: Connection,
     *,
@@ -357,6 +378,13 @@ def build_report(
         entry["not_entered"] = documents - sum(
             entry.get(s, 0) for s in ("done", "failed", "dead", "running", "pending")
         )
+    # A stage that could not be built: its documents never entered it, and this is why
+    # (unless a later try, the stage fixed, entered them after all).
+    for stage, message in ((run[0]["stage_errors"] or {}) if run else {}).items():
+        entry = stages.setdefault(stage, {"errors": {}, "not_entered": documents})
+        if entry["not_entered"] > 0:
+            entry["not_built"] = str(message)
+            entry["errors"][STAGE_BUILD] = entry["not_entered"]
     calls = dict(fetch_all(conn, "report/model_calls", {"run_id": run_id})[0])
     by_stage = {str(k): int(v) for k, v in (calls.pop("by_stage") or {}).items()}
     which = {"dag_id": dag_id, "run_id": run_id}
@@ -451,11 +479,18 @@ def format_report(report: dict[str, Any]) -> str:
             f"{stage:<10} {entry.get('done', 0):>6} {entry.get('failed', 0):>7} "
             f"{entry.get('dead', 0):>6} {other:>6}  {errors or '-'}"
         )
+        if entry.get("not_built"):
+            lines.append(f"  {entry['not_built']}")
     calls = report["model_calls"]
     lines.append(
         f"model calls: {calls['calls']} ({calls['ok']} ok, {calls['inputs']} inputs embedded, "
         f"{calls['tokens']} tokens); dead letters opened: {report['dead_letters_opened']}"
     )
+    if calls.get("truncated"):
+        lines.append(
+            f"answers cut off at max_tokens: {calls['truncated']} (class truncated; "
+            "summary_max_tokens sets the limit)"
+        )
     by_stage = report.get("model_calls_by_stage") or {}
     if len(by_stage) > 1 or set(by_stage) - {"embed"}:
         lines.append(

@@ -42,19 +42,47 @@ class ErrorKind(enum.StrEnum):
     SYSTEMIC = "systemic"
 
 
+# Error classes that name a passing condition: an ItemError raised with one of them and no
+# kind is retryable, as its author means it (ADR 0133). Any other class without a kind is
+# terminal: the input itself will never work.
+RETRYABLE_CLASSES = frozenset(
+    {
+        "rate_limited",
+        "throttled",
+        "timeout",
+        "read_timeout",
+        "connect_error",
+        "connection_reset",
+        "unavailable",
+        "overloaded",
+        "busy",
+        *(f"http_{status}" for status in RETRYABLE_STATUS),
+    }
+)
+
+
+def default_kind(error_class: str) -> ErrorKind:
+    """The kind of an ``ItemError`` raised without one: see :data:`RETRYABLE_CLASSES`."""
+    return ErrorKind.RETRYABLE if error_class in RETRYABLE_CLASSES else ErrorKind.TERMINAL
+
+
 class ItemError(Exception):
-    """A classified failure of one item; stage code raises it with its own ``error_class``."""
+    """A classified failure of one item; stage code raises it with its own ``error_class``.
+
+    Without ``kind``, a class of :data:`RETRYABLE_CLASSES` (``rate_limited``, ``timeout``,
+    ``unavailable``, ...) is retryable and any other class terminal.
+    """
 
     def __init__(
         self,
         error_class: str,
         message: str,
-        kind: ErrorKind = ErrorKind.TERMINAL,
+        kind: ErrorKind | None = None,
         retry_after_s: float | None = None,
     ) -> None:
         super().__init__(message)
         self.error_class = error_class
-        self.kind = ErrorKind(kind)
+        self.kind = default_kind(error_class) if kind is None else ErrorKind(kind)
         self.retry_after_s = retry_after_s
 
     def __reduce__(self) -> tuple[Any, ...]:

@@ -119,6 +119,9 @@ class PipelineSettings:
     summary_prompt: str = DEFAULT_PROMPT
     summary_input_chars: int = 12_000
     summary_max_tokens: int = 200
+    # Keep an answer cut off at summary_max_tokens (marked truncated) instead of failing its
+    # document as truncated (ADR 0134); part of the key when set.
+    summary_keep_truncated: bool = False
     # The run fails when the documents it dead-lettered are more than this share of those it
     # had work for; None: dead letters never fail a run (ADR 0116).
     max_dead_fraction: float | None = None
@@ -154,6 +157,9 @@ class PipelineSettings:
             self.chunk_config  # noqa: B018 - validates size and overlap now, not mid-batch
         except ValueError as error:
             raise ValueError(f"chunk_size and chunk_overlap: {error}") from None
+        if not isinstance(self.summary_keep_truncated, bool):
+            keep = self.summary_keep_truncated
+            raise ValueError(f"summary_keep_truncated: must be true or false, got {keep!r}")
         if not isinstance(self.summary_prompt, str) or not self.summary_prompt.strip():
             raise ValueError("summary_prompt: must be a text with words in it")
         if self.rerun and self.redrive:
@@ -188,6 +194,7 @@ class PipelineSettings:
             prompt=self.summary_prompt,
             input_chars=self.summary_input_chars,
             max_tokens=self.summary_max_tokens,
+            keep_truncated=self.summary_keep_truncated,
         )
 
     @property

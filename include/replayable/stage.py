@@ -34,6 +34,29 @@ if TYPE_CHECKING:
 NAME_PATTERN = STAGE_NAME_PATTERN
 
 
+# The error class a run's report gives the documents of a stage that could not be built.
+STAGE_BUILD = "stage_build"
+
+
+class StageBuildError(Exception):
+    """A stage's ``build`` raised: the stage or the run's settings are wrong, no document is.
+
+    Building it again would fail the same way, so the task fails once (ADR 0133).
+
+    :param stage: the stage's name.
+    :param cause: what ``build`` raised.
+    """
+
+    def __init__(self, stage: str, cause: BaseException) -> None:
+        self.stage = stage
+        self.cause = f"{type(cause).__name__}: {cause}"
+        super().__init__(
+            f"stage {stage!r} could not be built: {self.cause}. Its documents were not entered;"
+            " fix the stage or the run's settings and run again (not retried: building it"
+            " again fails the same way)"
+        )
+
+
 @dataclass(frozen=True)
 class Models:
     """The models a run resolved from its params and the model connection (hooks)."""

@@ -5,29 +5,45 @@ cap. Each pipeline has a sweeper DAG of its own (ADR 0042, 0109). Its sweep sele
 the pipeline's own runs left failed, through the partial index of current failed rows, at
 most ``max_items`` of them, oldest first, and turns them into one ``rerun`` conf of that
 pipeline per stage (a document failed in two stages is re-run from the earlier one, which
-redoes the later one too). Nothing here imports Airflow.
+redoes the later one too), and one per stage and settings for the items failed under the
+settings a run recorded (ADR 0135). Nothing here imports Airflow.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from replayable.db import Connection, fetch_all
+from replayable.keys import sha256_bytes
+
+
+@dataclass(frozen=True)
+class UnderSettings:
+    """Documents failed in ``stage`` under the non-default ``settings`` their run recorded."""
+
+    stage: str
+    settings: dict[str, Any]
+    doc_ids: list[str]
 
 
 @dataclass(frozen=True)
 class Sweep:
-    """What one sweep found: document ids per stage, in pipeline order, and the oldest."""
+    """What one sweep found: document ids per stage, in pipeline order, and the oldest;
+    ``other``: those failed under a run's own settings, per stage and settings."""
 
     by_stage: dict[str, list[str]] = field(default_factory=dict)
     oldest: datetime | None = None
+    other: list[UnderSettings] = field(default_factory=list)
 
     @property
     def items(self) -> int:
-        return sum(len(docs) for docs in self.by_stage.values())
+        return sum(len(docs) for docs in self.by_stage.values()) + sum(
+            len(group.doc_ids) for group in self.other
+        )
 
 
 def select_failed(
@@ -59,6 +75,7 @@ def select_failed(
         position = int(row["position"])
         first_stage[row["doc_id"]] = min(position, first_stage.get(row["doc_id"], position))
     chosen: dict[str, list[str]] = {}
+    others: dict[tuple[str, str], list[str]] = {}
     oldest = None
     taken = 0
     for row in rows:  # oldest first
@@ -66,11 +83,21 @@ def select_failed(
             break
         if first_stage.get(row["doc_id"]) != int(row["position"]):
             continue
-        chosen.setdefault(row["stage"], []).append(row["doc_id"])
+        if row.get("settings") is None:
+            chosen.setdefault(row["stage"], []).append(row["doc_id"])
+        else:
+            group = (row["stage"], json.dumps(row["settings"], sort_keys=True))
+            others.setdefault(group, []).append(row["doc_id"])
         oldest = oldest or row["updated_at"]
         taken += 1
     ordered = {stage: sorted(chosen[stage]) for stage in stages if stage in chosen}
-    return Sweep(ordered, oldest)
+    other = [
+        UnderSettings(stage, json.loads(settings), sorted(docs))
+        for stage in stages
+        for (group_stage, settings), docs in sorted(others.items())
+        if group_stage == stage
+    ]
+    return Sweep(ordered, oldest, other)
 
 
 def rerun_requests(sweep: Sweep, *, sweep_run_id: str, max_attempts: int) -> list[dict[str, Any]]:
@@ -79,7 +106,7 @@ def rerun_requests(sweep: Sweep, *, sweep_run_id: str, max_attempts: int) -> lis
     The run id is derived from the sweep's, so a retried sweep cannot start a second run for
     the same stage; ``max_attempts`` goes along so the re-run's cap is the sweep's.
     """
-    return [
+    requests = [
         {
             "trigger_run_id": f"sweep__{stage}__{sweep_run_id}",
             "conf": {
@@ -89,3 +116,18 @@ def rerun_requests(sweep: Sweep, *, sweep_run_id: str, max_attempts: int) -> lis
         }
         for stage, doc_ids in sweep.by_stage.items()
     ]
+    for group in sweep.other:
+        # The run's own settings and cap, if higher; its id names the settings' digest.
+        digest = sha256_bytes(json.dumps(group.settings, sort_keys=True).encode())[:12]
+        cap = max(max_attempts, int(group.settings.get("max_attempts") or 0))
+        requests.append(
+            {
+                "trigger_run_id": f"sweep__{group.stage}__{digest}__{sweep_run_id}",
+                "conf": {
+                    **group.settings,
+                    "rerun": {"stage": group.stage, "status": ["failed"], "doc_ids": group.doc_ids},
+                    "max_attempts": cap,
+                },
+            }
+        )
+    return requests

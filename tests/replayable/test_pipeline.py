@@ -393,6 +393,12 @@ def test_redriving_a_letter_of_an_older_version_leaves_no_stale_row(conn, dsn, t
     for stage in STAGES:  # the fixed extractor did it under a new key, and the rest followed
         finish_all(database, stage, [doc_id])
     database.close()
+    # The run that took the new key closed the letter (ADR 0132); a ledger written before
+    # that may still hold it open, which is what the redrive below must cope with.
+    assert rows(conn, "SELECT status, resolved_by FROM replayable.dead_letters") == [
+        ("redriven", "rerun")
+    ]
+    rows(conn, "UPDATE replayable.dead_letters SET status = 'open' RETURNING id")
     redrive = PipelineSettings(redrive={"stage": "extract", "reason": "parser fixed"})
     assert pipeline.select_documents(conn, redrive, dag_id="d", run_id="rd") == 1
     assert rows(conn, "SELECT count(*) FROM replayable.stage_runs WHERE status = 'pending'") == [

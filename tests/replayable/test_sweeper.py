@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
 
-from replayable import db, sweeper
+from replayable import db, pipeline, sweeper
+from replayable.ledger import Ledger, Outcome, RunContext
+from replayable.retry import Classified, ErrorKind
 
 pytestmark = pytest.mark.db
 
@@ -89,8 +92,7 @@ def test_failed_items_old_enough_are_grouped_by_stage_in_pipeline_order(conn):
 
 def test_what_a_sweep_must_leave_alone_is_left_alone(conn):
     add_item(conn, 1, "embed", age_s=60)  # too young: a live run may still retry it
-    add_item(conn, 2, "embed", attempts=3)  # at the cap
-    add_item(conn, 3, "embed", spec_hash="old-model")  # failed under another spec
+    add_item(conn, 3, "embed", spec_hash="old-model")  # another spec, no settings recorded
     add_item(conn, 4, "embed", status="dead")
     add_item(conn, 5, "embed", status="done")
     add_item(conn, 6, "embed", current=False)  # history, not the document's current row
@@ -181,3 +183,162 @@ def test_the_selection_reads_current_rows_through_an_index(conn):
     conn.rollback()
     assert "Seq Scan on stage_runs" not in plan, plan
     assert re.search(r"stage_runs_current_(failed|status)_idx", plan), plan
+
+
+# -- what the sweep used to leave failed forever, or take too early (ADR 0135) --------------
+
+
+def rows(conn, sql, *params):
+    with conn.cursor() as cur:
+        cur.execute(sql, params)
+        found = cur.fetchall() if cur.description else []
+    conn.commit()
+    return found
+
+
+def run_row(conn, run_id, settings=None):
+    """The runs row a plan writes, and the settings it records for the run."""
+    rows(
+        conn,
+        "INSERT INTO replayable.runs (dag_id, run_id) VALUES (%s, %s) ON CONFLICT DO NOTHING",
+        PIPELINE,
+        run_id,
+    )
+    if settings is not None:
+        pipeline.record_run_settings(conn, dag_id=PIPELINE, run_id=run_id, params=settings)
+        conn.commit()
+
+
+def failed_by(conn, n, stage, run_id, spec_hash, **extra):
+    add_item(conn, n, stage, spec_hash=spec_hash, **extra)
+    rows(
+        conn,
+        "UPDATE replayable.stage_runs SET run_id = %s WHERE doc_id = %s AND stage = %s",
+        run_id,
+        doc(n),
+        stage,
+    )
+
+
+def test_an_item_failed_at_or_past_the_sweeps_cap_is_swept_not_stuck(conn):
+    """A run with max_attempts 5 left it failed at 3 (its cap is 5): the sweep takes it."""
+    add_item(conn, 1, "embed", attempts=3)
+    add_item(conn, 2, "embed", attempts=4)
+    assert select(conn, max_attempts=3).by_stage == {"embed": [doc(1), doc(2)]}
+
+
+def test_an_item_is_not_swept_before_the_wait_its_provider_asked_for(conn, dsn):
+    database = db.Database(dsn)
+    try:
+        for n in (1, 2):
+            add_item(conn, n, "embed", status="running", lease_s=60, age_s=0)
+            rows(
+                conn,
+                "UPDATE replayable.stage_runs SET lease_owner = 'w' WHERE doc_id = %s",
+                doc(n),
+            )
+        ledger = Ledger(database, "embed", "1.0", "c", "se", RunContext(owner="w"))
+        busy = Classified("http_429", ErrorKind.RETRYABLE, "slow down", retry_after_s=3600)
+        quick = Classified("http_503", ErrorKind.RETRYABLE, "try again")
+        database.transaction(
+            lambda c: ledger.finish(
+                c,
+                [
+                    Outcome(f"embed-{1}-se", "failed", busy),
+                    Outcome(f"embed-{2}-se", "failed", quick),
+                ],
+            )
+        )
+    finally:
+        database.close()
+    # 40 minutes later both are past min_age (30), but the 429 asked for an hour.
+    elapse(conn, "40 minutes")
+    assert select(conn, min_age_s=1800).by_stage == {"embed": [doc(2)]}
+    elapse(conn, "21 minutes")
+    assert select(conn, min_age_s=1800).by_stage == {"embed": [doc(1), doc(2)]}
+
+
+def elapse(conn, interval):
+    """Move every item's times back by ``interval``, as if that much time had passed."""
+    rows(
+        conn,
+        "UPDATE replayable.stage_runs SET updated_at = updated_at - %s::interval,"
+        " retry_not_before = retry_not_before - %s::interval",
+        interval,
+        interval,
+    )
+
+
+def test_an_item_failed_under_a_runs_own_settings_is_swept_with_those_settings(conn):
+    run_row(conn, "r-default")
+    run_row(conn, "r-small", {"chunk_size": 400, "chunk_overlap": 50, "rerun": None})
+    run_row(conn, "r-gone")  # a run that recorded no settings (older than this change)
+    failed_by(conn, 1, "embed", "r-default", HASHES["embed"])
+    failed_by(conn, 2, "chunk", "r-small", "small-chunks")
+    failed_by(conn, 3, "chunk", "r-gone", "other-spec")
+    found = select(conn)
+    assert found.by_stage == {"embed": [doc(1)]}
+    assert found.items == 2
+    (other,) = found.other
+    assert (other.stage, other.doc_ids) == ("chunk", [doc(2)])
+    assert other.settings == {"chunk_size": 400, "chunk_overlap": 50}
+    requests = sweeper.rerun_requests(found, sweep_run_id="s1", max_attempts=3)
+    assert [r["conf"] for r in requests] == [
+        {"rerun": {"stage": "embed", "status": ["failed"], "doc_ids": [doc(1)]}, "max_attempts": 3},
+        {
+            "chunk_size": 400,
+            "chunk_overlap": 50,
+            "rerun": {"stage": "chunk", "status": ["failed"], "doc_ids": [doc(2)]},
+            "max_attempts": 3,
+        },
+    ]
+    # One run per stage and settings, each with a run id of its own that a retried sweep
+    # derives again.
+    ids = [r["trigger_run_id"] for r in requests]
+    assert len(set(ids)) == 2 and ids[0] == "sweep__embed__s1"
+    again = sweeper.rerun_requests(select(conn), sweep_run_id="s1", max_attempts=3)
+    assert [r["trigger_run_id"] for r in again] == ids
+
+
+def test_a_runs_higher_attempt_cap_goes_with_its_sweep(conn):
+    run_row(conn, "r-patient", {"chunk_size": 400, "max_attempts": 6})
+    failed_by(conn, 1, "chunk", "r-patient", "small-chunks", attempts=4)
+    (request,) = sweeper.rerun_requests(select(conn), sweep_run_id="s", max_attempts=3)
+    assert request["conf"]["max_attempts"] == 6
+
+
+def test_plan_records_the_settings_a_sweep_needs_and_not_the_selection(conn):
+    run_row(conn, "r1")
+    params = {"chunk_size": 400, "source": "/data", "stages": None, "rerun": None, "redrive": None}
+    pipeline.record_run_settings(conn, dag_id=PIPELINE, run_id="r1", params=params)
+    conn.commit()
+    (stored,) = rows(conn, "SELECT settings FROM replayable.runs WHERE run_id = 'r1'")[0]
+    assert stored == {"chunk_size": 400}
+    assert json.dumps(stored)
+
+
+def test_a_sweep_rerun_under_a_runs_settings_finishes_its_item_under_them(
+    run_in_process, conn, tmp_path
+):
+    """The whole loop: plan records the settings, the sweep's conf is one a run accepts, and
+    the item ends done under the key it failed under, not the default's."""
+    from checks import subset
+
+    conf = {"source": str(subset(tmp_path, 1)), "stages": ["extract", "chunk"]}
+    first = run_in_process({**conf, "chunk_size": 400, "chunk_overlap": 40})
+    assert first["stages"]["chunk"]["done"] == 1, first["_tasks"]
+    (key,) = rows(conn, "SELECT item_key FROM replayable.stage_runs WHERE stage = 'chunk'")[0]
+    # Its task's retries ran out on a provider outage, say: failed, under its cap.
+    rows(
+        conn,
+        "UPDATE replayable.stage_runs SET status = 'failed', error_class = 'http_503',"
+        " updated_at = now() - interval '2 hours' WHERE stage = 'chunk'",
+    )
+    (request,) = sweeper.rerun_requests(select(conn), sweep_run_id="s", max_attempts=3)
+    assert request["conf"]["chunk_size"] == 400 and "source" not in request["conf"]
+    again = run_in_process(request["conf"])
+    assert not again["_failed"], again["_tasks"]
+    assert again["stages"]["chunk"]["done"] == 1
+    assert rows(
+        conn, "SELECT item_key, status FROM replayable.stage_runs WHERE stage = 'chunk'"
+    ) == [(key, "done")]

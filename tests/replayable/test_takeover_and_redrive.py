@@ -38,6 +38,16 @@ def database(dsn):
     handle.close()
 
 
+def reopen_letters(conn):
+    """Open every letter again, as a ledger written before ADR 0132 may hold them."""
+    rows(
+        conn,
+        "UPDATE replayable.dead_letters SET status = 'open', resolved_at = NULL,"
+        " resolved_by = NULL, resolution = NULL, resolved_dag_id = NULL,"
+        " resolved_run_id = NULL RETURNING id",
+    )
+
+
 def rows(conn, sql, *params):
     with conn.cursor() as cur:
         cur.execute(sql, params)
@@ -235,6 +245,12 @@ def test_a_letter_already_done_under_the_current_spec_is_closed_by_plan_once(con
         database.transaction(
             lambda c, done=done, stage=stage: done.finish(c, [Outcome.done(f"{stage}-new")])
         )
+    # The run that took the new key closed the letter already (ADR 0132); a ledger written
+    # before that still holds such letters open, and plan closes them.
+    assert rows(conn, "SELECT status, resolved_by FROM replayable.dead_letters") == [
+        ("redriven", "rerun")
+    ]
+    reopen_letters(conn)
     assert plan(conn, REDRIVE) == []
     assert rows(
         conn, "SELECT status, resolved_by, resolved_run_id FROM replayable.dead_letters"

@@ -23,7 +23,10 @@ native code: ``timeout``). The worker records which item of which call it is on 
 memory, so a death is charged to the item that died and the call's other items run again
 on a fresh worker. No item starts past the call's ``not_after``, nor once the worker's
 address space has grown by a quarter of its limit during the call (the rest go in another
-call), so that the results a call holds still fit when pickled.
+call), so that the results a call holds still fit when pickled. An item's RLIMIT_AS is the
+limit over what the worker holds for others when it starts (earlier items' results, the last
+call's result that pebble keeps; at most half a limit more), so that no item is charged
+``memory`` for a batch-mate's result.
 
 Every other exception from ``fn`` is re-raised in the caller with its own type. It crosses the
 process boundary by pickling, so a custom exception class must be picklable: either pass

@@ -155,6 +155,32 @@ def _arm_cpu_limit() -> None:
     resource.setrlimit(resource.RLIMIT_CPU, (soft, _cpu_hard_limit))
 
 
+# The memory limit of one item, the inherited hard RLIMIT_AS, and the worker's address space
+# once set up (what it holds with no item and no result), set by init_worker.
+_limit_bytes: int | None = None
+_as_hard_limit = resource.RLIM_INFINITY
+_idle_bytes = 0
+
+
+def _arm_memory_limit() -> None:
+    """Give the next item its own memory limit, over what the worker holds for others.
+
+    The results of the call's earlier items, and the last call's result that pebble keeps
+    until this call ends, are in the address space while the item runs: RLIMIT_AS is the
+    limit plus that (at most half a limit more), so that an item is never charged with its
+    batch-mates' memory (ADR 0126).
+    """
+    if _limit_bytes is None:
+        return
+    held = 0
+    if _statm_fd is not None:
+        held = min(max(0, _address_space() - _idle_bytes), _limit_bytes // 2)
+    soft = _limit_bytes + held
+    if _as_hard_limit != resource.RLIM_INFINITY:
+        soft = min(soft, _as_hard_limit)
+    resource.setrlimit(resource.RLIMIT_AS, (soft, _as_hard_limit))
+
+
 def _lift_cpu_limit() -> None:
     """Lift the soft CPU limit between items; the limit counts a process's whole life."""
     resource.setrlimit(resource.RLIMIT_CPU, (_cpu_hard_limit, _cpu_hard_limit))
@@ -163,7 +189,7 @@ def _lift_cpu_limit() -> None:
 def init_worker(limit_bytes: int | None, usage: Any, cpu_budget_s: int, progress: Any) -> None:
     """Set up the worker's guards and start sampling its address space; runs once per worker."""
     global _cpu_budget_s, _cpu_hard_limit, _usage, _usage_slot, _progress, _progress_slot
-    global _call_bytes, _statm_fd
+    global _call_bytes, _statm_fd, _limit_bytes, _as_hard_limit, _idle_bytes
     # A segfaulting item then leaves a Python traceback in the task log, not just "-11".
     faulthandler.enable()
     _die_with_owner()
@@ -204,6 +230,7 @@ def init_worker(limit_bytes: int | None, usage: Any, cpu_budget_s: int, progress
     if hard != resource.RLIM_INFINITY:
         limit_bytes = min(limit_bytes, hard)
     resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, hard))
+    _limit_bytes, _as_hard_limit, _idle_bytes = limit_bytes, hard, _address_space()
 
 
 def _caused_by_memory_error(error: BaseException) -> bool:
@@ -244,6 +271,7 @@ def _release_frames(error: BaseException) -> None:
 def run_item(fn: Callable[..., T], args: tuple[Any, ...]) -> T:
     """Run ``fn(*args)`` in the worker under its CPU limit; make sure what it raises gets back."""
     _arm_cpu_limit()
+    _arm_memory_limit()
     _start_sampling()
     try:
         return fn(*args)

@@ -119,6 +119,7 @@ class EmbeddingsHook(BaseHook):
         *,
         model: str | None = None,
         max_tokens: int | None = None,
+        keep_truncated: bool = False,
         max_in_flight: int | None = None,
         retry: CallRetry | None = None,
     ) -> HttpChatClient:
@@ -137,6 +138,7 @@ class EmbeddingsHook(BaseHook):
             model=chosen,
             api_key=settings.api_key,
             max_tokens=max_tokens,
+            keep_truncated=keep_truncated,
             timeout_s=settings.timeout_s,
             retry=retry or CallRetry(),
             max_connections=max_in_flight or _shared_in_flight(settings),

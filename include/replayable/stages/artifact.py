@@ -13,8 +13,9 @@ framework's (ADR 0107, 0108):
   runs, so two workers never compute the same output;
 - the output stored in the transaction that computed it, before the item is marked done;
 - classified retries, the attempt cap and dead letters: raise
-  :class:`~replayable.retry.ItemError` with your own error class (``TERMINAL`` for an input
-  that will never work), any other exception is ``unexpected`` and retried up to the cap;
+  :class:`~replayable.retry.ItemError` with your own error class (terminal unless the class
+  names a passing condition such as ``rate_limited``, or you pass the kind), any other
+  exception is ``unexpected`` and retried up to the cap;
   raise :class:`~replayable.runner.SystemicStopError` to stop the batch without blaming any
   item.
 

@@ -179,6 +179,7 @@ class SummarizeStage(Stage):
         chat = hook.get_chat_client(
             model=settings.summary_model,
             max_tokens=settings.summary_max_tokens,
+            keep_truncated=settings.summary_keep_truncated,
             max_in_flight=choice.max_in_flight,
             retry=retry,
         )

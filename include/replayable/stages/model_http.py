@@ -140,6 +140,7 @@ class HttpModelClient:
         started = time.monotonic()
         http_status: int | None = None
         status, tokens, output_tokens = "interrupted", 0, 0
+        answered = False
         try:
             with self._http.stream(
                 "POST", call.path, json=call.body, headers={"Idempotency-Key": key}
@@ -154,7 +155,8 @@ class HttpModelClient:
             if usage is not None:
                 tokens, output_tokens = usage
             result = call.parse(payload)
-            status = "ok"
+            answered = True
+            status = call.status(result) if call.status else "ok"
             if usage is None:
                 tokens = call.tokens(result)
                 output_tokens = call.output_tokens(result) if call.output_tokens else 0
@@ -166,7 +168,7 @@ class HttpModelClient:
                 latency_ms = int((time.monotonic() - started) * 1000)
                 cost = None
                 # Billed: answered, or answered 2xx with usage and judged unusable (ADR 0114).
-                billed = status == "ok" or (tokens > 0 and 200 <= (http_status or 0) < 300)
+                billed = answered or (tokens > 0 and 200 <= (http_status or 0) < 300)
                 if billed and self.price is not None:
                     cost = self.price.of(tokens - output_tokens, output_tokens)
                 on_call(
@@ -197,6 +199,9 @@ class Request(Generic[R]):
     parse: Callable[[object], R]
     tokens: Callable[[R], int]
     output_tokens: Callable[[R], int] | None = None
+    # The status an answer is recorded with when it is not plainly "ok" (a kept truncated
+    # chat answer); None: "ok".
+    status: Callable[[R], str] | None = None
 
 
 def usage_of(payload: object) -> tuple[int, int] | None:

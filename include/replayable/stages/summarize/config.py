@@ -25,11 +25,18 @@ class SummaryConfig:
     prompt: str = DEFAULT_PROMPT
     input_chars: int = 12_000
     max_tokens: int = 200
+    # Store an answer cut off at max_tokens (marked truncated) instead of failing its item
+    # (ADR 0134). In the key only when set: a kept cut answer is never another run's summary,
+    # and the summaries made before the option keep their keys.
+    keep_truncated: bool = False
 
     def key(self) -> dict[str, Any]:
-        return {
+        found: dict[str, Any] = {
             "model": self.model,
             "prompt": self.prompt,
             "input_chars": self.input_chars,
             "max_tokens": self.max_tokens,
         }
+        if self.keep_truncated:
+            found["keep_truncated"] = True
+        return found

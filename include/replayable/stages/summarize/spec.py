@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from replayable.budget import RequestBudget
 from replayable.db import Connection, Database, fetch_all
-from replayable.retry import ItemError
+from replayable.retry import ErrorKind, ItemError
 from replayable.runner import BatchIO, StageSpec, WorkItem
 from replayable.stages import extract, summarize
 from replayable.stages.artifact import TEXT_STAGE, ArtifactBatch, ArtifactSpec, Document, Produced
@@ -130,12 +130,21 @@ class SummarizeSpec(StageSpec):
             conn.commit()
             raise
         correct_tokens(self.budget, estimate, calls, self.name)
-        data = {
+        if result.truncated and not self.config.keep_truncated:
+            # The client was told to keep it but this key was not: never a full summary.
+            record(conn)
+            conn.commit()
+            raise ItemError(
+                "truncated", f"the answer was cut off ({result.finish_reason})", ErrorKind.TERMINAL
+            )
+        data: dict[str, Any] = {
             "summary": result.text,
             "model": self.config.model,
             "finish_reason": result.finish_reason,
             "tokens": result.tokens,
         }
+        if result.truncated:
+            data["truncated"] = True
         return Produced(data, record)
 
     def _request_key(self, conn: Connection, item: WorkItem) -> str:

@@ -16,8 +16,10 @@
 --    *unstarted* (started_at NULL, no attempt spent): the runner starts such items one at a
 --    time, spending the attempt just before the work (start_items.sql), so that a task
 --    killed by one item costs its unstarted batch-mates nothing;
--- 4. a revive closes the open dead letters of the documents whose items this worker now
---    holds in this stage, as redriven by this run (ADR 0083);
+-- 4. a document whose current item in this stage is now done (found ready, or done under
+--    another spec) or held by this worker has no open dead letter left in the stage
+--    (ADR 0132): a revive closes them as redriven by its run (ADR 0083), any other run as
+--    superseded by the document's current item;
 -- 5. the state of every key is returned; `mine` marks the ones this worker now holds.
 -- First, the batch's documents in this stage are locked for the transaction, in doc_id order
 -- (so two claims never wait on each other in a cycle): two claims of one document, say by
@@ -144,12 +146,18 @@ ORDER BY l.id
 ON CONFLICT (event_id) DO NOTHING;
 
 UPDATE replayable.dead_letters d
-SET status = 'redriven', resolved_at = now(), resolved_by = %(revive_by)s,
-    resolution = %(revive_reason)s, resolved_dag_id = %(dag_id)s, resolved_run_id = %(run_id)s
+SET status = 'redriven', resolved_at = now(),
+    resolved_by = CASE WHEN %(revive)s THEN %(revive_by)s ELSE 'rerun' END,
+    resolution = CASE WHEN %(revive)s THEN %(revive_reason)s
+                      ELSE 'superseded: the document is '
+                           || CASE WHEN s.status = 'done' THEN 'done' ELSE 'at work again' END
+                           || ' in this stage as item ' || s.item_key
+                           || ' (code version ' || %(code_version)s || ')' END,
+    resolved_dag_id = %(dag_id)s, resolved_run_id = %(run_id)s
 FROM replayable.stage_runs s
-WHERE %(revive)s AND d.stage = %(stage)s AND d.status = 'open'
-  AND s.stage = %(stage)s AND s.item_key = ANY(%(keys)s::text[])
-  AND s.status = 'running' AND s.lease_owner = %(owner)s
+WHERE d.stage = %(stage)s AND d.status = 'open'
+  AND s.stage = %(stage)s AND s.item_key = ANY(%(keys)s::text[]) AND s.is_current
+  AND (s.status = 'done' OR (s.status = 'running' AND s.lease_owner = %(owner)s))
   AND d.doc_id = s.doc_id;
 
 SELECT item_key, doc_id, status, attempts,

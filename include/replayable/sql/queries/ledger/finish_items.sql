@@ -8,11 +8,14 @@
 -- event is committed exactly when its state is: 'document.ready' when an item of a
 -- document's last stage (announce_ready) ends done, keyed by document and spec hash, so
 -- that finishing the same document under the same versions again adds nothing; and
--- 'document.failed' for each dead letter opened here, keyed by the letter.
+-- 'document.failed' for each dead letter opened here, keyed by the letter. A current item
+-- that ends done or dead closes its document's open letters of other keys in the stage
+-- (ADR 0132): one outcome per document.
 WITH input AS (
     SELECT * FROM unnest(%(keys)s::text[], %(outcomes)s::text[], %(error_classes)s::text[],
-                         %(error_kinds)s::text[], %(errors)s::text[], %(tracebacks)s::text[])
-        AS t (item_key, outcome, error_class, error_kind, error, traceback)
+                         %(error_kinds)s::text[], %(errors)s::text[], %(tracebacks)s::text[],
+                         %(retry_after_s)s::float8[])
+        AS t (item_key, outcome, error_class, error_kind, error, traceback, retry_after_s)
 ), finished AS (
     UPDATE replayable.stage_runs s
     SET status = CASE WHEN i.outcome = 'done' THEN 'done'
@@ -23,11 +26,28 @@ WITH input AS (
                         THEN greatest(s.attempts - 1, 0)
                         ELSE s.attempts END,
         error_class = i.error_class, error_kind = i.error_kind, last_error = i.error,
+        -- a provider's Retry-After (at most a day): the sweep waits for it (ADR 0135)
+        retry_not_before = CASE WHEN i.outcome <> 'done' AND i.retry_after_s > 0
+                                THEN now() + make_interval(secs => least(i.retry_after_s, 86400))
+                           END,
         lease_owner = NULL, lease_expires = NULL, finished_at = now(), updated_at = now()
     FROM input i
     WHERE s.stage = %(stage)s AND s.item_key = i.item_key
       AND s.status = 'running' AND s.lease_owner = %(owner)s
-    RETURNING s.item_key, s.doc_id, s.status, s.attempts, s.code_version, s.spec_hash
+    RETURNING s.item_key, s.doc_id, s.status, s.attempts, s.code_version, s.spec_hash,
+              s.is_current
+), superseded AS (
+    -- A current item that ends done or dead leaves its document no other open letter in
+    -- the stage (ADR 0132): the claim closed those it could see; this closes one opened since.
+    UPDATE replayable.dead_letters dl
+    SET status = 'redriven', resolved_at = now(), resolved_by = 'rerun',
+        resolution = 'superseded: the document is ' || f.status || ' in this stage as item '
+                     || f.item_key || ' (code version ' || coalesce(f.code_version, '?') || ')',
+        resolved_dag_id = %(dag_id)s, resolved_run_id = %(run_id)s
+    FROM finished f
+    WHERE f.is_current AND f.status IN ('done', 'dead')
+      AND dl.stage = %(stage)s AND dl.doc_id = f.doc_id AND dl.status = 'open'
+      AND dl.item_key <> f.item_key
 ), letters AS (
     INSERT INTO replayable.dead_letters
         (stage, item_key, doc_id, error_class, error_kind, error, traceback, attempts,

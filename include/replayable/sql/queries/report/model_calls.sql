@@ -5,6 +5,7 @@ WITH calls AS (
 )
 SELECT count(*) AS calls,
        count(*) FILTER (WHERE status = 'ok') AS ok,
+       count(*) FILTER (WHERE status = 'truncated') AS truncated,
        coalesce(sum(n_inputs) FILTER (WHERE status = 'ok' AND stage = 'embed'), 0) AS inputs,
        coalesce(sum(tokens), 0) AS tokens,
        (SELECT coalesce(jsonb_object_agg(stage, n), '{}')

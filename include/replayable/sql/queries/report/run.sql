@@ -1,2 +1,2 @@
-SELECT documents, to_do, batches FROM replayable.runs
+SELECT documents, to_do, batches, stage_errors FROM replayable.runs
 WHERE dag_id = %(dag_id)s AND run_id = %(run_id)s
