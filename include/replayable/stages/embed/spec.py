@@ -251,7 +251,8 @@ class _EmbedBatch:
                 max_inputs=spec.inputs_per_call,
                 max_tokens=spec.request_tokens,
             )
-            requests += solo
+            # Parts of a refused request, less the chunks no live item of ours needs now.
+            requests += [part for part in map(self._still_wanted, solo) if part]
             solo = []
             busy: list[str] = []
             if first_round and len(requests) > 1:
@@ -307,6 +308,9 @@ class _EmbedBatch:
             for item in self.users[chunk_id]
         )
 
+    def _still_wanted(self, chunk_ids: list[str]) -> list[str]:
+        return [cid for cid in chunk_ids if self._wanted(cid)]
+
     def _still_missing(self, chunk_ids: list[str]) -> list[str]:
         if not chunk_ids:
             return []
@@ -318,18 +322,41 @@ class _EmbedBatch:
         return [row["chunk_id"] for row in rows]
 
     def _failed(self, request: _Request) -> list[list[str]]:
-        """Attribute a failed request to its items; return per-item requests to retry alone."""
+        """Attribute a failed request to its items; return smaller requests to send instead.
+
+        A request refused as bad (terminal) that carries several documents' chunks is split,
+        each part strictly smaller than it, so that only the documents holding the bad input
+        fail, in a number of requests bounded by its chunks (ADR 0129): by document when every
+        document's part is smaller, else in halves. A single chunk refused as bad fails every
+        document that holds it, with the chunk named in the error.
+        """
         assert request.error is not None
         error = classify(request.error)
         if error.kind is ErrorKind.SYSTEMIC or error.error_class == "not_attempted":
             return []  # the batch is stopping (see _send); no item is to blame
-        owners = {item.item_key: item for cid in request.chunk_ids for item in self.users[cid]}
+        chunk_ids = request.chunk_ids
+        owners = {item.item_key: item for cid in chunk_ids for item in self.users[cid]}
         if error.kind is ErrorKind.TERMINAL and len(owners) > 1:
-            # One bad input fails the whole request: send each document's part on its own.
-            return [
-                [cid for cid in request.chunk_ids if item in self.users[cid]]
-                for item in owners.values()
-            ]
+            if len(chunk_ids) == 1:
+                refused = ItemError(
+                    error.error_class,
+                    f"the provider refused chunk {chunk_ids[0]}, which this document shares "
+                    f"with {len(owners) - 1} other(s) in its batch: {request.error}",
+                    ErrorKind.TERMINAL,
+                )
+                for key in owners:
+                    self.errors.setdefault(key, refused)
+                return []
+            parts = list(
+                dict.fromkeys(
+                    tuple(cid for cid in chunk_ids if item in self.users[cid])
+                    for item in owners.values()
+                )
+            )
+            if all(len(part) < len(chunk_ids) for part in parts):
+                return [list(part) for part in parts]
+            half = len(chunk_ids) // 2
+            return [chunk_ids[:half], chunk_ids[half:]]
         for key in owners:
             self.errors.setdefault(key, request.error)
         return []
@@ -416,10 +443,11 @@ class _EmbedBatch:
                     failure, request.counted = error, True
                     self._failure(error)
             if failure is not None:
-                # The failed tries are billable records too; commit them, then report.
+                # The failed tries are billable records too; commit them, then report. The
+                # failure is the chunks sent's, not those a peer held or had stored.
                 correct_tokens(spec.budget, estimate, calls, spec.name)
                 self._record(conn, ids, calls)
-                request.error = failure
+                request.chunk_ids, request.error = ids, failure
                 return
             answered = (result, calls)
             self._answered[key] = answered  # kept before anything else can fail
