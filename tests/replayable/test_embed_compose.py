@@ -4,19 +4,26 @@ Run against a real Postgres and the real local model server; what the provider a
 charged is read from its own counters.
 """
 
+import hashlib
+import threading
+
 import pytest
 from test_runner import (
     BOILERPLATE,
     CHUNKS,
+    FAST,
     connect_to,
     count,
     embed_spec,
     rows,
     run,
     seed_documents,
+    wait_for,
 )
 
+from replayable import db
 from replayable.stages.chunk.spec import ChunkSpec
+from replayable.stages.embed.batch_api import BatchApi
 
 pytestmark = pytest.mark.db
 
@@ -73,3 +80,147 @@ def test_a_refused_chunk_two_documents_share_dead_letters_both_naming_it_in_few_
     # Every other chunk was bought, once.
     assert stats["inputs_embedded"] == chunks - 1
     assert set(stats["input_success_counts"].values()) == {1}
+
+
+def batch_api(model) -> BatchApi:
+    return BatchApi(base_url=model.base_url, model="m", retry=FAST)
+
+
+def texts_by_digest(conn) -> dict[str, str]:
+    """Chunk ids by the sha256 of their text, as the provider counts the inputs it charged."""
+    return {
+        hashlib.sha256(text.encode()).hexdigest(): chunk_id
+        for chunk_id, text in rows(conn, "SELECT chunk_id, text FROM replayable.chunks")
+    }
+
+
+def bought(conn, model) -> tuple[dict[str, int], dict[str, int]]:
+    """Per chunk, the times the provider charged it: synchronously, and in batch lines."""
+    by_digest = texts_by_digest(conn)
+    stats = model.stats()
+    sync = {by_digest[d]: n for d, n in stats["input_success_counts"].items()}
+    lines = dict(
+        rows(conn, "SELECT DISTINCT custom_id, chunk_ids FROM replayable.provider_batch_lines")
+    )
+    batch: dict[str, int] = {}
+    for custom_id, times in stats["batch_line_charges"].items():
+        for chunk_id in lines[custom_id]:
+            batch[chunk_id] = batch.get(chunk_id, 0) + times
+    return sync, batch
+
+
+def test_a_sync_run_never_buys_chunks_a_live_batch_holds_and_collects_them_when_it_ends(
+    conn, dsn, model
+):
+    """Sync and batch mode over the same chunks: a sync run over documents whose chunks a
+    provider batch is embedding buys only the chunks no submission holds; the documents that
+    need the held ones are released without spending an attempt, and a later sync run takes
+    their vectors from the batch once it has ended. Each chunk is charged once, in one mode,
+    and the ledger records both."""
+    batched = seed_documents(conn, 2, shared=BOILERPLATE, tag="b")
+    later = seed_documents(conn, 1, shared=BOILERPLATE, tag="s")
+    docs = sorted(batched + later)
+    run(ChunkSpec(config=CHUNKS, connect=connect_to(dsn)), dsn, docs)
+    chunks = count(conn, "SELECT count(DISTINCT chunk_id) FROM replayable.doc_chunks")
+    model.set_faults(batch_delay_s=4)
+    submitter = embed_spec(model.base_url, dsn, per_call=8)
+    submitter.mode, submitter.batches = "batch", batch_api(model)
+    first = run(submitter, dsn, batched, owner="batch")
+    assert first.systemic is not None and first.systemic.error_class == "batch_waiting"
+    held = {c for (c,) in rows(conn, "SELECT chunk_id FROM replayable.provider_batch_chunks")}
+    assert held & shared_chunks(conn, docs)
+
+    # Without the Batch API at hand, the sync pass leaves them to wait for the batch.
+    sync = embed_spec(model.base_url, dsn, per_call=8)
+    second = run(sync, dsn, docs, owner="sync")
+
+    assert second.systemic is not None and second.systemic.error_class == "batch_waiting"
+    assert rows(
+        conn,
+        "SELECT DISTINCT status, attempts, error_class FROM replayable.stage_runs"
+        " WHERE stage = 'embed'",
+    ) == [("failed", 0, "batch_waiting")]
+    paid_sync, _ = bought(conn, model)
+    assert not held & set(paid_sync)  # none of the held chunks bought again
+    assert (
+        set(paid_sync)
+        == {  # the later document's own chunks were
+            c
+            for (c,) in rows(
+                conn, "SELECT chunk_id FROM replayable.doc_chunks WHERE doc_id = %s", later[0]
+            )
+        }
+        - held
+    )
+
+    (batch_id,) = sync.waiting_on
+    api = batch_api(model)
+    wait_for(lambda: api.get(batch_id).finished, timeout_s=30)
+    # With it, the sync pass collects the batch that has ended, as a batch-mode pass would.
+    sync.batches = api
+    third = run(sync, dsn, docs, owner="sync-again")
+
+    assert sorted(third.done) == docs
+    paid_sync, paid_batch = bought(conn, model)
+    assert set(paid_sync.values()) == set(paid_batch.values()) == {1}
+    assert not set(paid_sync) & set(paid_batch)
+    assert len(paid_sync) + len(paid_batch) == chunks
+    assert rows(
+        conn,
+        "SELECT mode, sum(n_inputs) FROM replayable.model_calls WHERE status = 'ok'"
+        " GROUP BY mode ORDER BY mode",
+    ) == [("batch", len(paid_batch)), ("sync", len(paid_sync))]
+    assert count(conn, "SELECT count(*) FROM replayable.provider_batch_chunks") == 0
+
+
+def test_a_batch_never_claims_a_chunk_a_sync_request_is_buying(conn, dsn, model):
+    """A submission claims its chunks under the locks a sync request holds while it buys
+    them: it waits for the request, and leaves out the chunks that request stored."""
+    docs = seed_documents(conn, 2, tag="r")
+    run(ChunkSpec(config=CHUNKS, connect=connect_to(dsn)), dsn, docs)
+    ((bought_by_sync,),) = rows(
+        conn, "SELECT min(chunk_id) FROM replayable.doc_chunks WHERE doc_id = %s", docs[0]
+    )
+    peer = db.connect(dsn)  # a sync request in flight: it holds the chunk's lock
+    with peer.cursor() as cur:
+        cur.execute(
+            "SELECT pg_advisory_xact_lock(hashtextextended(%s || '/' || %s, 0))",
+            (bought_by_sync, "m"),
+        )
+    model.set_faults(batch_delay_s=1)
+    submitter = embed_spec(model.base_url, dsn, per_call=8)
+    submitter.mode, submitter.batches = "batch", batch_api(model)
+    outcome = {}
+    passing = threading.Thread(target=lambda: outcome.update(result=run(submitter, dsn, docs)))
+    passing.start()
+    try:
+
+        def claiming_or_claimed() -> bool:
+            """The pass has checked what is missing, and waits to claim it (or has)."""
+            return bool(
+                count(
+                    conn,
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted",
+                )
+                or count(conn, "SELECT count(*) FROM replayable.provider_batches")
+            )
+
+        wait_for(claiming_or_claimed)
+        with peer.cursor() as cur:
+            cur.execute(
+                "INSERT INTO replayable.embeddings (chunk_id, model, dim, embedding)"
+                " VALUES (%s, 'm', 3, '[1, 0, 0]')",
+                (bought_by_sync,),
+            )
+        peer.commit()  # the request stored its answer
+    finally:
+        passing.join(timeout=60)
+        peer.close()
+    assert "result" in outcome
+    claimed = rows(
+        conn,
+        "SELECT submission FROM replayable.provider_batch_lines WHERE %s = ANY(chunk_ids)",
+        bought_by_sync,
+    )
+    assert claimed == []
+
