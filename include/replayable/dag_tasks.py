@@ -74,6 +74,7 @@ def plan(
     def record_and_plan(conn: db.Connection) -> tuple[int, list[dict[str, Any]]]:
         db.migrate(conn)
         documents = _record_documents(conn, settings, context)
+        pipeline.record_embed_mode(conn, settings, dag_id=ti.dag_id, run_id=ti.run_id)
         batches = pipeline.plan_batches(
             conn,
             settings,

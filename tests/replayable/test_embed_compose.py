@@ -21,6 +21,7 @@ from test_runner import (
     wait_for,
 )
 
+from checks import subset
 from replayable import db
 from replayable.stages.chunk.spec import ChunkSpec
 from replayable.stages.embed.batch_api import BatchApi
@@ -224,3 +225,17 @@ def test_a_batch_never_claims_a_chunk_a_sync_request_is_buying(conn, dsn, model)
     )
     assert claimed == []
 
+
+def test_a_run_records_the_embed_mode_its_sweep_reruns_in(run_in_process, conn, model, tmp_path):
+    """The plan records each run's embed mode with the run, which the sweep reads back for
+    the items the run left (tests/replayable/test_sweeper.py)."""
+    model.set_faults(batch_delay_s=0.1)
+    batched = run_in_process(
+        {"source": str(subset(tmp_path, 1)), "embed_mode": "batch", "batch_poll_s": 0.1}
+    )
+    plain = run_in_process({"source": str(subset(tmp_path, 2))})
+    assert not batched["_failed"] and not plain["_failed"]
+    assert rows(conn, "SELECT run_id, embed_mode FROM replayable.runs ORDER BY created_at") == [
+        (batched["run_id"], "batch"),
+        (plain["run_id"], "sync"),
+    ]
