@@ -21,8 +21,9 @@ from test_runner import (
     wait_for,
 )
 
-from checks import subset
+from checks import assert_nothing_lost, subset
 from replayable import db
+from replayable.stages import extract
 from replayable.stages.chunk.spec import ChunkSpec
 from replayable.stages.embed.batch_api import BatchApi
 
@@ -239,3 +240,40 @@ def test_a_run_records_the_embed_mode_its_sweep_reruns_in(run_in_process, conn, 
         (batched["run_id"], "batch"),
         (plain["run_id"], "sync"),
     ]
+
+
+def test_a_sync_run_over_documents_a_batch_embeds_waits_for_it_and_buys_nothing(
+    run_in_process, conn, dsn, model, tmp_path
+):
+    """A plain run (sync mode) over documents whose chunks a batch-mode submission holds: its
+    embed task buys none of them, waits for the batch (on the triggerer, while it runs) and
+    takes the vectors from it; the ledger records the batch's lines, each charged once."""
+    from replayable.settings import PipelineSettings
+
+    folder = subset(tmp_path, 3)
+    first = run_in_process({"source": str(folder), "stages": ["extract", "chunk"]})
+    assert not first["_failed"], first["_tasks"]
+    defaults = PipelineSettings()
+    submitter = embed_spec(model.base_url, dsn, per_call=8)
+    submitter.model = submitter.provider.model = "text-embedding-3-small"
+    submitter.chunker_key = defaults.chunk_config.key
+    submitter.extractor_version = extract.extractor_id(defaults.extractor)
+    submitter.mode, submitter.batches = "batch", batch_api(model)
+    submitter.batches.model = submitter.model
+    model.set_faults(batch_delay_s=10)
+    docs = [d for (d,) in rows(conn, "SELECT doc_id FROM replayable.documents ORDER BY 1")]
+    submitted = run(submitter, dsn, docs, owner="batch")
+    assert submitted.systemic is not None and submitted.systemic.error_class == "batch_waiting"
+
+    second = run_in_process({"source": str(folder), "batch_poll_s": 0.1})
+
+    assert not second["_failed"], second["_tasks"]
+    assert second["stages"]["embed"]["done"] == 3
+    stats = model.stats()
+    assert stats["charged"] == 0  # no chunk bought synchronously
+    assert set(stats["batch_line_charges"].values()) == {1}
+    assert rows(conn, "SELECT DISTINCT mode FROM replayable.model_calls WHERE status = 'ok'") == [
+        ("batch",)
+    ]
+    assert count(conn, "SELECT count(*) FROM replayable.provider_batch_chunks") == 0
+    assert_nothing_lost(conn)
