@@ -400,11 +400,11 @@ class _EmbedBatch:
     def _failed(self, request: _Request) -> list[list[str]]:
         """Attribute a failed request to its items; return smaller requests to send instead.
 
-        A request refused as bad (terminal) that carries several documents' chunks is split,
-        each part strictly smaller than it, so that only the documents holding the bad input
-        fail, in a number of requests bounded by its chunks (ADR 0129): by document when every
-        document's part is smaller, else in halves. A single chunk refused as bad fails every
-        document that holds it, with the chunk named in the error.
+        A request refused as bad (terminal) that carries several documents' chunks is split
+        into parts that partition it, so that only the documents holding the bad input fail,
+        in at most twice as many requests as it has chunks (ADR 0129): by document when no
+        two of them share a chunk of it, else in halves. A single chunk refused as bad fails
+        every document that holds it, with the chunk named in the error.
         """
         assert request.error is not None
         error = classify(request.error)
@@ -412,25 +412,25 @@ class _EmbedBatch:
             return []  # the batch is stopping (see _send); no item is to blame
         chunk_ids = request.chunk_ids
         owners = {item.item_key: item for cid in chunk_ids for item in self.users[cid]}
+        if error.kind is ErrorKind.TERMINAL and len(chunk_ids) == 1:
+            refused = ItemError(
+                error.error_class,
+                f"the provider refused chunk {chunk_ids[0]} (held by {len(owners)} "
+                f"document(s) of this batch): {request.error}",
+                ErrorKind.TERMINAL,
+            )
+            for key in owners:
+                self.errors.setdefault(key, refused)
+            return []
         if error.kind is ErrorKind.TERMINAL and len(owners) > 1:
-            if len(chunk_ids) == 1:
-                refused = ItemError(
-                    error.error_class,
-                    f"the provider refused chunk {chunk_ids[0]}, which this document shares "
-                    f"with {len(owners) - 1} other(s) in its batch: {request.error}",
-                    ErrorKind.TERMINAL,
-                )
-                for key in owners:
-                    self.errors.setdefault(key, refused)
-                return []
             parts = list(
                 dict.fromkeys(
                     tuple(cid for cid in chunk_ids if item in self.users[cid])
                     for item in owners.values()
                 )
             )
-            if all(len(part) < len(chunk_ids) for part in parts):
-                return [list(part) for part in parts]
+            if len(parts) > 1 and sum(map(len, parts)) == len(chunk_ids):
+                return [list(part) for part in parts]  # no chunk in two parts
             half = len(chunk_ids) // 2
             return [chunk_ids[:half], chunk_ids[half:]]
         for key in owners:
