@@ -77,6 +77,7 @@ def plan(
         pipeline.record_run_settings(
             conn, dag_id=ti.dag_id, run_id=ti.run_id, params=dict(context["params"])
         )
+        pipeline.record_embed_mode(conn, settings, dag_id=ti.dag_id, run_id=ti.run_id)
         batches = pipeline.plan_batches(
             conn,
             settings,

@@ -244,6 +244,18 @@ def rerun_params(rerun: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def record_embed_mode(
+    conn: Connection, settings: PipelineSettings, *, dag_id: str, run_id: str
+) -> None:
+    """Record the run's embed mode with the run, for a sweep to re-run what it leaves in the
+    same mode (ADR 0130). The caller commits."""
+    execute(
+        conn,
+        "plan/run_embed_mode",
+        {"dag_id": dag_id, "run_id": run_id, "embed_mode": settings.embed_mode},
+    )
+
+
 # batch_size "auto" (ADR 0104): this many batches per parallel slot, each of at least
 # AUTO_MIN_BATCH documents (a small run is one batch) and at most the largest batch_size.
 BATCHES_PER_SLOT = 2

@@ -5,8 +5,9 @@ cap. Each pipeline has a sweeper DAG of its own (ADR 0042, 0109). Its sweep sele
 the pipeline's own runs left failed, through the partial index of current failed rows, at
 most ``max_items`` of them, oldest first, and turns them into one ``rerun`` conf of that
 pipeline per stage (a document failed in two stages is re-run from the earlier one, which
-redoes the later one too), and one per stage and settings for the items failed under the
-settings a run recorded (ADR 0135). Nothing here imports Airflow.
+redoes the later one too); one per stage and settings for the items failed under the
+settings a run recorded (ADR 0135); and per embed mode: an item is re-run in the mode its
+run used (ADR 0130). Nothing here imports Airflow.
 """
 
 from __future__ import annotations
@@ -19,6 +20,10 @@ from typing import Any
 
 from replayable.db import Connection, fetch_all
 from replayable.keys import sha256_bytes
+from replayable.settings import PipelineSettings
+
+# A re-run's conf names its embed mode only when it is not the default one.
+_DEFAULT_EMBED_MODE = PipelineSettings.embed_mode
 
 
 @dataclass(frozen=True)
@@ -33,11 +38,13 @@ class UnderSettings:
 @dataclass(frozen=True)
 class Sweep:
     """What one sweep found: document ids per stage, in pipeline order, and the oldest;
+    per stage, the embed mode each document's run used, where it is not the default; and
     ``other``: those failed under a run's own settings, per stage and settings."""
 
     by_stage: dict[str, list[str]] = field(default_factory=dict)
     oldest: datetime | None = None
     other: list[UnderSettings] = field(default_factory=list)
+    embed_modes: dict[str, dict[str, str]] = field(default_factory=dict)
 
     @property
     def items(self) -> int:
@@ -97,25 +104,59 @@ def select_failed(
         for (group_stage, settings), docs in sorted(others.items())
         if group_stage == stage
     ]
-    return Sweep(ordered, oldest, other)
+    return Sweep(ordered, oldest, other, _embed_modes(conn, ordered, params))
+
+
+def _embed_modes(
+    conn: Connection, chosen: Mapping[str, list[str]], params: Mapping[str, Any]
+) -> dict[str, dict[str, str]]:
+    """Per stage, the chosen documents whose runs used an embed mode other than the default."""
+    if not chosen:
+        return {}
+    rows = fetch_all(
+        conn,
+        "plan/sweep_embed_modes",
+        {
+            "dag_id": params["dag_id"],
+            "stages": params["stages"],
+            "spec_hashes": params["spec_hashes"],
+            "doc_ids": sorted({d for docs in chosen.values() for d in docs}),
+        },
+    )
+    conn.commit()
+    modes: dict[str, dict[str, str]] = {}
+    for row in rows:
+        if row["doc_id"] in chosen.get(row["stage"], ()) and row["embed_mode"] != (
+            _DEFAULT_EMBED_MODE
+        ):
+            modes.setdefault(row["stage"], {})[row["doc_id"]] = row["embed_mode"]
+    return modes
 
 
 def rerun_requests(sweep: Sweep, *, sweep_run_id: str, max_attempts: int) -> list[dict[str, Any]]:
-    """One ``TriggerDagRunOperator`` argument set per stage: a run id and a ``rerun`` conf.
+    """One ``TriggerDagRunOperator`` argument set per stage and embed mode: a run id and a
+    ``rerun`` conf.
 
     The run id is derived from the sweep's, so a retried sweep cannot start a second run for
-    the same stage; ``max_attempts`` goes along so the re-run's cap is the sweep's.
+    the same stage; ``max_attempts`` goes along so the re-run's cap is the sweep's, and the
+    ``embed_mode`` of the items' runs where it is not the default (ADR 0130).
     """
-    requests = [
-        {
-            "trigger_run_id": f"sweep__{stage}__{sweep_run_id}",
-            "conf": {
-                "rerun": {"stage": stage, "status": ["failed"], "doc_ids": doc_ids},
+    requests = []
+    for stage, doc_ids in sweep.by_stage.items():
+        modes = sweep.embed_modes.get(stage, {})
+        by_mode: dict[str | None, list[str]] = {}
+        for doc_id in doc_ids:
+            by_mode.setdefault(modes.get(doc_id), []).append(doc_id)
+        for mode, docs in sorted(by_mode.items(), key=lambda entry: entry[0] or ""):
+            conf: dict[str, Any] = {
+                "rerun": {"stage": stage, "status": ["failed"], "doc_ids": docs},
                 "max_attempts": max_attempts,
-            },
-        }
-        for stage, doc_ids in sweep.by_stage.items()
-    ]
+            }
+            run_id = f"sweep__{stage}__{sweep_run_id}"
+            if mode is not None:
+                conf["embed_mode"] = mode
+                run_id = f"sweep__{stage}__{mode}__{sweep_run_id}"
+            requests.append({"trigger_run_id": run_id, "conf": conf})
     for group in sweep.other:
         # The run's own settings and cap, if higher; its id names the settings' digest.
         digest = sha256_bytes(json.dumps(group.settings, sort_keys=True).encode())[:12]

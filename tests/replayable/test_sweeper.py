@@ -342,3 +342,59 @@ def test_a_sweep_rerun_under_a_runs_settings_finishes_its_item_under_them(
     assert rows(
         conn, "SELECT item_key, status FROM replayable.stage_runs WHERE stage = 'chunk'"
     ) == [(key, "done")]
+
+
+def ran_under(conn, n: int, stage: str, run_id: str, embed_mode: str) -> None:
+    """Document ``n``'s item in ``stage`` was last taken by run ``run_id`` in ``embed_mode``."""
+    with conn.cursor() as cur:
+        cur.execute(
+            "INSERT INTO replayable.runs (dag_id, run_id) VALUES (%s, %s) ON CONFLICT DO NOTHING",
+            (PIPELINE, run_id),
+        )
+        cur.execute(
+            "UPDATE replayable.runs SET embed_mode = %s WHERE dag_id = %s AND run_id = %s",
+            (embed_mode, PIPELINE, run_id),
+        )
+        cur.execute(
+            "UPDATE replayable.stage_runs SET run_id = %s WHERE stage = %s AND doc_id = %s",
+            (run_id, stage, doc(n)),
+        )
+    conn.commit()
+
+
+def test_an_item_a_batch_mode_run_left_is_rerun_in_batch_mode(conn):
+    """A re-run whose conf dropped ``embed_mode`` would buy a batch's chunks in sync mode, at
+    the sync price: the sweep keeps the mode each item's run used (ADR 0130)."""
+    add_item(conn, 1, "embed")
+    add_item(conn, 2, "embed")
+    add_item(conn, 3, "embed")
+    add_item(conn, 4, "chunk")
+    ran_under(conn, 1, "embed", "batched", "batch")
+    ran_under(conn, 2, "embed", "synced", "sync")
+    ran_under(conn, 4, "chunk", "batched", "batch")
+    requests = sweeper.rerun_requests(select(conn), sweep_run_id="scheduled__x", max_attempts=3)
+    assert requests == [
+        {
+            "trigger_run_id": "sweep__chunk__batch__scheduled__x",
+            "conf": {
+                "rerun": {"stage": "chunk", "status": ["failed"], "doc_ids": [doc(4)]},
+                "max_attempts": 3,
+                "embed_mode": "batch",
+            },
+        },
+        {
+            "trigger_run_id": "sweep__embed__scheduled__x",
+            "conf": {
+                "rerun": {"stage": "embed", "status": ["failed"], "doc_ids": [doc(2), doc(3)]},
+                "max_attempts": 3,
+            },
+        },
+        {
+            "trigger_run_id": "sweep__embed__batch__scheduled__x",
+            "conf": {
+                "rerun": {"stage": "embed", "status": ["failed"], "doc_ids": [doc(1)]},
+                "max_attempts": 3,
+                "embed_mode": "batch",
+            },
+        },
+    ]

@@ -134,10 +134,9 @@ class EmbedStage(Stage):
             retry=retry,
         )
         ctx.stack.callback(client.close)
-        batches = None
-        if settings.embed_mode == "batch":
-            batches = hook.get_batch_api(model=choice.model, retry=retry)
-            ctx.stack.callback(batches.close)
+        # Sync mode too: it collects a provider batch that holds its chunks (ADR 0130).
+        batches = hook.get_batch_api(model=choice.model, retry=retry)
+        ctx.stack.callback(batches.close)
         return EmbedSpec(
             provider=client,
             mode=settings.embed_mode,

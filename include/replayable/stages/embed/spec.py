@@ -24,12 +24,12 @@ import psycopg2
 from replayable.budget import RequestBudget
 from replayable.db import Connection, Database, fetch_all
 from replayable.keys import item_key
-from replayable.retry import ErrorKind, ItemError, classify
+from replayable.retry import Classified, ErrorKind, ItemError, classify
 from replayable.runner import BatchIO, StageSpec, WorkItem
 from replayable.settings import EMBED_MODES
 from replayable.stages import embed, extract
 from replayable.stages.embed.batch_api import BatchApi
-from replayable.stages.embed.batch_mode import BatchLimits, BatchModeEmbed
+from replayable.stages.embed.batch_mode import BATCH_WAITING, BatchLimits, BatchModeEmbed
 from replayable.stages.embed.client import CallRecord, EmbeddingProvider, EmbeddingResult
 from replayable.stages.embed.packing import (
     MAX_TOKENS_PER_INPUT,
@@ -44,11 +44,13 @@ from replayable.stages.model_calls import FailureStreak, Sessions, correct_token
 
 @dataclass
 class _Request:
-    """The outcome of one packed request: chunks stored, chunks a peer held, or an error."""
+    """The outcome of one packed request: chunks stored, chunks a peer held, chunks a provider
+    batch holds, or an error."""
 
     chunk_ids: list[str]
     stored: list[str] = field(default_factory=list)
     busy: list[str] = field(default_factory=list)
+    in_batch: list[str] = field(default_factory=list)
     error: BaseException | None = None
     counted: bool = False  # its failure is in the streak already (see _EmbedBatch._turn)
 
@@ -66,7 +68,12 @@ class EmbedSpec(StageSpec):
     last only for that transaction, so a vector is never paid for twice and never lost to a
     later failure. A worker never waits while holding locks: chunks a peer holds are left
     for a later round. A request that a provider refuses as bad (a 4xx) is split by
-    document, so that only the document with the bad input is dead-lettered.
+    document, so that only the document with the bad input is dead-lettered (ADR 0129).
+
+    Whatever the mode, a chunk that a provider batch not collected yet holds is never bought
+    again (ADR 0130): in sync mode its documents are handed to a batch-mode pass, which
+    collects that batch once it has ended, or are released to wait for it without spending
+    an attempt.
     """
 
     # A document whose embed item is done is ready: it announces document.ready (ADR 0040).
@@ -181,8 +188,47 @@ class EmbedSpec(StageSpec):
     def process(self, items: Sequence[WorkItem], io: BatchIO) -> None:
         if self.mode == "batch":
             BatchModeEmbed(self, items, io).run()
-        else:
-            _EmbedBatch(self, items, io).run()
+            return
+        in_batch = _EmbedBatch(self, items, io).run()
+        if in_batch and not io.stopping:
+            self._wait_for_batches(in_batch, io)
+
+    def _wait_for_batches(self, items: list[WorkItem], io: BatchIO) -> None:
+        """Leave items whose chunks provider batches hold to those batches (ADR 0130).
+
+        With the Batch API at hand, a batch-mode pass takes them: it collects a batch that
+        has ended and waits for one that runs, as a batch-mode run would. Without it, they
+        are released without spending an attempt, and the task waits for the batches.
+        """
+        if self.batches is not None:
+            BatchModeEmbed(self, items, io).run()
+            return
+        database = self.connect()
+        try:
+            live = database.transaction(
+                lambda conn: fetch_all(
+                    conn,
+                    "batches/live_submissions",
+                    {
+                        "model": self.model,
+                        "chunk_ids": sorted({c for i in items for c in i.payload}),
+                    },
+                ),
+                describe="embed: live batches",
+            )
+        finally:
+            database.close()
+        self.waiting_on = sorted(
+            sub["batch_id"] or f"submission:{sub['submission']}" for sub in live
+        )
+        io.stop(
+            Classified(
+                BATCH_WAITING,
+                ErrorKind.SYSTEMIC,
+                f"{len(items)} document(s) wait for chunks that {len(live)} provider "
+                "batch(es) hold: " + ", ".join(self.waiting_on[:5]),
+            )
+        )
 
 
 class _EmbedBatch:
@@ -199,6 +245,10 @@ class _EmbedBatch:
         self.errors: dict[str, BaseException] = {}
         self.tokens: dict[str, int] = {}  # estimated, by chunk
         self.too_long: set[str] = set()
+        # Chunks a provider batch not collected yet holds (never bought here), and the items
+        # that wait for them.
+        self.held: set[str] = set()
+        self.in_batch: set[str] = set()
         self.streak = FailureStreak(spec.systemic_after)
         self.sessions = Sessions(spec.connect)
         # This task's own cap on requests in flight (a run's max_in_flight may only lower
@@ -208,7 +258,9 @@ class _EmbedBatch:
         # database connection so that storing them again never pays again.
         self._answered: dict[str, tuple[EmbeddingResult, list[CallRecord]]] = {}
 
-    def run(self) -> None:
+    def run(self) -> list[WorkItem]:
+        """Embed the items' chunks and report their outcomes; return the items left to wait
+        for chunks that a provider batch holds (unreported)."""
         # One pool for every round: each thread keeps its one connection while the batch
         # waits round after round for chunks a peer holds. Twice as many senders as slots:
         # while one stores and commits its answer, another already holds the slot it freed,
@@ -220,13 +272,17 @@ class _EmbedBatch:
         finally:
             self._threads.shutdown()
             self.sessions.close()
+        waiting: list[WorkItem] = []
         for item in self.items:
             error = self.errors.get(item.item_key)
             if error is not None:
                 self.io.failed(item, error)
+            elif item.item_key in self.in_batch:
+                waiting.append(item)
             elif not self.io.stopping:
                 self.io.done(item)
             # Stopping: the runner releases the rest without spending their attempts.
+        return waiting
 
     def _run(self) -> None:
         spec = self.spec
@@ -241,6 +297,8 @@ class _EmbedBatch:
         self.tokens = {row["chunk_id"]: estimate_tokens(row["bytes"]) for row in missing}
         self._refuse_too_long()
         pending = sorted(cid for cid in self.tokens if cid not in self.too_long)
+        self.held = self._in_batches(pending)
+        pending = [cid for cid in pending if cid not in self.held]
         solo: list[list[str]] = []
         first_round = True
         deadline = time.monotonic() + spec.wait_for_peer_s
@@ -251,7 +309,8 @@ class _EmbedBatch:
                 max_inputs=spec.inputs_per_call,
                 max_tokens=spec.request_tokens,
             )
-            requests += solo
+            # Parts of a refused request, less the chunks no live item of ours needs now.
+            requests += [part for part in map(self._still_wanted, solo) if part]
             solo = []
             busy: list[str] = []
             if first_round and len(requests) > 1:
@@ -260,11 +319,13 @@ class _EmbedBatch:
                 probe = self._send(requests[0])
                 requests = requests[1:]
                 busy += probe.busy
+                self.held.update(probe.in_batch)
                 if probe.error is not None:
                     solo += self._failed(probe)
             first_round = False
             for request in self._threads.map(self._send, [] if self.io.stopping else requests):
                 busy += request.busy
+                self.held.update(request.in_batch)
                 if request.error is not None:
                     solo += self._failed(request)
             pending = self._still_missing(busy)
@@ -283,14 +344,19 @@ class _EmbedBatch:
                 time.sleep(spec.peer_poll_s)  # no locks are held while waiting
         if self.io.stopping:
             return
-        # The ledger only says done when every chunk of the item has its vector.
+        # The ledger only says done when every chunk of the item has its vector; one that
+        # waits for a provider batch is left to it, the rest are incomplete.
         unfinished = self._still_missing(list(self.users))
+        held = self._in_batches([cid for cid in unfinished if cid in self.held])
         incomplete = ItemError(
             "incomplete", "some chunks have no embedding yet", ErrorKind.RETRYABLE
         )
         for cid in unfinished:
             for item in self.users[cid]:
-                self.errors.setdefault(item.item_key, incomplete)
+                if cid in held:
+                    self.in_batch.add(item.item_key)
+                else:
+                    self.errors.setdefault(item.item_key, incomplete)
 
     def _refuse_too_long(self) -> None:
         """Fail the documents of chunks past the per-input limit, before anything is sent."""
@@ -307,6 +373,20 @@ class _EmbedBatch:
             for item in self.users[chunk_id]
         )
 
+    def _still_wanted(self, chunk_ids: list[str]) -> list[str]:
+        return [cid for cid in chunk_ids if cid not in self.held and self._wanted(cid)]
+
+    def _in_batches(self, chunk_ids: list[str]) -> set[str]:
+        """Which of ``chunk_ids`` a provider batch not collected yet holds."""
+        if not chunk_ids:
+            return set()
+        params = {"model": self.spec.model, "chunk_ids": sorted(chunk_ids)}
+        rows = self.sessions.get().transaction(
+            lambda conn: fetch_all(conn, "batches/held_chunks", params),
+            describe="embed: held by batches",
+        )
+        return {row["chunk_id"] for row in rows}
+
     def _still_missing(self, chunk_ids: list[str]) -> list[str]:
         if not chunk_ids:
             return []
@@ -318,18 +398,41 @@ class _EmbedBatch:
         return [row["chunk_id"] for row in rows]
 
     def _failed(self, request: _Request) -> list[list[str]]:
-        """Attribute a failed request to its items; return per-item requests to retry alone."""
+        """Attribute a failed request to its items; return smaller requests to send instead.
+
+        A request refused as bad (terminal) that carries several documents' chunks is split
+        into parts that partition it, so that only the documents holding the bad input fail,
+        in at most twice as many requests as it has chunks (ADR 0129): by document when no
+        two of them share a chunk of it, else in halves. A single chunk refused as bad fails
+        every document that holds it, with the chunk named in the error.
+        """
         assert request.error is not None
         error = classify(request.error)
         if error.kind is ErrorKind.SYSTEMIC or error.error_class == "not_attempted":
             return []  # the batch is stopping (see _send); no item is to blame
-        owners = {item.item_key: item for cid in request.chunk_ids for item in self.users[cid]}
+        chunk_ids = request.chunk_ids
+        owners = {item.item_key: item for cid in chunk_ids for item in self.users[cid]}
+        if error.kind is ErrorKind.TERMINAL and len(chunk_ids) == 1:
+            refused = ItemError(
+                error.error_class,
+                f"the provider refused chunk {chunk_ids[0]} (held by {len(owners)} "
+                f"document(s) of this batch): {request.error}",
+                ErrorKind.TERMINAL,
+            )
+            for key in owners:
+                self.errors.setdefault(key, refused)
+            return []
         if error.kind is ErrorKind.TERMINAL and len(owners) > 1:
-            # One bad input fails the whole request: send each document's part on its own.
-            return [
-                [cid for cid in request.chunk_ids if item in self.users[cid]]
-                for item in owners.values()
-            ]
+            parts = list(
+                dict.fromkeys(
+                    tuple(cid for cid in chunk_ids if item in self.users[cid])
+                    for item in owners.values()
+                )
+            )
+            if len(parts) > 1 and sum(map(len, parts)) == len(chunk_ids):
+                return [list(part) for part in parts]  # no chunk in two parts
+            half = len(chunk_ids) // 2
+            return [chunk_ids[:half], chunk_ids[half:]]
         for key in owners:
             self.errors.setdefault(key, request.error)
         return []
@@ -368,7 +471,7 @@ class _EmbedBatch:
     def _send_in(self, conn: Connection, request: _Request) -> None:
         """Lock, re-check, call and store one request, all in one transaction."""
         spec = self.spec
-        request.stored, request.error = [], None
+        request.stored, request.in_batch, request.error = [], [], None
         key = _request_key(spec, request.chunk_ids)
         answered = self._answered.get(key)
         if answered is None:
@@ -384,10 +487,24 @@ class _EmbedBatch:
                 )
             }
             request.busy = [cid for cid in request.chunk_ids if cid not in locked]
+            # Under their locks, which a submission's claim takes too (reserve_chunks): a
+            # chunk a provider batch holds is that batch's to buy (ADR 0130).
+            request.in_batch = [
+                row["chunk_id"]
+                for row in fetch_all(
+                    conn,
+                    "batches/held_chunks",
+                    {"model": spec.model, "chunk_ids": sorted(locked)},
+                )
+            ]
             todo = fetch_all(
                 conn,
                 "stages/chunks_missing_embedding",
-                {"chunk_ids": sorted(locked), "model": spec.model, "with_text": True},
+                {
+                    "chunk_ids": sorted(locked.difference(request.in_batch)),
+                    "model": spec.model,
+                    "with_text": True,
+                },
             )
             if not todo:
                 return
@@ -416,10 +533,11 @@ class _EmbedBatch:
                     failure, request.counted = error, True
                     self._failure(error)
             if failure is not None:
-                # The failed tries are billable records too; commit them, then report.
+                # The failed tries are billable records too; commit them, then report. The
+                # failure is the chunks sent's, not those a peer held or had stored.
                 correct_tokens(spec.budget, estimate, calls, spec.name)
                 self._record(conn, ids, calls)
-                request.error = failure
+                request.chunk_ids, request.error = ids, failure
                 return
             answered = (result, calls)
             self._answered[key] = answered  # kept before anything else can fail
