@@ -254,10 +254,9 @@ def _batch_spec(dsn, model, **overrides):
         chunker_key=CHUNKS.key,
         connect=connect,
         budget=RequestBudget(model.base_url, 4),
-        inputs_per_call=2,
         mode="batch",
         batches=api,
-        **overrides,
+        **{"inputs_per_call": 2, **overrides},
     )
     return spec, connect
 

@@ -1,0 +1,26 @@
+-- Batch submissions that cannot be advanced, and lines a provider refused or lost
+-- (ADR 0130, 0131).
+--
+-- A submission counts the passes that could not advance it (its batch, its files or its
+-- results unreadable); at the cap it is abandoned with the last error's class and message,
+-- and its chunk claims are freed.
+ALTER TABLE replayable.provider_batches
+    ADD COLUMN IF NOT EXISTS tries int NOT NULL DEFAULT 0,
+    ADD COLUMN IF NOT EXISTS error_class text,
+    ADD COLUMN IF NOT EXISTS error text;
+ALTER TABLE replayable.provider_batches DROP CONSTRAINT IF EXISTS provider_batches_status_check;
+ALTER TABLE replayable.provider_batches ADD CONSTRAINT provider_batches_status_check
+    CHECK (status IN ('submitting', 'waiting', 'collected', 'abandoned'));
+
+-- A line's new ends: refused (the provider answered its input as bad, a terminal 4xx: a
+-- line of one chunk names a bad chunk, a line of several makes each of them sent alone);
+-- lost (a completed batch returned no result for it: it may have been charged, so it is
+-- never sent again); abandoned (its submission was).
+ALTER TABLE replayable.provider_batch_lines
+    DROP CONSTRAINT IF EXISTS provider_batch_lines_status_check;
+ALTER TABLE replayable.provider_batch_lines ADD CONSTRAINT provider_batch_lines_status_check
+    CHECK (status IN ('submitted', 'done', 'failed', 'missing', 'resent', 'refused', 'lost',
+                      'abandoned'));
+CREATE INDEX IF NOT EXISTS provider_batch_lines_refused_idx
+    ON replayable.provider_batch_lines USING gin (chunk_ids)
+    WHERE status IN ('refused', 'lost');
