@@ -99,9 +99,9 @@ class Collector:
             return {}  # another worker collects it, or has
         results: dict[str, tuple[int, Any]] = {}
         for file_id in self.files:
-            for raw in self.embed.api.content(file_id).splitlines():
+            for number, raw in enumerate(self.embed.api.content(file_id).splitlines(), 1):
                 if raw.strip():
-                    custom_id, status, body = _result(json.loads(raw))
+                    custom_id, status, body = _result(raw, file_id, number)
                     results[custom_id] = (status, body)
         run_id = rows[0]["run_id"]
         if rows[0]["input_file_id"]:
@@ -230,13 +230,22 @@ class Collector:
         )
 
 
-def _result(line: Any) -> tuple[str, int, Any]:
-    """A result line's custom_id, HTTP status (0: never ran) and body."""
-    custom_id = str(line["custom_id"])
-    response = line.get("response")
-    if not response:
-        return custom_id, 0, line.get("error")  # expired or cancelled before it ran
-    return custom_id, int(response.get("status_code") or 0), response.get("body")
+def _result(raw: bytes, file_id: str, number: int) -> tuple[str, int, Any]:
+    """A result line's custom_id, HTTP status (0: never ran) and body; ``bad_response``
+    for a line that is not one."""
+    try:
+        line = json.loads(raw)
+        custom_id = str(line["custom_id"])
+        response = line.get("response")
+        if not response:
+            return custom_id, 0, line.get("error")  # expired or cancelled before it ran
+        return custom_id, int(response.get("status_code") or 0), response.get("body")
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ItemError(
+            "bad_response",
+            f"line {number} of the provider's result file {file_id} is unreadable: {exc!r}",
+            ErrorKind.RETRYABLE,
+        ) from exc
 
 
 def _error_message(body: Any) -> str:

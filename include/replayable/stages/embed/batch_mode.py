@@ -32,12 +32,13 @@ import json
 import logging
 import uuid
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from replayable.db import Connection, Database, execute, execute_values, fetch_all
-from replayable.retry import Classified, ErrorKind, ItemError
+from replayable.retry import Classified, ErrorKind, ItemError, classify
 from replayable.runner import BatchIO, WorkItem
 from replayable.stages.embed.batch_api import (
     ENDPOINT,
@@ -57,6 +58,9 @@ log = logging.getLogger(__name__)
 
 # The error class of items released to wait for a provider batch (the operator defers).
 BATCH_WAITING = "batch_waiting"
+# A submission no pass can advance (its batch or results unreadable, its upload refused) is
+# abandoned at the end of this many passes that tried, its chunks freed (ADR 0131).
+SUBMISSION_TRIES = 3
 
 
 @dataclass(frozen=True)
@@ -136,7 +140,7 @@ class BatchModeEmbed:
         if not missing:
             return set()
         for sub in self._live(missing):
-            self._advance(sub)
+            self._try_to_advance(sub["submission"], partial(self._advance, sub))
         missing = [cid for cid in self._missing(missing) if not self._failed(cid)]
         missing = self._judge_refusals(missing)
         live = self._live(missing)
@@ -222,8 +226,68 @@ class BatchModeEmbed:
 
     # -- collecting --------------------------------------------------------------------
 
+    def _try_to_advance(self, submission: str, step: Callable[[], None]) -> None:
+        """Run ``step`` on a submission; if it fails, count the try against the submission
+        alone, so that documents without a chunk in it are not failed with it (ADR 0131).
+
+        A systemic failure (the key refused, no Batch API, the database gone) still stops
+        the batch without spending anyone's attempts.
+        """
+        try:
+            step()
+        except Exception as error:
+            classified = classify(error)
+            if classified.kind is ErrorKind.SYSTEMIC:
+                raise
+            self._stuck(submission, classified)
+
+    def _stuck(self, submission: str, error: Classified) -> None:
+        """Count a pass that could not advance ``submission``; at the cap, abandon it: its
+        chunks are freed and the items of this task that hold one fail with its error."""
+        params = {
+            "submission": submission,
+            "error_class": error.error_class,
+            "error": error.message[:2000],
+            "max_tries": SUBMISSION_TRIES,
+        }
+        found = self.db.transaction(
+            lambda conn: fetch_all(conn, "batches/submission_tried", params),
+            describe="embed: a submission not advanced",
+        )
+        if not found:
+            return  # collected or abandoned by a peer meanwhile
+        row = found[0]
+        if row["status"] != "abandoned":
+            log.warning(
+                "embed: submission %s not advanced (%d of %d tries): %s",
+                submission,
+                row["tries"],
+                SUBMISSION_TRIES,
+                error.message,
+            )
+            return
+        log.error("embed: submission %s abandoned: %s", submission, error.message)
+        failure = ItemError(
+            error.error_class,
+            f"submission {submission} (batch {row['batch_id'] or 'not created'}) was abandoned "
+            f"after {row['tries']} passes could not advance it: {error.message}",
+            ErrorKind.RETRYABLE,
+        )
+        for cid in row["chunk_ids"]:
+            for item in self.users.get(cid, ()):
+                self.errors.setdefault(item.item_key, failure)
+        if row["input_file_id"]:
+            self.forget_file(row["input_file_id"])
+
     def _advance(self, sub: dict[str, Any]) -> None:
         """Finish sending a submission left half-sent, or collect one whose batch ended."""
+        if sub["provider"] != self.api.base_url:
+            raise ItemError(
+                "batch_provider_changed",
+                f"submission {sub['submission']} was sent to {sub['provider']}; the model "
+                f"connection now points to {self.api.base_url}, which cannot read it",
+                ErrorKind.RETRYABLE,
+            )
         if sub["batch_id"] is None:
             self._send(sub["submission"])
             return
@@ -272,7 +336,7 @@ class BatchModeEmbed:
         for group in self._split(lines, texts):
             submission = uuid.uuid4().hex
             if self._record_submission(submission, group):
-                self._send(submission)
+                self._try_to_advance(submission, partial(self._send, submission))
 
     def _split(self, lines: list[_Line], texts: dict[str, str]) -> Iterable[list[_Line]]:
         limits = self.spec.batch_limits
