@@ -161,6 +161,16 @@ class Collector:
         """Record one line's billed call and keep its vectors in ``vectors``; return its
         status and error."""
         spec = self.spec
+        if status == 0 and self.job.status == "completed":
+            # A completed batch ran every line: one it returns nothing for may have been
+            # charged, so it is an error, never a line to send again (ADR 0130).
+            self._record(conn, custom_id, chunk_ids, run_id, "batch_line_lost", None, 0, None)
+            return "lost", ItemError(
+                "batch_line_lost",
+                f"batch {self.job.id} completed without a result for line {custom_id}; "
+                "the provider may have charged it",
+                ErrorKind.TERMINAL,
+            )
         if status == 0:
             # The batch ended before it ran (expired, cancelled): sent again as it was, the
             # first times; a line that keeps missing its window fails its items, and their
@@ -201,7 +211,7 @@ class Collector:
         chunk_ids: list[str],
         run_id: str | None,
         status: str,
-        http_status: int,
+        http_status: int | None,
         tokens: int,
         cost: float | None,
     ) -> None:

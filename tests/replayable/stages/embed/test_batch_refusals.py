@@ -140,3 +140,48 @@ def test_a_task_that_collects_anothers_refused_line_does_not_dead_letter_its_cle
     assert doc == ids["a"] and bad in error
     assert _charged_twice(model) == {}
     assert_nothing_lost(conn, one_version=False)
+
+
+def test_a_line_a_completed_batch_does_not_return_is_never_sent_again(
+    conn, dsn, model, monkeypatch
+):
+    """The provider completes a batch whose output lacks one line (charged, or not): the
+    line is not sent again, and its document ends dead naming the chunk."""
+    import json
+
+    from replayable.stages.embed.batch_api import BatchApi
+
+    texts = {"x": _body("alpha") + " The end of x.", "y": _body("gamma") + " The end of y."}
+    ids = _seed(conn, dsn, texts)
+    x_only = sorted(_chunks(texts["x"]) - _chunks(texts["y"]))
+    model.set_faults(batch_delay_s=0)
+    spec, connect = _batch_spec(dsn, model, inputs_per_call=1)  # a line per chunk
+    content, dropped = BatchApi.content, []
+
+    def without_one_line(self, file_id):
+        kept = []
+        for raw in content(self, file_id).splitlines():
+            line = json.loads(raw)
+            if not dropped and line["response"]["status_code"] == 200:
+                cid = rows(
+                    conn,
+                    "SELECT chunk_ids[1] FROM replayable.provider_batch_lines WHERE custom_id = %s",
+                    line["custom_id"],
+                )[0][0]
+                if cid == x_only[0]:
+                    dropped.append(cid)
+                    continue
+            kept.append(raw)
+        return b"\n".join(kept) + b"\n"
+
+    monkeypatch.setattr(BatchApi, "content", without_one_line)
+    _settle(spec, connect, sorted(ids.values()))
+    assert dropped == [x_only[0]]
+    states = _states(conn)
+    assert states[ids["y"]] == ("done", 1)
+    assert states[ids["x"]][0] == "dead"
+    ((error_class, error),) = rows(conn, "SELECT error_class, error FROM replayable.dead_letters")
+    assert error_class == "batch_line_lost" and x_only[0] in error
+    assert _lines_with(conn, x_only[0]) == 1
+    assert _charged_twice(model) == {}
+    assert_nothing_lost(conn, one_version=False)
