@@ -1,5 +1,5 @@
--- Batch submissions that cannot be advanced, and lines a provider refused or lost
--- (ADR 0130, 0131).
+-- Batch submissions that cannot be advanced, lines a provider refused or lost, and reads
+-- that stay indexed as the batch tables grow (ADR 0130, 0131).
 --
 -- A submission counts the passes that could not advance it (its batch, its files or its
 -- results unreadable); at the cap it is abandoned with the last error's class and message,
@@ -24,3 +24,10 @@ ALTER TABLE replayable.provider_batch_lines ADD CONSTRAINT provider_batch_lines_
 CREATE INDEX IF NOT EXISTS provider_batch_lines_refused_idx
     ON replayable.provider_batch_lines USING gin (chunk_ids)
     WHERE status IN ('refused', 'lost');
+
+-- A collect counts the earlier windows of its missing lines by custom_id (resent lines
+-- only), in one statement; and finished submissions are pruned after a retention.
+CREATE INDEX IF NOT EXISTS provider_batch_lines_resent_idx
+    ON replayable.provider_batch_lines (custom_id) WHERE status = 'resent';
+CREATE INDEX IF NOT EXISTS provider_batches_finished_idx
+    ON replayable.provider_batches (updated_at) WHERE status IN ('collected', 'abandoned');

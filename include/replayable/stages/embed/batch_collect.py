@@ -69,6 +69,8 @@ class Collector:
         self.job = job
         self.files = [f for f in (job.output_file_id, job.error_file_id) if f]
         self.inputs: list[str] = []
+        # Earlier windows each missing line missed, read in one statement (see _store).
+        self.tries: dict[str, int] = {}
 
     def collect(self) -> None:
         """Store the batch's results, once, under the submission's row lock.
@@ -107,6 +109,16 @@ class Collector:
         if rows[0]["input_file_id"]:
             self.inputs.append(rows[0]["input_file_id"])
         lines = fetch_all(conn, "batches/submission_lines", {"submission": submission})
+        if job.status in ("expired", "cancelled"):
+            unrun = [
+                line["custom_id"]
+                for line in lines
+                if line["status"] == "submitted" and line["custom_id"] not in results
+            ]
+            self.tries = {
+                row["custom_id"]: row["n"]
+                for row in fetch_all(conn, "batches/line_tries", {"custom_ids": unrun})
+            }
         outcome: dict[str, LineEnd] = {}
         vectors = _Vectors([], [])  # every line's, stored in one statement
         refused = ItemError(
@@ -175,7 +187,7 @@ class Collector:
             # The batch ended before it ran (expired, cancelled): sent again as it was, the
             # first times; a line that keeps missing its window fails its items, and their
             # attempts bound it like any other failure.
-            tries = fetch_all(conn, "batches/line_tries", {"custom_id": custom_id})[0]["n"]
+            tries = self.tries.get(custom_id, 0)
             if tries < MISSED_WINDOWS:
                 return "missing", None
             error = ItemError(
