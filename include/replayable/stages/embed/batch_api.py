@@ -159,9 +159,10 @@ class BatchApi(HttpModelClient):
 
         self._call(send, gate=None, describe=f"delete file {file_id}")
 
-    def files(self) -> Iterator[dict[str, Any]]:
-        """Every uploaded batch input file the provider keeps (for the orphan sweep)."""
-        return self._list("/files", {"purpose": "batch"})
+    def files(self, purpose: str | None = "batch") -> Iterator[dict[str, Any]]:
+        """Every file of ``purpose`` the provider keeps (None: of every purpose, batch
+        results included), for the orphan sweep."""
+        return self._list("/files", {"purpose": purpose} if purpose else {})
 
     def _list(
         self, path: str, params: dict[str, str], newer_than: float | None = None

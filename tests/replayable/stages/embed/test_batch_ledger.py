@@ -4,6 +4,7 @@ pruned after a retention."""
 
 from __future__ import annotations
 
+import httpx
 import pytest
 from test_batch_mode import _batch_spec, _try
 from test_batch_refusals import _body, _seed
@@ -80,3 +81,43 @@ def test_finished_submissions_past_the_retention_are_pruned_with_their_lines(con
         == 0
     )
     assert prune_finished_submissions(conn, retention_days=30) == 0
+
+
+def _provider_files(model) -> dict[str, str]:
+    """Every file the provider keeps, uploads and results: id -> purpose."""
+    listed = httpx.get(f"{model.base_url}/files").json()["data"]
+    return {item["id"]: item["purpose"] for item in listed}
+
+
+def test_the_sweep_deletes_the_files_of_finished_batches_that_a_collect_could_not(
+    conn, dsn, model, monkeypatch
+):
+    """A collect deletes a batch's input, output and error files; those it could not delete
+    (the provider down a moment) are the sweep's: every file of a finished submission goes,
+    and the files of a batch still running stay."""
+    from replayable.stages.embed.batch_api import BatchApi
+    from replayable.stages.embed.batch_files import sweep_orphan_files
+
+    poisoned = _body("alpha", poison="POISON-400.")
+    ids = _seed(conn, dsn, {"x": poisoned, "y": _body("gamma") + " The end of y."})
+    model.set_faults(batch_delay_s=0, batch_fail_inputs_containing={"POISON-400": 400})
+    spec, connect = _batch_spec(dsn, model, inputs_per_call=1)
+    delete_file = BatchApi.delete_file
+
+    def provider_down(self, file_id):
+        raise httpx.ConnectError("the provider is down a moment")
+
+    monkeypatch.setattr(BatchApi, "delete_file", provider_down)
+    _try(spec, connect, [ids["x"]], 1)
+    _try(spec, connect, [ids["x"]], 2)  # collected: output and error files, not deleted
+    model.set_faults(batch_delay_s=3600)
+    _try(spec, connect, [ids["y"]], 3)  # y's batch runs for an hour
+    monkeypatch.setattr(BatchApi, "delete_file", delete_file)
+    before = _provider_files(model)
+    assert sorted(before.values()) == ["batch", "batch", "batch_output", "batch_output"]
+    ((running_input,),) = rows(
+        conn, "SELECT input_file_id FROM replayable.provider_batches WHERE status = 'waiting'"
+    )
+    deleted = sweep_orphan_files(spec.batches, conn, older_than_s=0)
+    assert sorted(deleted) == sorted(set(before) - {running_input})
+    assert _provider_files(model) == {running_input: "batch"}
