@@ -205,7 +205,7 @@ def _sweep_provider_files(conn: Any, model_conn_id: str) -> None:
 
 
 def _prune_batches(conn: Any) -> None:
-    """Forget batch submissions finished before the retention, with their lines (ADR 0131)."""
+    """Forget batch submissions finished before the retention, with their lines (ADR 0132)."""
     from replayable.stages.embed.batch_files import RETENTION_DAYS, prune_finished_submissions
 
     pruned = prune_finished_submissions(conn)

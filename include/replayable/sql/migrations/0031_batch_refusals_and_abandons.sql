@@ -1,5 +1,5 @@
 -- Batch submissions that cannot be advanced, lines a provider refused or lost, and reads
--- that stay indexed as the batch tables grow (ADR 0130, 0131).
+-- that stay indexed as the batch tables grow (ADR 0130, 0131, 0132).
 --
 -- A submission counts the passes that could not advance it (its batch, its files or its
 -- results unreadable); at the cap it is abandoned with the last error's class and message,

@@ -1,8 +1,9 @@
-"""Collecting an ended provider batch for the embed stage's batch mode (ADR 0117, 0130).
+"""Collecting an ended provider batch for the embed stage's batch mode (ADR 0117, 0130, 0132).
 
 A batch that has ended is collected once, under its submission's row lock: its output
 lines' vectors are stored and each line is recorded as a billed call at the batch price, in
-one transaction, so a line is never stored or costed twice. Each line ends:
+one transaction, so a line is never stored or costed twice. The result files are read line
+by line as they arrive and stored a slice at a time, never whole (ADR 0132). Each line ends:
 
 - ``done``: its vectors are stored;
 - ``failed``: retryably (a 5xx, 429, an unreadable answer, a batch failed as a whole): its
@@ -40,6 +41,9 @@ log = logging.getLogger(__name__)
 # A line an expired or cancelled batch did not run is sent again this many times before
 # its items fail (and spend an attempt).
 MISSED_WINDOWS = 3
+# A collect stores the vectors of its result lines this many inputs at a time: a full-size
+# batch's results (up to 50,000 inputs of 3,072 dimensions) are never all in memory.
+SLICE_INPUTS = 1000
 
 
 @dataclass(frozen=True)
@@ -94,53 +98,61 @@ class Collector:
         log.info("embed: batch %s %s: %s", job.id, job.status, dict(job.counts) or "no counts")
 
     def _store(self, conn: Connection) -> dict[str, LineEnd]:
+        """Read the result files as they arrive, line by line, and store their vectors a
+        slice at a time, all in this one transaction; then end the lines no file had."""
         job, submission = self.job, self.submission
         self.inputs.clear()
         rows = fetch_all(conn, "batches/lock_submission", {"submission": submission})
         if not rows or rows[0]["status"] != "waiting":
             return {}  # another worker collects it, or has
-        results: dict[str, tuple[int, Any]] = {}
-        for file_id in self.files:
-            for number, raw in enumerate(self.embed.api.content(file_id).splitlines(), 1):
-                if raw.strip():
-                    custom_id, status, body = _result(raw, file_id, number)
-                    results[custom_id] = (status, body)
         run_id = rows[0]["run_id"]
         if rows[0]["input_file_id"]:
             self.inputs.append(rows[0]["input_file_id"])
-        lines = fetch_all(conn, "batches/submission_lines", {"submission": submission})
-        if job.status in ("expired", "cancelled"):
-            unrun = [
-                line["custom_id"]
-                for line in lines
-                if line["status"] == "submitted" and line["custom_id"] not in results
-            ]
+        lines = {
+            line["custom_id"]: list(line["chunk_ids"])
+            for line in fetch_all(conn, "batches/submission_lines", {"submission": submission})
+            if line["status"] == "submitted"
+        }
+        outcome: dict[str, LineEnd] = {}
+        if job.status == "failed":
+            # The provider refused the file as a whole (validation): no line ran, and
+            # sending it again as it was would fail again.
+            refused = ItemError(
+                "batch_failed",
+                f"the provider failed batch {job.id}: {job.errors or 'no reason given'}",
+                ErrorKind.RETRYABLE,
+            )
+            outcome = {cid: LineEnd("failed", refused, chunks) for cid, chunks in lines.items()}
+            lines = {}
+        vectors = _Vectors([], [])  # a slice, stored when it holds SLICE_INPUTS vectors
+        for file_id in self.files if lines else []:
+            with self.embed.api.result_lines(file_id) as results:
+                for number, raw in enumerate(results, 1):
+                    if not raw.strip():
+                        continue
+                    custom_id, status, body = _result(raw, file_id, number)
+                    chunk_ids = lines.get(custom_id)
+                    if chunk_ids is None or custom_id in outcome or status == 0:
+                        continue  # not this batch's, twice, or never run (see below)
+                    line_status, error = self._store_line(
+                        conn, custom_id, chunk_ids, status, body, run_id, vectors
+                    )
+                    outcome[custom_id] = LineEnd(line_status, error, chunk_ids)
+                    if len(vectors.chunk_ids) >= SLICE_INPUTS:
+                        store_vectors(conn, self.spec.model, vectors.chunk_ids, vectors.vectors)
+                        vectors = _Vectors([], [])
+        store_vectors(conn, self.spec.model, vectors.chunk_ids, vectors.vectors)
+        unrun = sorted(cid for cid in lines if cid not in outcome)
+        if unrun and job.status in ("expired", "cancelled"):
             self.tries = {
                 row["custom_id"]: row["n"]
                 for row in fetch_all(conn, "batches/line_tries", {"custom_ids": unrun})
             }
-        outcome: dict[str, LineEnd] = {}
-        vectors = _Vectors([], [])  # every line's, stored in one statement
-        refused = ItemError(
-            "batch_failed",
-            f"the provider failed batch {job.id}: {job.errors or 'no reason given'}",
-            ErrorKind.RETRYABLE,
-        )
-        for line in lines:
-            if line["status"] != "submitted":
-                continue
-            custom_id, chunk_ids = line["custom_id"], list(line["chunk_ids"])
-            if job.status == "failed":
-                # The provider refused the file as a whole (validation): no line ran,
-                # and sending it again as it was would fail again.
-                outcome[custom_id] = LineEnd("failed", refused, chunk_ids)
-                continue
-            status, body = results.get(custom_id, (0, None))
+        for custom_id in unrun:
             line_status, error = self._store_line(
-                conn, custom_id, chunk_ids, status, body, run_id, vectors
+                conn, custom_id, lines[custom_id], 0, None, run_id, vectors
             )
-            outcome[custom_id] = LineEnd(line_status, error, chunk_ids)
-        store_vectors(conn, self.spec.model, vectors.chunk_ids, vectors.vectors)
+            outcome[custom_id] = LineEnd(line_status, error, lines[custom_id])
         keys = sorted(outcome)
         errors = [outcome[k].error for k in keys]
         execute(
@@ -252,7 +264,7 @@ class Collector:
         )
 
 
-def _result(raw: bytes, file_id: str, number: int) -> tuple[str, int, Any]:
+def _result(raw: str | bytes, file_id: str, number: int) -> tuple[str, int, Any]:
     """A result line's custom_id, HTTP status (0: never ran) and body; ``bad_response``
     for a line that is not one."""
     try:

@@ -1,5 +1,5 @@
 """The sweeper's housekeeping of the Batch API: the provider's files and the ledger's
-finished submissions (ADR 0117, 0131).
+finished submissions (ADR 0117, 0132).
 
 The embed stage's batch mode (:mod:`.batch_mode`) deletes the files it collected; a file
 uploaded by a worker that died before recording it, and the files of a finished batch that
@@ -44,7 +44,7 @@ def sweep_orphan_files(api: BatchApi, conn: Connection, older_than_s: float = 36
       unfinished submission records it or is still being sent under its name.
     - Output and error files (purpose ``batch_output``, named after their batch) of a batch
       whose submission is collected or abandoned. A collect deletes them; these are the
-      ones it could not (ADR 0131). Result files of batches the ledger does not know (not
+      ones it could not (ADR 0132). Result files of batches the ledger does not know (not
       ours, or pruned) are left alone.
     """
     cutoff = time.time() - older_than_s

@@ -121,3 +121,36 @@ def test_the_sweep_deletes_the_files_of_finished_batches_that_a_collect_could_no
     deleted = sweep_orphan_files(spec.batches, conn, older_than_s=0)
     assert sorted(deleted) == sorted(set(before) - {running_input})
     assert _provider_files(model) == {running_input: "batch"}
+
+
+def test_a_collect_streams_the_result_file_and_stores_it_in_bounded_slices(
+    conn, dsn, model, monkeypatch
+):
+    """A result file is read as it arrives, never whole, and its vectors are stored a
+    bounded slice at a time, in the collect's one transaction."""
+    from replayable.stages.embed import batch_collect
+    from replayable.stages.embed.batch_api import BatchApi
+
+    ids = _seed(conn, dsn, {"x": _body("alpha") + " The end of x.", "y": _body("gamma")})
+    model.set_faults(batch_delay_s=0)
+    spec, connect = _batch_spec(dsn, model, inputs_per_call=1)  # a line per chunk
+    chunks = scalar(conn, "SELECT count(DISTINCT chunk_id) FROM replayable.doc_chunks")
+    assert chunks > 4
+
+    def whole_file(self, file_id):
+        raise AssertionError("a result file is read whole")
+
+    monkeypatch.setattr(BatchApi, "content", whole_file)
+    monkeypatch.setattr(batch_collect, "SLICE_INPUTS", 2, raising=False)
+    stored = []
+    store_vectors = batch_collect.store_vectors
+
+    def store_slice(conn, model, chunk_ids, vectors):
+        stored.append(len(chunk_ids))
+        return store_vectors(conn, model, chunk_ids, vectors)
+
+    monkeypatch.setattr(batch_collect, "store_vectors", store_slice)
+    _try(spec, connect, sorted(ids.values()), 1)
+    assert sorted(_try(spec, connect, sorted(ids.values()), 2).done) == sorted(ids.values())
+    assert sum(stored) == chunks and max(stored) <= 2
+    assert scalar(conn, "SELECT count(*) FROM replayable.embeddings") == chunks

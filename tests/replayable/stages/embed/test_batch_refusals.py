@@ -147,6 +147,7 @@ def test_a_line_a_completed_batch_does_not_return_is_never_sent_again(
 ):
     """The provider completes a batch whose output lacks one line (charged, or not): the
     line is not sent again, and its document ends dead naming the chunk."""
+    import contextlib
     import json
 
     from replayable.stages.embed.batch_api import BatchApi
@@ -156,25 +157,27 @@ def test_a_line_a_completed_batch_does_not_return_is_never_sent_again(
     x_only = sorted(_chunks(texts["x"]) - _chunks(texts["y"]))
     model.set_faults(batch_delay_s=0)
     spec, connect = _batch_spec(dsn, model, inputs_per_call=1)  # a line per chunk
-    content, dropped = BatchApi.content, []
+    result_lines, dropped = BatchApi.result_lines, []
 
+    def is_dropped(raw):
+        line = json.loads(raw)
+        if dropped or line["response"]["status_code"] != 200:
+            return False
+        cid = rows(
+            conn,
+            "SELECT chunk_ids[1] FROM replayable.provider_batch_lines WHERE custom_id = %s",
+            line["custom_id"],
+        )[0][0]
+        if cid == x_only[0]:
+            dropped.append(cid)
+        return bool(dropped)
+
+    @contextlib.contextmanager
     def without_one_line(self, file_id):
-        kept = []
-        for raw in content(self, file_id).splitlines():
-            line = json.loads(raw)
-            if not dropped and line["response"]["status_code"] == 200:
-                cid = rows(
-                    conn,
-                    "SELECT chunk_ids[1] FROM replayable.provider_batch_lines WHERE custom_id = %s",
-                    line["custom_id"],
-                )[0][0]
-                if cid == x_only[0]:
-                    dropped.append(cid)
-                    continue
-            kept.append(raw)
-        return b"\n".join(kept) + b"\n"
+        with result_lines(self, file_id) as lines:
+            yield (raw for raw in lines if not is_dropped(raw))
 
-    monkeypatch.setattr(BatchApi, "content", without_one_line)
+    monkeypatch.setattr(BatchApi, "result_lines", without_one_line)
     _settle(spec, connect, sorted(ids.values()))
     assert dropped == [x_only[0]]
     states = _states(conn)

@@ -5,6 +5,9 @@ passes, with a class and a message, and frees its chunks; it fails only its own 
 
 from __future__ import annotations
 
+import contextlib
+import itertools
+
 import httpx
 import pytest
 from test_batch_mode import _batch_spec, _charged_twice, _try
@@ -63,13 +66,15 @@ def test_a_submission_that_cannot_be_advanced_is_abandoned_and_fails_only_its_do
         httpx.delete(f"{model.base_url}/files/{job['output_file_id']}").raise_for_status()
     elif cause == "malformed result line":
         output = httpx.get(f"{model.base_url}/batches/{batch_id}").json()["output_file_id"]
-        content = BatchApi.content
+        result_lines = BatchApi.result_lines
 
+        @contextlib.contextmanager
         def garbled(self, file_id):
-            data = content(self, file_id)
-            return b'{"custom_id": "cut off\n' + data if file_id == output else data
+            with result_lines(self, file_id) as lines:
+                cut = ['{"custom_id": "cut off'] if file_id == output else []
+                yield itertools.chain(cut, lines)
 
-        monkeypatch.setattr(BatchApi, "content", garbled)
+        monkeypatch.setattr(BatchApi, "result_lines", garbled)
     elif cause == "batch unknown after the connection changed":
         with conn.cursor() as cur:
             cur.execute(
