@@ -120,3 +120,39 @@ def test_a_submission_that_cannot_be_advanced_is_abandoned_and_fails_only_its_do
             )
         }
     assert_nothing_lost(conn, one_version=False)
+
+
+def test_a_run_whose_batch_the_provider_forgot_ends_done_through_the_trigger(
+    run_in_process, conn, model, tmp_path, monkeypatch
+):
+    """The provider forgets the run's first batch (another account behind the connection):
+    the trigger ends each wait on its 404 at once instead of polling for a day, the task
+    abandons the submission at its third pass, and its retry sends the chunks again."""
+    from test_batch_mode import FAST
+
+    import in_process
+    from checks import subset
+    from replayable.stages.embed.batch_api import BatchApi
+
+    created, forgotten = BatchApi.create, []
+
+    def create_then_forget(self, submission, file_id):
+        job = created(self, submission, file_id)
+        if not forgotten:
+            forgotten.append(job.id)
+            model.reset_stats()  # drops every file and batch the provider holds
+        return job
+
+    monkeypatch.setattr(BatchApi, "create", create_then_forget)
+    model.set_faults(batch_delay_s=0.2)
+    report = run_in_process({"source": str(subset(tmp_path, 3)), **FAST})
+    assert not report["_failed"], report["_tasks"]
+    assert report["stages"]["embed"]["done"] == 3
+    assert rows(
+        conn,
+        "SELECT batch_id, status, tries, error_class FROM replayable.provider_batches"
+        " WHERE status = 'abandoned'",
+    ) == [(forgotten[0], "abandoned", 3, "http_404")]
+    assert len(in_process.DEFERRALS) >= 3  # each wait on the forgotten batch ended
+    assert _charged_twice(model) == {}
+    assert_nothing_lost(conn)
