@@ -208,6 +208,15 @@ def _sweep_provider_files(conn: Any, model_conn_id: str) -> None:
         log.info("deleted %d orphan batch file(s) at the provider: %s", len(deleted), deleted)
 
 
+def _prune_batches(conn: Any) -> None:
+    """Forget batch submissions finished before the retention, with their lines (ADR 0148)."""
+    from replayable.stages.embed.batch_files import RETENTION_DAYS, prune_finished_submissions
+
+    pruned = prune_finished_submissions(conn)
+    if pruned:
+        log.info("forgot %d batch submission(s) finished over %d days ago", pruned, RETENTION_DAYS)
+
+
 def sweep(
     pipeline_dag_id: str = PIPELINE_DAG_ID,
     postgres_conn_id: str = LEDGER_CONN_ID,
@@ -241,6 +250,7 @@ def sweep(
         )
         if db.fetch_all(conn, "batches/any_submission"):
             _sweep_provider_files(conn, model_conn_id)
+            _prune_batches(conn)
     finally:
         conn.close()
     if not found.items:

@@ -310,9 +310,20 @@ class IdempotentStageOperator(BaseOperator):
     def resume_after_batches(
         self, context: Context, event: Mapping[str, Any] | None = None
     ) -> dict[str, Any]:
-        """Back from the triggerer: run the stage again, which collects what has ended."""
-        ended = (event or {}).get("ended") or {}
-        self.log.info("%s: provider batches ended: %s", self.stage, ended or "none yet")
+        """Back from the triggerer: run the stage again, which collects what has ended, or
+        classifies the failure the trigger ended on (ADR 0147)."""
+        event = event or {}
+        if event.get("status") == "failed":
+            self.log.warning(
+                "%s: the trigger gave up on batch %s (%s): %s",
+                self.stage,
+                event.get("batch_id"),
+                event.get("error_class"),
+                event.get("message"),
+            )
+        else:
+            ended = event.get("ended") or {}
+            self.log.info("%s: provider batches ended: %s", self.stage, ended or "none yet")
         return self.execute(context)
 
     def _outcome(

@@ -8,9 +8,13 @@ it and sends again what must be sent again while the others go on. With no batch
 read (another worker is still sending the submission), it fires after ``poll_s``.
 
 It reads the model connection in the triggerer, as the task does (the API key is never in
-its serialized arguments, which Airflow stores in its database), and never fails on a
-provider error: it logs it and reads again at the next poll; the task's defer timeout ends
-a wait that never ends.
+its serialized arguments, which Airflow stores in its database). A passing provider error
+(a timeout, a lost connection, 408, 429, a 5xx) is logged and read again at the next poll;
+the task's defer timeout ends a wait that never ends. A permanent one (401, 403, 404 or any
+other 4xx: the key refused, a batch the provider does not know) ends the wait at once with
+a ``failed`` event naming its class (``http_404``, …) and the batch, and the task runs its
+stage again, which classifies it: a refused key stops the batch, and a submission no pass
+can advance is abandoned (ADR 0147).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
+from replayable.retry import RETRYABLE_STATUS
 from replayable.stages.embed.batch_api import FINISHED
 
 log = logging.getLogger(__name__)
@@ -54,7 +59,20 @@ class ProviderBatchTrigger(BaseTrigger):
             while True:
                 ended: dict[str, str] = {}
                 for batch_id in self.batch_ids:
-                    status = await self._status(http, batch_id)
+                    try:
+                        status = await self._status(http, batch_id)
+                    except _PermanentError as error:
+                        log.error("batch %s: %s", batch_id, error.message)
+                        yield TriggerEvent(  # type: ignore[no-untyped-call]
+                            {
+                                "status": "failed",
+                                "ended": {},
+                                "batch_id": batch_id,
+                                "error_class": error.error_class,
+                                "message": error.message,
+                            }
+                        )
+                        return
                     if status in FINISHED:  # the statuses a batch ends in
                         ended[batch_id] = status
                 if ended:
@@ -75,10 +93,31 @@ class ProviderBatchTrigger(BaseTrigger):
         return settings.base_url, headers
 
     async def _status(self, http: Any, batch_id: str) -> str | None:
+        """The batch's status; None to read again at the next poll; raise
+        :class:`_PermanentError` for an answer that reading again cannot change."""
         try:
             response = await http.get(f"/batches/{batch_id}")
+        except Exception as error:  # read again at the next poll
+            log.warning("batch %s: could not read its status: %s", batch_id, type(error).__name__)
+            return None
+        status = response.status_code
+        if 400 <= status < 500 and status not in RETRYABLE_STATUS:
+            raise _PermanentError(
+                f"http_{status}",
+                f"the provider answered {status} for batch {batch_id}: {response.text[:300]}",
+            )
+        try:
             response.raise_for_status()
             return str(response.json()["status"])
         except Exception as error:  # read again at the next poll
             log.warning("batch %s: could not read its status: %s", batch_id, type(error).__name__)
             return None
+
+
+class _PermanentError(Exception):
+    """An answer about a batch that reading it again will not change."""
+
+    def __init__(self, error_class: str, message: str) -> None:
+        super().__init__(message)
+        self.error_class = error_class
+        self.message = message

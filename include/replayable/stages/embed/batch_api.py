@@ -13,6 +13,7 @@ between the upload, the batch's creation and the ledger's record of them finds t
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -29,8 +30,11 @@ MAX_BATCH_INPUTS = 50_000
 MAX_BATCH_BYTES = 200 * 10**6
 # A batch ends in one of these; until then it is waited for.
 FINISHED = frozenset({"completed", "failed", "expired", "cancelled"})
-# Results are read whole: a file of 50,000 lines of 3,072-dimension vectors is under 2 GB.
+# A file read whole (:meth:`BatchApi.content`) is at most this large.
 RESULT_LIMIT = 2 * 2**30
+# Result files are read line by line (:meth:`BatchApi.result_lines`); one line, a request's
+# vectors (at most 2,048 inputs of 3,072 dimensions as JSON), is at most this large.
+LINE_LIMIT = 256 * 2**20
 METADATA_KEY = "replayable_submission"
 ENDPOINT = "/v1/embeddings"
 
@@ -142,6 +146,29 @@ class BatchApi(HttpModelClient):
             describe=f"read batch {batch_id}",
         )
 
+    @contextlib.contextmanager
+    def result_lines(self, file_id: str) -> Iterator[Iterator[str]]:
+        """The lines of a result file, read as they arrive (a full-size batch's results
+        are about a gigabyte: they are never held whole). Opening the file is retried
+        like any call; a line longer than :data:`LINE_LIMIT` is ``bad_response``."""
+
+        def open_file(attempt: int) -> httpx.Response:
+            request = self._http.build_request("GET", f"/files/{file_id}/content")
+            response = self._http.send(request, stream=True)
+            if not response.is_success:
+                try:
+                    content = read_within(response, float("inf"), 2**20)
+                finally:
+                    response.close()
+                _raise_for_status(response, content)
+            return response
+
+        response = self._call(open_file, gate=None, describe=f"read file {file_id}")
+        try:
+            yield _bounded_lines(response.iter_lines(), file_id)
+        finally:
+            response.close()
+
     def content(self, file_id: str) -> bytes:
         def send(attempt: int) -> bytes:
             with self._http.stream("GET", f"/files/{file_id}/content") as response:
@@ -159,9 +186,10 @@ class BatchApi(HttpModelClient):
 
         self._call(send, gate=None, describe=f"delete file {file_id}")
 
-    def files(self) -> Iterator[dict[str, Any]]:
-        """Every uploaded batch input file the provider keeps (for the orphan sweep)."""
-        return self._list("/files", {"purpose": "batch"})
+    def files(self, purpose: str | None = "batch") -> Iterator[dict[str, Any]]:
+        """Every file of ``purpose`` the provider keeps (None: of every purpose, batch
+        results included), for the orphan sweep."""
+        return self._list("/files", {"purpose": purpose} if purpose else {})
 
     def _list(
         self, path: str, params: dict[str, str], newer_than: float | None = None
@@ -191,6 +219,17 @@ class BatchApi(HttpModelClient):
         if not isinstance(payload, dict):
             raise ItemError("bad_response", "expected a JSON object", ErrorKind.RETRYABLE)
         return payload
+
+
+def _bounded_lines(lines: Iterator[str], file_id: str) -> Iterator[str]:
+    for line in lines:
+        if len(line) > LINE_LIMIT:
+            raise ItemError(
+                "bad_response",
+                f"a line of the provider's result file {file_id} is over {LINE_LIMIT} bytes",
+                ErrorKind.RETRYABLE,
+            )
+        yield line
 
 
 def _raise_for_status(response: httpx.Response, content: bytes) -> None:

@@ -5,20 +5,22 @@ One pass over a batch of items, run each time the task runs or wakes:
 1. **Check.** The chunks of the items that have no vector under the model are missing;
    the rest cost nothing, as in sync mode.
 2. **Collect.** Every submission not collected yet that holds a missing chunk is read at
-   the provider. One that has ended is collected under a row lock: its output lines'
-   vectors are stored and each line is recorded as a billed call at the batch price, in
-   one transaction, so a line is never stored or costed twice; its error lines fail the
-   chunks' items with the line's error, classified as a synchronous answer would be
-   (retryable ones are sent again by the task's next try, within the attempt cap;
-   terminal ones are dead letters); lines an expired or cancelled batch never ran are
-   *missing*, and are sent again, exactly as they were, under the same ``custom_id``.
-3. **Submit.** Missing chunks that no submission holds are packed into lines as sync
+   the provider. One that has ended is collected once (:mod:`.batch_collect`): vectors
+   stored and lines costed in one transaction, each line ending done, failed (retryable:
+   sent again by a later try, within the attempt cap), refused, missing (sent again as it
+   was) or lost.
+3. **Judge refusals.** A chunk in a line the provider refused alone, or in a line a
+   completed batch lost, fails every document of the task that holds it, at once and
+   naming it; a chunk in a refused line of several is sent again alone, so that the bad
+   one is found. This is read from the ledger, so every task judges a shared chunk alike,
+   whichever collected its line (ADR 0146).
+4. **Submit.** Missing chunks that no submission holds are packed into lines as sync
    requests are (a line's ``custom_id`` is the Idempotency-Key a sync request for exactly
    those chunks carries) and submitted, split within the provider's per-batch limits. A
    submission is recorded, with its lines and a claim on each chunk, before anything is
    sent; its file is named after it and its batch carries it in the metadata, so a worker
    killed before the batch id is recorded finds both again instead of paying twice.
-4. **Wait.** Items whose chunks are in a batch still running are released without
+5. **Wait.** Items whose chunks are in a batch still running are released without
    spending an attempt, and the stage stops with :data:`BATCH_WAITING`; the operator
    defers the task to the triggerer on those batches (no worker slot is held), and the
    next pass collects them.
@@ -30,12 +32,13 @@ import json
 import logging
 import uuid
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from replayable.db import Connection, Database, execute, execute_values, fetch_all
-from replayable.retry import Classified, ErrorKind, ItemError, classify, classify_status
+from replayable.retry import Classified, ErrorKind, ItemError, classify
 from replayable.runner import BatchIO, WorkItem
 from replayable.stages.embed.batch_api import (
     ENDPOINT,
@@ -43,13 +46,10 @@ from replayable.stages.embed.batch_api import (
     MAX_BATCH_INPUTS,
     MAX_BATCH_REQUESTS,
     BatchApi,
-    BatchJob,
 )
-from replayable.stages.embed.client import _parse
+from replayable.stages.embed.batch_collect import Collector
 from replayable.stages.embed.packing import estimate_tokens, pack
-from replayable.stages.embed.store import request_key, store_vectors, too_long
-from replayable.stages.model_calls import record_calls
-from replayable.stages.model_http import CallRecord
+from replayable.stages.embed.store import request_key, too_long
 
 if TYPE_CHECKING:
     from replayable.stages.embed.spec import EmbedSpec
@@ -58,9 +58,9 @@ log = logging.getLogger(__name__)
 
 # The error class of items released to wait for a provider batch (the operator defers).
 BATCH_WAITING = "batch_waiting"
-# A line an expired or cancelled batch did not run is sent again this many times before
-# its items fail (and spend an attempt).
-MISSED_WINDOWS = 3
+# A submission no pass can advance (its batch or results unreadable, its upload refused) is
+# abandoned at the end of this many passes that tried, its chunks freed (ADR 0147).
+SUBMISSION_TRIES = 3
 
 
 @dataclass(frozen=True)
@@ -70,23 +70,6 @@ class BatchLimits:
     requests: int = MAX_BATCH_REQUESTS
     inputs: int = MAX_BATCH_INPUTS
     bytes: int = MAX_BATCH_BYTES
-
-
-@dataclass(frozen=True)
-class _LineEnd:
-    """How a collected line ended: done, failed (with its error) or missing; its chunks."""
-
-    status: str
-    error: BaseException | None
-    chunk_ids: list[str]
-
-
-@dataclass(frozen=True)
-class _Vectors:
-    """The vectors of a collected batch's lines, stored together."""
-
-    chunk_ids: list[str]
-    vectors: list[list[float]]
 
 
 @dataclass(frozen=True)
@@ -111,8 +94,8 @@ class BatchModeEmbed:
                 self.users[cid].append(item)
         self.errors: dict[str, BaseException] = {}
         self.tokens: dict[str, int] = {}
-        # Chunk sets to send as lines of their own: a document's part of a line refused as bad.
-        self.solo: list[list[str]] = []
+        # Chunks to send as lines of their own: each was in a line refused as bad (ADR 0146).
+        self.alone: set[str] = set()
         self.db: Database = spec.connect()
 
     def run(self) -> None:
@@ -153,11 +136,13 @@ class BatchModeEmbed:
         missing = self._missing_with_sizes(list(self.users))
         self._refuse_too_long()
         missing = [cid for cid in missing if cid in self.tokens and not self._failed(cid)]
+        missing = self._judge_refusals(missing)
         if not missing:
             return set()
         for sub in self._live(missing):
-            self._advance(sub)
+            self._try_to_advance(sub["submission"], partial(self._advance, sub))
         missing = [cid for cid in self._missing(missing) if not self._failed(cid)]
+        missing = self._judge_refusals(missing)
         live = self._live(missing)
         held = {
             row["chunk_id"]
@@ -178,6 +163,33 @@ class BatchModeEmbed:
 
     def _failed(self, chunk_id: str) -> bool:
         return all(item.item_key in self.errors for item in self.users[chunk_id])
+
+    def _judge_refusals(self, chunk_ids: list[str]) -> list[str]:
+        """Fail the documents of chunks refused alone or lost; mark chunks refused among
+        others to be sent alone; return the chunks still to buy (ADR 0146)."""
+        if not chunk_ids:
+            return []
+        params = {"model": self.spec.model, "chunk_ids": sorted(chunk_ids)}
+        for row in self.db.transaction(
+            lambda conn: fetch_all(conn, "batches/refused_chunks", params),
+            describe="embed: refused chunks",
+        ):
+            cid = row["chunk_id"]
+            if row["status"] == "refused" and row["size"] > 1:
+                self.alone.add(cid)  # which of the line's chunks is bad is not known yet
+                continue
+            if row["status"] == "lost":
+                why = f"a completed batch returned no result for line {row['custom_id']}"
+            else:
+                why = f"the provider refused it (line {row['custom_id']}): {row['error']}"
+            error = ItemError(
+                row["error_class"] or "batch_line_lost",
+                f"chunk {cid} is not embedded and will not be sent again: {why}",
+                ErrorKind.TERMINAL,
+            )
+            for item in self.users[cid]:
+                self.errors.setdefault(item.item_key, error)
+        return [cid for cid in chunk_ids if not self._failed(cid)]
 
     def _missing_with_sizes(self, chunk_ids: list[str]) -> list[str]:
         rows = self._query_missing(chunk_ids, with_text=False)
@@ -214,184 +226,76 @@ class BatchModeEmbed:
 
     # -- collecting --------------------------------------------------------------------
 
+    def _try_to_advance(self, submission: str, step: Callable[[], None]) -> None:
+        """Run ``step`` on a submission; if it fails, count the try against the submission
+        alone, so that documents without a chunk in it are not failed with it (ADR 0147).
+
+        A systemic failure (the key refused, no Batch API, the database gone) still stops
+        the batch without spending anyone's attempts.
+        """
+        try:
+            step()
+        except Exception as error:
+            classified = classify(error)
+            if classified.kind is ErrorKind.SYSTEMIC:
+                raise
+            self._stuck(submission, classified)
+
+    def _stuck(self, submission: str, error: Classified) -> None:
+        """Count a pass that could not advance ``submission``; at the cap, abandon it: its
+        chunks are freed and the items of this task that hold one fail with its error."""
+        params = {
+            "submission": submission,
+            "error_class": error.error_class,
+            "error": error.message[:2000],
+            "max_tries": SUBMISSION_TRIES,
+        }
+        found = self.db.transaction(
+            lambda conn: fetch_all(conn, "batches/submission_tried", params),
+            describe="embed: a submission not advanced",
+        )
+        if not found:
+            return  # collected or abandoned by a peer meanwhile
+        row = found[0]
+        if row["status"] != "abandoned":
+            log.warning(
+                "embed: submission %s not advanced (%d of %d tries): %s",
+                submission,
+                row["tries"],
+                SUBMISSION_TRIES,
+                error.message,
+            )
+            return
+        log.error("embed: submission %s abandoned: %s", submission, error.message)
+        failure = ItemError(
+            error.error_class,
+            f"submission {submission} (batch {row['batch_id'] or 'not created'}) was abandoned "
+            f"after {row['tries']} passes could not advance it: {error.message}",
+            ErrorKind.RETRYABLE,
+        )
+        for cid in row["chunk_ids"]:
+            for item in self.users.get(cid, ()):
+                self.errors.setdefault(item.item_key, failure)
+        if row["input_file_id"]:
+            self.forget_file(row["input_file_id"])
+
     def _advance(self, sub: dict[str, Any]) -> None:
         """Finish sending a submission left half-sent, or collect one whose batch ended."""
+        if sub["provider"] != self.api.base_url:
+            raise ItemError(
+                "batch_provider_changed",
+                f"submission {sub['submission']} was sent to {sub['provider']}; the model "
+                f"connection now points to {self.api.base_url}, which cannot read it",
+                ErrorKind.RETRYABLE,
+            )
         if sub["batch_id"] is None:
             self._send(sub["submission"])
             return
         job = self.api.get(sub["batch_id"])
         if job.finished:
-            self._collect(sub["submission"], job)
+            Collector(self, sub["submission"], job).collect()
 
-    def _collect(self, submission: str, job: BatchJob) -> None:
-        """Store a finished batch's results, once, under the submission's row lock.
-
-        The result files are read only once the lock is held and the submission is still
-        waiting: the worker that collects a batch deletes its files, so a peer that saw it
-        running a moment before must find it collected, not fetch files that are gone.
-        """
-        files = [f for f in (job.output_file_id, job.error_file_id) if f]
-        inputs: list[str] = []
-        refused = ItemError(
-            "batch_failed",
-            f"the provider failed batch {job.id}: {job.errors or 'no reason given'}",
-            ErrorKind.RETRYABLE,
-        )
-
-        def store(conn: Connection) -> dict[str, _LineEnd]:
-            inputs.clear()
-            rows = fetch_all(conn, "batches/lock_submission", {"submission": submission})
-            if not rows or rows[0]["status"] != "waiting":
-                return {}  # another worker collects it, or has
-            results: dict[str, tuple[int, Any]] = {}
-            for file_id in files:
-                for raw in self.api.content(file_id).splitlines():
-                    if raw.strip():
-                        custom_id, status, body = _result(json.loads(raw))
-                        results[custom_id] = (status, body)
-            run_id = rows[0]["run_id"]
-            if rows[0]["input_file_id"]:
-                inputs.append(rows[0]["input_file_id"])
-            lines = fetch_all(conn, "batches/submission_lines", {"submission": submission})
-            outcome: dict[str, _LineEnd] = {}
-            vectors = _Vectors([], [])  # every line's, stored in one statement
-            for line in lines:
-                if line["status"] != "submitted":
-                    continue
-                custom_id, chunk_ids = line["custom_id"], list(line["chunk_ids"])
-                if job.status == "failed":
-                    # The provider refused the file as a whole (validation): no line ran,
-                    # and sending it again as it was would fail again.
-                    outcome[custom_id] = _LineEnd("failed", refused, chunk_ids)
-                    continue
-                status, body = results.get(custom_id, (0, None))
-                line_status, error = self._store_line(
-                    conn, custom_id, chunk_ids, status, body, run_id, vectors
-                )
-                outcome[custom_id] = _LineEnd(line_status, error, chunk_ids)
-            store_vectors(conn, self.spec.model, vectors.chunk_ids, vectors.vectors)
-            keys = sorted(outcome)
-            errors = [outcome[k].error for k in keys]
-            execute(
-                conn,
-                "batches/finish_lines",
-                {
-                    "submission": submission,
-                    "custom_ids": keys,
-                    "statuses": [outcome[k].status for k in keys],
-                    "error_classes": [getattr(e, "error_class", None) for e in errors],
-                    "error_kinds": [
-                        e.kind.value if isinstance(e, ItemError) else None for e in errors
-                    ],
-                    "errors": [str(e) if e is not None else None for e in errors],
-                },
-            )
-            execute(
-                conn, "batches/collected", {"submission": submission, "provider_status": job.status}
-            )
-            return outcome
-
-        outcome = self.db.transaction(store, describe=f"embed: collect {job.id}")
-        if not outcome:
-            return
-        for end in outcome.values():
-            if end.status != "failed" or end.error is None:
-                continue
-            error, chunk_ids = end.error, end.chunk_ids
-            owners = {i.item_key: i for c in chunk_ids for i in self.users.get(c, ())}
-            if classify(error).kind is ErrorKind.TERMINAL and len(owners) > 1:
-                # One bad input fails the whole line: send each document's part on its own,
-                # so that only the document with the bad input is dead-lettered.
-                for item in owners.values():
-                    self.solo.append([c for c in chunk_ids if item in self.users[c]])
-                continue
-            for key in owners:
-                self.errors.setdefault(key, error)
-        for file_id in [*inputs, *files]:  # the provider keeps files until deleted
-            self._forget_file(file_id)
-        log.info("embed: batch %s %s: %s", job.id, job.status, dict(job.counts) or "no counts")
-
-    def _store_line(
-        self,
-        conn: Connection,
-        custom_id: str,
-        chunk_ids: list[str],
-        status: int,
-        body: Any,
-        run_id: str | None,
-        vectors: _Vectors,
-    ) -> tuple[str, BaseException | None]:
-        """Record one line's billed call and keep its vectors in ``vectors``; return its
-        status and error."""
-        spec = self.spec
-        if status == 0:
-            # The batch ended before it ran (expired, cancelled): sent again as it was, the
-            # first times; a line that keeps missing its window fails its items, and their
-            # attempts bound it like any other failure.
-            tries = fetch_all(conn, "batches/line_tries", {"custom_id": custom_id})[0]["n"]
-            if tries < MISSED_WINDOWS:
-                return "missing", None
-            error = ItemError(
-                "batch_expired",
-                f"batch line {custom_id} was not run in {tries + 1} batch windows",
-                ErrorKind.RETRYABLE,
-            )
-            return "failed", error
-        if status != 200:
-            message = _error_message(body)
-            error_class, kind = classify_status(status)
-            if kind is ErrorKind.SYSTEMIC:
-                kind = ErrorKind.RETRYABLE  # a line refused for its key: try it again
-            self._record(conn, custom_id, chunk_ids, run_id, error_class, status, 0, None)
-            return "failed", ItemError(error_class, f"batch line: {message}", kind)
-        try:
-            result = _parse(body, len(chunk_ids))
-        except ItemError as error:
-            self._record(conn, custom_id, chunk_ids, run_id, error.error_class, 200, 0, None)
-            return "failed", error
-        vectors.chunk_ids.extend(chunk_ids)
-        vectors.vectors.extend(result.vectors)
-        price = getattr(spec.provider, "price", None)
-        cost = price.of(result.tokens, 0, "batch") if price is not None else None
-        self._record(conn, custom_id, chunk_ids, run_id, "ok", 200, result.tokens, cost)
-        return "done", None
-
-    def _record(
-        self,
-        conn: Connection,
-        custom_id: str,
-        chunk_ids: list[str],
-        run_id: str | None,
-        status: str,
-        http_status: int,
-        tokens: int,
-        cost: float | None,
-    ) -> None:
-        share: dict[str, int] = defaultdict(int)
-        for cid in chunk_ids:
-            users = self.users.get(cid)
-            if users:
-                share[users[0].item_key] += 1
-        call = CallRecord(
-            custom_id,
-            1,
-            status,
-            http_status,
-            0,
-            len(chunk_ids),
-            tokens,
-            model=self.spec.model,
-            cost_usd=cost,
-            mode="batch",
-        )
-        attempt = max(
-            (self.io.attempt(self.users[c][0]) for c in chunk_ids if c in self.users), default=1
-        )
-        record_calls(
-            conn, [call], stage=self.spec.name, run_id=run_id, attempt=attempt, share=share
-        )
-
-    def _forget_file(self, file_id: str) -> None:
+    def forget_file(self, file_id: str) -> None:
         try:
             self.api.delete_file(file_id)
         except Exception:  # the orphan sweep deletes it later
@@ -413,12 +317,8 @@ class BatchModeEmbed:
             if set(ids) <= wanted:
                 lines.append(_Line(row["custom_id"], ids, row["submission"]))
                 wanted -= set(ids)
-        packed: list[list[str]] = []
-        for part in self.solo:
-            if part and set(part) <= wanted:
-                packed.append(sorted(part))
-                wanted -= set(part)
-        self.solo = []
+        packed = [[cid] for cid in sorted(wanted & self.alone)]
+        wanted -= self.alone
         packed += pack(
             [(cid, self.tokens[cid]) for cid in sorted(wanted)],
             max_inputs=spec.inputs_per_call,
@@ -436,7 +336,7 @@ class BatchModeEmbed:
         for group in self._split(lines, texts):
             submission = uuid.uuid4().hex
             if self._record_submission(submission, group):
-                self._send(submission)
+                self._try_to_advance(submission, partial(self._send, submission))
 
     def _split(self, lines: list[_Line], texts: dict[str, str]) -> Iterable[list[_Line]]:
         limits = self.spec.batch_limits
@@ -563,19 +463,3 @@ class BatchModeEmbed:
             for row in fetch_all(conn, "batches/chunk_texts", {"chunk_ids": ids})
         }
         return b"\n".join(self._jsonl(line, texts) for line in lines) + b"\n"
-
-
-def _result(line: Any) -> tuple[str, int, Any]:
-    """A result line's custom_id, HTTP status (0: never ran) and body."""
-    custom_id = str(line["custom_id"])
-    response = line.get("response")
-    if not response:
-        return custom_id, 0, line.get("error")  # expired or cancelled before it ran
-    return custom_id, int(response.get("status_code") or 0), response.get("body")
-
-
-def _error_message(body: Any) -> str:
-    try:
-        return str(body["error"]["message"])[:500]
-    except (KeyError, TypeError):
-        return str(body)[:500]

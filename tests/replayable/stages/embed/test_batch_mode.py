@@ -254,10 +254,9 @@ def _batch_spec(dsn, model, **overrides):
         chunker_key=CHUNKS.key,
         connect=connect,
         budget=RequestBudget(model.base_url, 4),
-        inputs_per_call=2,
         mode="batch",
         batches=api,
-        **overrides,
+        **{"inputs_per_call": 2, **overrides},
     )
     return spec, connect
 
@@ -434,7 +433,9 @@ def test_a_batch_another_task_collected_first_is_not_read_again(conn, dsn, model
     ((submission, batch_id),) = stale
     late = BatchModeEmbed(spec, [], _Io())
     try:
-        late._advance({"submission": submission, "batch_id": batch_id})
+        late._advance(
+            {"submission": submission, "batch_id": batch_id, "provider": spec.batches.base_url}
+        )
     finally:
         late.db.close()
     assert late.errors == {}

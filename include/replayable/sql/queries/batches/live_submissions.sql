@@ -1,5 +1,5 @@
 -- The submissions not collected yet that hold any of these chunks (ADR 0117).
-SELECT DISTINCT b.submission, b.batch_id, b.status, b.run_id,
+SELECT DISTINCT b.submission, b.provider, b.batch_id, b.status, b.run_id,
        extract(epoch FROM b.created_at)::float8 AS created_at
 FROM replayable.provider_batch_chunks c
 JOIN replayable.provider_batches b ON b.submission = c.submission
