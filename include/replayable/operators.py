@@ -233,6 +233,7 @@ class IdempotentStageOperator(BaseOperator):
                 models=models,
                 dag_id=ti.dag_id,
                 map_index=ti.map_index,
+                announces=pipeline.announces(self.stage),
             )
             spec = pipeline.stage(self.stage).build(build)
             result = run_batch(

@@ -192,9 +192,7 @@ def test_a_search_that_names_no_model_reads_the_model_that_holds_the_vectors(top
     assert found.hits
 
 
-def test_a_question_of_another_dimension_is_refused_naming_the_dimensions_held(
-    topics, conn, dsn
-):
+def test_a_question_of_another_dimension_is_refused_naming_the_dimensions_held(topics, conn, dsn):
     """Vectors of 256 dimensions, a question of 64: no comparison across dimensions (which
     Postgres refuses), but a refusal that names what the ledger holds."""
     scope, vector = _query_vector(conn, dsn)

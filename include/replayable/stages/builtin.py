@@ -44,6 +44,7 @@ class ExtractStage(Stage):
 
     name = "extract"
     reads = None
+    last = False  # its spec never announces: a later stage does
 
     version = _PackageVersion("extract")
 
@@ -83,6 +84,7 @@ class ChunkStage(Stage):
 
     name = "chunk"
     reads = "extract"
+    last = False  # its spec never announces: embed does
 
     version = _PackageVersion("chunk")
 
@@ -162,6 +164,8 @@ class SummarizeStage(Stage):
 
     name = "summarize"
     reads = "extract"
+    last = False  # embed announces document_pipeline's documents
+    writes_artifacts = True
 
     version = _PackageVersion("summarize")
 
