@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+import threading
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -14,7 +15,7 @@ import pytest
 from checks import rows, scalar, subset
 from in_process import PipelineInProcess
 from replayable import ArtifactStage, Document, Pipeline
-from replayable.stage_identity import class_path, code_hash
+from replayable.stage_identity import Identity, StageIdentityError, class_path, code_hash, record
 from replayable.stages.builtin import CHUNK, EMBED, EXTRACT, SUMMARIZE
 
 STAGE_FILE = '''
@@ -159,8 +160,9 @@ def test_the_final_stage_announces_unless_a_stage_says_which_does():
     assert not Pipeline("p", (EXTRACT, Tags())).announces("extract")
     shipped = Pipeline("p", (EXTRACT, CHUNK, EMBED, SUMMARIZE))
     assert [shipped.announces(n) for n in shipped.names] == [False, False, True, False]
-    # A stage that says last = True is the one; the final stage then keeps quiet.
+    # A stage that says last = True (embed) is the one; the final stage then keeps quiet.
     assert not Pipeline("p", (EXTRACT, CHUNK, EMBED, Tags())).announces("tags")
+    assert Pipeline("p", (EXTRACT, SUMMARIZE)).announces("summarize")
 
 
 @pytest.mark.parametrize("reads", ["chunk", "embed"])
@@ -197,3 +199,38 @@ def test_the_class_path_drops_the_prefix_airflow_gives_a_dag_files_module():
     module = ModuleType(f"unusual_prefix_{'ab' * 20}_my_pipeline")
     cls = type("Tags", (), {"__module__": module.__name__})
     assert class_path(cls) == "my_pipeline.Tags"
+
+
+def test_two_plans_recording_one_new_name_at_once_cannot_both_take_it(conn, dsn):
+    """The first plan's transaction holds the name until it ends: the second, started while
+    the first is open, waits for it and is refused, whichever order the commits reach."""
+    from replayable import db
+
+    db.migrate(conn)
+    conn.commit()
+    first, second = db.connect(dsn), db.connect(dsn)
+    outcome: list[BaseException | None] = []
+
+    def plan_second() -> None:
+        try:
+            record(second, [Identity("tags", "theirs.Tags", "1.0", None, {})], dag_id="two")
+            second.commit()
+            outcome.append(None)
+        except StageIdentityError as error:
+            second.rollback()
+            outcome.append(error)
+
+    try:
+        record(first, [Identity("tags", "mine.Tags", "1.0", None, {})], dag_id="one")
+        waiting = threading.Thread(target=plan_second)
+        waiting.start()
+        first.commit()
+        waiting.join(timeout=60)
+    finally:
+        first.close()
+        second.close()
+    assert len(outcome) == 1 and isinstance(outcome[0], StageIdentityError), outcome
+    assert "mine.Tags" in str(outcome[0]) and "theirs.Tags" in str(outcome[0])
+    assert rows(conn, "SELECT stage, class_path FROM replayable.stage_identities") == [
+        ("tags", "mine.Tags")
+    ]

@@ -164,7 +164,6 @@ class SummarizeStage(Stage):
 
     name = "summarize"
     reads = "extract"
-    last = False  # embed announces document_pipeline's documents
     writes_artifacts = True
 
     version = _PackageVersion("summarize")
@@ -196,6 +195,7 @@ class SummarizeStage(Stage):
             max_in_flight=choice.max_in_flight,
             extractor_version=extractor_id(settings.extractor),
             max_call_s=max_call_s(choice, retry.max_total_s),
+            last_stage=bool(ctx.announces),
         )
 
 
