@@ -5,6 +5,7 @@ PY     := $(VENV)/bin/python
 STATE  := .local
 DEVENV := PYTHONPATH=include:. $(PY) -m devtools.devenv --state $(STATE)
 CONF   ?= {}
+DAG    ?= document_pipeline
 PYTEST_ARGS ?=
 # Compiled modules are cached (in __pycache__, ignored by git) even where the environment
 # turns that off: otherwise each of the test workers compiles the package and rewrites every
@@ -59,13 +60,14 @@ status: install
 env: install
 	@$(DEVENV) env
 
-# One run of document_pipeline with CONF, e.g. make run CONF='{"source": "/data/pdfs"}'.
-# Services it had to start are stopped afterwards, however the run ends.
+# One run of the pipeline DAG (document_pipeline unless DAG names another of dags/) with
+# CONF, e.g. make run CONF='{"source": "/data/pdfs"}' or make run DAG=keyword_pipeline; it
+# prints the run's report. Services it had to start are stopped afterwards, however it ends.
 run: install
-	@$(DEVENV) run --conf '$(CONF)'
+	@$(DEVENV) run --dag '$(DAG)' --conf '$(CONF)'
 
 demo: install
-	@$(MAKE) --no-print-directory run CONF='{"batch_size": 8, "model": "local-wordllama-256", "stages": ["extract", "chunk", "embed", "summarize"]}'
+	@$(MAKE) --no-print-directory run DAG=document_pipeline CONF='{"batch_size": 8, "model": "local-wordllama-256", "stages": ["extract", "chunk", "embed", "summarize"]}'
 
 # Every tier, in two sessions: the unit, database and harness tiers on four pytest-xdist
 # workers, then the tiers that boot Airflow, a cluster, a clean venv or the benchmarks, one

@@ -363,3 +363,24 @@ def task_states(env: dict[str, str], dag_id: str, run_id: str) -> dict[str, str]
             run_id,
         )
     )
+
+
+# The README's one-file pipeline of a stage of your own ("Write your own stage"): its DAG id.
+README_EXAMPLE_DAG = "top_words_pipeline"
+
+
+def readme_stage_example() -> str:
+    """The first Python block of the README's "Write your own stage", as a user copies it."""
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Write your own stage") :]
+    start = section.index("```python\n") + len("```python\n")
+    return section[start : section.index("```\n", start)]
+
+
+def paste_readme_example(dags: Path, name: str = "top_words.py") -> Path:
+    """A copy of the project's ``dags/`` in ``dags``, with the README's example pasted into a
+    new file of it, as a user would: the folder a stock Airflow parses."""
+    shutil.copytree(ROOT / "dags", dags, ignore=shutil.ignore_patterns("__pycache__"))
+    path = dags / name
+    path.write_text(readme_stage_example())
+    return path

@@ -88,6 +88,8 @@ class PipelineInProcess:
     user: str | None = "tester"
     tasks: dict[tuple[str, int], Outcome] = field(default_factory=dict)
     pipeline: Pipeline | None = None
+    # The asset events the last run's publish task emitted, by asset.
+    outlets: dict[Any, Any] = field(default_factory=dict)
 
     def __call__(self, conf: dict[str, Any]) -> dict[str, Any]:
         run_id = f"manual__in-process-{next(_RUNS)}"
@@ -154,6 +156,7 @@ class PipelineInProcess:
         current = context("publish")
         publisher = PublishEventsOperator(task_id="publish")
         outlets: dict[Any, Any] = defaultdict(SimpleNamespace)
+        self.outlets = outlets
         try:
             publisher.execute({**current, "outlet_events": outlets})
             self.tasks["publish", -1] = Outcome("success", 1)

@@ -53,3 +53,37 @@ def test_every_registered_tier_but_the_unit_ones_is_in_the_slow_session_or_test_
     in_slow = set(_marker_expression(slow).replace(" or ", " ").split())
     assert names - {"db"} == excluded, "test-fast must name every tier it leaves out"
     assert in_slow <= names and in_slow <= excluded
+
+
+def _devenv_line(target: str, *args: str) -> list[str]:
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith("MAKE") and k not in ("DAG", "CONF")
+    }
+    done = subprocess.run(
+        ["make", "-n", "--no-print-directory", "-C", str(ROOT), target, *args],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env,
+    )
+    (line,) = [line for line in done.stdout.splitlines() if " -m devtools.devenv " in line]
+    words = shlex.split(line)
+    return words[words.index("run") :]
+
+
+def test_make_run_runs_the_pipeline_dag_names_with_conf_document_pipeline_by_default():
+    conf = '{"source": "/data/pdfs"}'
+    assert _devenv_line("run", f"CONF={conf}") == [
+        "run",
+        "--dag",
+        "document_pipeline",
+        "--conf",
+        conf,
+    ]
+    assert _devenv_line("run", "DAG=top_words_pipeline", f"CONF={conf}") == [
+        "run",
+        "--dag",
+        "top_words_pipeline",
+        "--conf",
+        conf,
+    ]

@@ -66,31 +66,53 @@ def check_conf(conf: str, roots: Sequence[str] | None = None) -> dict[str, Any]:
     return parsed
 
 
-def run(state: Path, conf: str, *, quiet: bool = True) -> int:
-    """Run document_pipeline once through ``airflow dags test``; print and save its report."""
+def run(
+    state: Path,
+    conf: str,
+    *,
+    quiet: bool = True,
+    dag_id: str = DAG_ID,
+    dags_folder: Path | None = None,
+) -> int:
+    """Run a pipeline of ``dags_folder`` (the project's dags/ by default) once through
+    ``airflow dags test``; print and save its report."""
     # `airflow dags test` runs here, with this environment's roots.
     check_conf(conf, allowed_roots())
     with running(state) as services:
-        return _run(state, services, conf, quiet=quiet)
+        return _run(state, services, conf, quiet=quiet, dag_id=dag_id, dags_folder=dags_folder)
 
 
-def _run(state: Path, services: Services, conf: str, *, quiet: bool) -> int:
+def _run(
+    state: Path,
+    services: Services,
+    conf: str,
+    *,
+    quiet: bool,
+    dag_id: str,
+    dags_folder: Path | None,
+) -> int:
     from replayable.pipeline import format_report
 
     env = airflow_env(services, state)
+    if dags_folder is not None:
+        env["AIRFLOW__CORE__DAGS_FOLDER"] = str(dags_folder.resolve())
     migrate_airflow(env)
     log_path = state / "last_run.log"
     started = datetime.now(UTC)
     with open(log_path, "w") as log:
         done = run_airflow(
-            ["dags", "test", DAG_ID, "--conf", conf],
+            ["dags", "test", dag_id, "--conf", conf],
             env,
             stdout=log if quiet else None,
             stderr=subprocess.STDOUT,
         )
-    report = latest_report(services.replayable_dsn, started)
+    report = latest_report(services.replayable_dsn, started, dag_id=dag_id)
     if report is None:
-        errors = [line for line in log_path.read_text().splitlines() if "Error" in line]
+        errors = [
+            line
+            for line in log_path.read_text().splitlines()
+            if "Error" in line or "could not be found" in line
+        ]
         print(errors[-1] if errors else "the run wrote no report", file=sys.stderr)
         print(f"airflow log: {log_path}", file=sys.stderr)
         return done.returncode or 1
@@ -187,8 +209,12 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("status", help="show what runs where")
     sub.add_parser("env", help="print the Airflow environment as shell exports")
     sub.add_parser("migrate", help="migrate Airflow's metadata database")
-    run_cmd = sub.add_parser("run", help="run document_pipeline once and print its report")
+    run_cmd = sub.add_parser("run", help="run a pipeline once and print its report")
+    run_cmd.add_argument("--dag", default=DAG_ID, help=f"its DAG id (default: {DAG_ID})")
     run_cmd.add_argument("--conf", default="{}")
+    run_cmd.add_argument(
+        "--dags-folder", type=Path, default=None, help="the DAG folder (default: dags/)"
+    )
     run_cmd.add_argument("--verbose", action="store_true", help="show Airflow's output")
     sub.add_parser("airflow", help="run Airflow standalone on 127.0.0.1:8080 until Ctrl-C")
     sub.add_parser("cluster", help="start Redis, Airflow on CeleryExecutor and two workers")
@@ -212,7 +238,13 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "migrate":
         migrate_airflow(airflow_env(Services.load(args.state), args.state))
     elif args.command == "run":
-        return run(args.state, args.conf, quiet=not args.verbose)
+        return run(
+            args.state,
+            args.conf,
+            quiet=not args.verbose,
+            dag_id=args.dag,
+            dags_folder=args.dags_folder,
+        )
     elif args.command == "airflow":
         return serve_airflow(args.state)
     elif args.command == "cluster":

@@ -329,13 +329,13 @@ def drop_search_indexes(conn: Any) -> None:
             cur.execute(sql.SQL("DROP INDEX {}").format(sql.Identifier("replayable", index)))
 
 
-def latest_report(dsn: str, since: datetime) -> dict[str, Any] | None:
-    """The newest run report written at or after ``since``."""
+def latest_report(dsn: str, since: datetime, dag_id: str | None = None) -> dict[str, Any] | None:
+    """The newest run report written at or after ``since`` (by ``dag_id``'s runs if given)."""
     from replayable import db
 
     conn = db.connect(dsn)
     try:
-        rows = db.fetch_all(conn, "report/latest_report", {"since": since})
+        rows = db.fetch_all(conn, "report/latest_report", {"since": since, "dag_id": dag_id})
     finally:
         conn.close()
     return rows[0]["report"] if rows else None

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 from airflow.sdk import TaskGroup, get_current_context
 from airflow.sdk.exceptions import AirflowFailException, DownstreamTasksSkipped
 
-from replayable import config, db, pipeline, sources
+from replayable import config, db, pipeline, sources, stage_identity
 from replayable.context import triggered_by
 from replayable.hooks import connection_dsn, run_models
 from replayable.settings import PipelineSettings, check_conf_keys
@@ -65,14 +65,23 @@ def plan(
         stages.check(settings)
     except ValueError as error:
         raise AirflowFailException(str(error)) from None
-    hashes = stages.spec_hashes(
-        settings, run_models(settings, model_conn_id, stages.effective_stages(settings))
-    )
+    models = run_models(settings, model_conn_id, stages.effective_stages(settings))
+    hashes = stages.spec_hashes(settings, models)
     max_map_length = config.max_map_length()
     slots = config.batch_slots()
+    found = stage_identity.identities(stages, settings, models)
+
+    def record_identities(conn: db.Connection) -> None:
+        db.migrate(conn)
+        stage_identity.record(conn, found, dag_id=ti.dag_id)
+
+    # Its own short transaction: the rows it locks are every pipeline's (ADR 0140).
+    try:
+        _on_database(postgres_conn_id, record_identities, "stage identities")
+    except stage_identity.StageIdentityError as error:
+        raise AirflowFailException(str(error)) from None
 
     def record_and_plan(conn: db.Connection) -> tuple[int, list[dict[str, Any]]]:
-        db.migrate(conn)
         documents = _record_documents(conn, settings, context)
         pipeline.record_run_settings(
             conn, dag_id=ti.dag_id, run_id=ti.run_id, params=dict(context["params"])

@@ -243,6 +243,7 @@ class IdempotentStageOperator(BaseOperator):
                 models=models,
                 dag_id=ti.dag_id,
                 map_index=ti.map_index,
+                announces=pipeline.announces(self.stage),
             )
             spec = self._build(pipeline, build, dsn)
             result = run_batch(

@@ -87,6 +87,36 @@ class BuildContext:
     # The task the stage runs in (recorded with what it submits to a provider's batches).
     dag_id: str | None = None
     map_index: int | None = None
+    # Whether the stage announces its documents ``document.ready`` in this pipeline
+    # (:meth:`Pipeline.announces`); None: as its own ``last`` says.
+    announces: bool | None = None
+
+
+# ``version = "auto"``: the version is derived from the stage class's code (ADR 0140).
+AUTO_VERSION = "auto"
+
+
+class _CodeVersion:
+    """An ``auto`` version: ``auto-`` and the start of the hash of the stage's code, taken
+    when it is first asked for (the planner, a task), once per class."""
+
+    def __init__(self) -> None:
+        self._found: dict[type, str] = {}
+
+    def __get__(self, instance: object, owner: type | None = None) -> str:
+        from replayable.stage_identity import code_hash
+
+        cls = owner if owner is not None else type(instance)
+        if cls not in self._found:
+            found = code_hash(cls)
+            if found is None:
+                raise ValueError(
+                    f"stage class {cls.__qualname__}: version = 'auto' needs its source code,"
+                    " which Python cannot find (a class made in a REPL or by exec); set a"
+                    " version of your own"
+                )
+            self._found[cls] = f"{AUTO_VERSION}-{found[:12]}"
+        return self._found[cls]
 
 
 class Stage(ABC):
@@ -98,13 +128,33 @@ class Stage(ABC):
       shares the ledger unless it is the same stage;
     - ``reads``: the stage whose output it reads, or None for the document itself;
     - ``version``: its code version; raising it redoes its items (and the stages that read it);
-    - ``last``: whether a document done in it is announced ``document.ready``.
+      ``"auto"``: derived from the class's code, so that a change of code redoes them;
+    - ``last``: whether a document done in it is announced ``document.ready``; None (the
+      default): when it is its pipeline's final stage and no stage there says ``last = True``.
+
+    The ledger holds one class per name, and one code per name and version: a pipeline
+    whose stage breaks either is refused at plan (:mod:`replayable.stage_identity`).
     """
 
     name: str = ""
     reads: str | None = None
     version: str = "1.0"
-    last: bool = False
+    last: bool | None = None
+    # Whether its output per document is a JSON artifact (what an ArtifactStage reads).
+    writes_artifacts: bool = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.__dict__.get("version") == AUTO_VERSION:
+            cls.version = _CodeVersion()  # type: ignore[assignment]
+
+    def check_input(self, source: Stage | None) -> str | None:
+        """Why this stage cannot read ``source`` (None: the document), or None if it can.
+
+        The pipeline asks when it is made, so that a DAG file whose stages cannot work is
+        refused when it is parsed, not when a task first runs.
+        """
+        return None
 
     def key_config(self, settings: PipelineSettings, models: Models) -> dict[str, Any]:
         """The config that shapes this stage's output under a run's settings (its key)."""
@@ -156,6 +206,9 @@ class Pipeline:
                 raise ValueError(
                     f"stage {stage.name!r} reads {stage.reads!r}, which is not a stage before it"
                 )
+            refused = stage.check_input(by_name[stage.reads] if stage.reads else None)
+            if refused is not None:
+                raise ValueError(refused)
             by_name[stage.name] = stage
         if not by_name:
             raise ValueError("a pipeline needs at least one stage")
@@ -182,6 +235,14 @@ class Pipeline:
             raise ValueError(
                 f"stage: {name!r} is not one of {list(self.names)} ({self.dag_id})"
             ) from None
+
+    def announces(self, name: str) -> bool:
+        """Whether ``name``'s documents done are announced ``document.ready``: its ``last``,
+        or when it says nothing, whether it is the final stage and no stage says True."""
+        stage = self.stage(name)
+        if stage.last is not None:
+            return stage.last
+        return stage is self.stages[-1] and not any(s.last for s in self.stages)
 
     def inputs(self) -> dict[str, str | None]:
         return {stage.name: stage.reads for stage in self.stages}

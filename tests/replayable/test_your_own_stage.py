@@ -15,7 +15,14 @@ from typing import Any, ClassVar
 import pytest
 
 import corpus
-from checks import rows, scalar, scrape_metrics, subset
+from checks import (
+    README_EXAMPLE_DAG,
+    paste_readme_example,
+    rows,
+    scalar,
+    scrape_metrics,
+    subset,
+)
 from in_process import PipelineInProcess
 from replayable import ArtifactStage, Document, Pipeline
 from replayable.retry import ItemError
@@ -63,6 +70,34 @@ def run_mine(run_in_process, monkeypatch) -> PipelineInProcess:
     Shout.seen.clear()
     monkeypatch.setattr(WordCount, "fixed", False)
     return PipelineInProcess(monkeypatch, pipeline=PIPELINE)
+
+
+def test_the_readmes_example_pasted_into_a_dag_file_is_found_and_runs_as_written(
+    run_in_process, monkeypatch, conn, tmp_path
+):
+    """Parsed by Airflow's own DagBag (in safe mode, as a stock Airflow parses dags/), then
+    run: its stage does the work and announces each document; the same code again does
+    nothing."""
+    from airflow.models import DagBag
+
+    from replayable.stage import pipeline_of
+
+    path = paste_readme_example(tmp_path / "dags")
+    bag = DagBag(dag_folder=str(path), safe_mode=True)
+    assert bag.import_errors == {}
+    assert README_EXAMPLE_DAG in bag.dag_ids
+    run = PipelineInProcess(monkeypatch, pipeline=pipeline_of(README_EXAMPLE_DAG))
+    folder = subset(tmp_path, 2)
+    report = run({"source": str(folder)})
+    assert not report["_failed"], report["_tasks"]
+    assert report["stages"]["top_words"]["done"] == 2
+    assert rows(
+        conn,
+        "SELECT version LIKE 'auto-%%' FROM replayable.stage_versions WHERE stage = 'top_words'",
+    ) == [(True,)]
+    events = rows(conn, "SELECT payload->>'stage', count(*) FROM replayable.outbox GROUP BY 1")
+    assert events == [("top_words", 2)]
+    assert run({"source": str(folder)})["to_do"] == 0
 
 
 def test_the_first_run_does_the_work_and_an_identical_one_nothing(run_mine, conn, tmp_path):

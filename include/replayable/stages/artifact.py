@@ -79,6 +79,7 @@ class ArtifactStage(Stage):
     """
 
     reads: str | None = TEXT_STAGE
+    writes_artifacts = True
     input_chars: int = 100_000
     workers: int = 1
     max_item_s: float = 600.0
@@ -91,6 +92,21 @@ class ArtifactStage(Stage):
     @abstractmethod
     def process(self, document: Document) -> Mapping[str, Any]:
         """The output for one document: a JSON object (keys are strings)."""
+
+    def check_input(self, source: Stage | None) -> str | None:
+        if source is not None and (source.name == TEXT_STAGE or source.writes_artifacts):
+            return None
+        what = "the document itself" if source is None else f"{source.name!r}"
+        why = (
+            "an artifact stage never reads the document itself; the first stage of a"
+            " pipeline is EXTRACT (replayable.stages.builtin)"
+            if source is None
+            else "its output is not a JSON artifact"
+        )
+        return (
+            f"stage {self.name!r} reads {what}: {why}. An ArtifactStage reads {TEXT_STAGE!r}"
+            " (the text) or another artifact stage (an ArtifactStage, summarize)"
+        )
 
     def key_config(self, settings: Any, models: Models) -> dict[str, Any]:
         found = dict(self.config())
@@ -116,7 +132,7 @@ class ArtifactStage(Stage):
             input_chars=self.input_chars,
             workers=self.workers,
             max_call_s=self.max_item_s,
-            last_stage=self.last,
+            last_stage=bool(self.last) if ctx.announces is None else ctx.announces,
         )
 
 

@@ -44,6 +44,7 @@ class ExtractStage(Stage):
 
     name = "extract"
     reads = None
+    last = False  # its spec never announces: a later stage does
 
     version = _PackageVersion("extract")
 
@@ -83,6 +84,7 @@ class ChunkStage(Stage):
 
     name = "chunk"
     reads = "extract"
+    last = False  # its spec never announces: embed does
 
     version = _PackageVersion("chunk")
 
@@ -161,6 +163,7 @@ class SummarizeStage(Stage):
 
     name = "summarize"
     reads = "extract"
+    writes_artifacts = True
 
     version = _PackageVersion("summarize")
 
@@ -192,6 +195,7 @@ class SummarizeStage(Stage):
             max_in_flight=choice.max_in_flight,
             extractor_version=extractor_id(settings.extractor),
             max_call_s=max_call_s(choice, retry.max_total_s),
+            last_stage=bool(ctx.announces),
         )
 
 

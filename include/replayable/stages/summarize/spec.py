@@ -62,6 +62,9 @@ class SummarizeSpec(StageSpec):
     # before Postgres ends its session and frees its lock; None: no limit (see EmbedSpec).
     max_call_s: float | None = None
     systemic_after: int = 5
+    # Whether it announces its documents: an instance field, as an ArtifactSpec's is, set
+    # from the pipeline it runs in (``Pipeline.announces``).
+    last_stage: bool = False  # type: ignore[misc]
 
     def __post_init__(self) -> None:
         if not self.config.model:
