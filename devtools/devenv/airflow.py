@@ -91,6 +91,8 @@ def airflow_env(
             # what it would have cost there (ADR 0110).
             "extra": {
                 "model": "text-embedding-3-small",
+                # The local server is polled as often as a test asks (ADR 0149).
+                "min_batch_poll_s": 0.1,
                 "prices": {
                     "text-embedding-3-small": {"input": 0.02},
                     "local-wordllama-256": {"input": 0},  # runs here, for nothing

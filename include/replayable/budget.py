@@ -180,6 +180,16 @@ class RequestBudget:
         self._on_rates(execute, "budget/refund_tokens", params)
 
     @contextlib.contextmanager
+    def paced(self) -> Iterator[None]:
+        """Wait for the next send time of the rate budget: for the provider calls that carry
+        no inputs (the Files and Batch API), which take no slot but count against the
+        requests a second every worker shares (ADR 0149)."""
+        wait = self.reserve()
+        if wait > 0:
+            time.sleep(wait)
+        yield
+
+    @contextlib.contextmanager
     def slot(self, conn: Connection, tokens: int = 0) -> Iterator[int]:
         """Hold one slot on ``conn`` for the duration of the block (waits for one if needed).
 

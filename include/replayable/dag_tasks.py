@@ -65,7 +65,10 @@ def plan(
         stages.check(settings)
     except ValueError as error:
         raise AirflowFailException(str(error)) from None
-    models = run_models(settings, model_conn_id, stages.effective_stages(settings))
+    try:
+        models = run_models(settings, model_conn_id, stages.effective_stages(settings))
+    except ValueError as error:  # a setting the model connection does not allow
+        raise AirflowFailException(str(error)) from None
     hashes = stages.spec_hashes(settings, models)
     max_map_length = config.max_map_length()
     slots = config.batch_slots()
@@ -198,18 +201,30 @@ def report(postgres_conn_id: str = LEDGER_CONN_ID) -> dict[str, Any]:
     return result
 
 
-def _sweep_provider_files(conn: Any, model_conn_id: str) -> None:
+def _sweep_provider_files(conn: Any, model_conn_id: str, dsn: str) -> None:
     """Delete batch input files the provider keeps that no submission records (ADR 0117);
-    best effort: a provider without the Files API, or one that is down, is left alone."""
+    best effort: a provider without the Files API, or one that is down, is left alone. Each
+    call is paced by the connection's shared rate (ADR 0149)."""
+    from replayable.budget import RequestBudget
     from replayable.hooks import EmbeddingsHook
     from replayable.stages.embed.batch_files import sweep_orphan_files
 
     try:
-        api = EmbeddingsHook(model_conn_id).get_batch_api()
+        hook = EmbeddingsHook(model_conn_id)
+        provider = hook.get_settings()
+        # Its rate only: these calls take no slot (RequestBudget.paced).
+        budget = RequestBudget(
+            provider.base_url,
+            1,
+            max_rps=provider.max_rps,
+            connect=lambda: db.Database(dsn),
+        )
+        api = hook.get_batch_api(budget=budget)
         try:
             deleted = sweep_orphan_files(api, conn)
         finally:
             api.close()
+            budget.close()
     except Exception as error:
         log.warning("provider files were not swept: %s", type(error).__name__)
         return
@@ -246,7 +261,8 @@ def sweep(
     swept = pipeline_of(pipeline_dag_id)
     settings = PipelineSettings(max_attempts=max_attempts, stages=swept.names)
     hashes = swept.spec_hashes(settings, run_models(settings, model_conn_id, swept.names))
-    conn = db.connect(connection_dsn(postgres_conn_id))
+    dsn = connection_dsn(postgres_conn_id)
+    conn = db.connect(dsn)
     try:
         found = sweeper.select_failed(
             conn,
@@ -258,7 +274,7 @@ def sweep(
             max_attempts=max_attempts,
         )
         if db.fetch_all(conn, "batches/any_submission"):
-            _sweep_provider_files(conn, model_conn_id)
+            _sweep_provider_files(conn, model_conn_id, dsn)
             _prune_batches(conn)
     finally:
         conn.close()

@@ -36,6 +36,7 @@ from replayable.stages.summarize.config import DEFAULT_CHAT_MODEL
 from replayable.vocabulary import MODEL_CONN_ID
 
 if TYPE_CHECKING:
+    from replayable.budget import RequestBudget
     from replayable.retry import CallRetry
     from replayable.settings import PipelineSettings
     from replayable.stage import Models
@@ -146,9 +147,14 @@ class EmbeddingsHook(BaseHook):
         )
 
     def get_batch_api(
-        self, *, model: str | None = None, retry: CallRetry | None = None
+        self,
+        *,
+        model: str | None = None,
+        retry: CallRetry | None = None,
+        budget: RequestBudget | None = None,
     ) -> BatchApi:
-        """The Files and Batch API of the same endpoint and key (``embed_mode: "batch"``).
+        """The Files and Batch API of the same endpoint and key (``embed_mode: "batch"``),
+        each call paced by ``budget``'s requests a second (ADR 0149).
 
         The caller closes it (``api.close()``).
         """
@@ -165,6 +171,7 @@ class EmbeddingsHook(BaseHook):
             retry=retry or CallRetry(),
             max_connections=2,
             price=settings.price_of(chosen_model),
+            gate=budget.paced if budget is not None else None,
         )
 
     def get_conn(self) -> HttpEmbeddingClient:
@@ -254,7 +261,8 @@ def model_choice(settings: PipelineSettings, conn: str | EmbeddingsHook) -> Mode
 
     ``conn`` is the model connection's id or a hook already made for it. A run's
     ``max_in_flight`` and ``max_rps`` may only lower the connection's (invariant 15): a
-    higher ask is held to the connection's value, with a warning in the task's log.
+    higher ask is held to the connection's value, with a warning in the task's log. A
+    ``batch_poll_s`` shorter than the connection's ``min_batch_poll_s`` is refused.
     """
     hook = conn if isinstance(conn, EmbeddingsHook) else EmbeddingsHook(conn)
     provider = hook.get_settings()
@@ -274,6 +282,14 @@ def model_choice(settings: PipelineSettings, conn: str | EmbeddingsHook) -> Mode
                 allowed,
                 allowed,
             )
+    if settings.batch_poll_s < provider.min_batch_poll_s:
+        # Unlike a rate, a poll interval is not held up to the floor: the run would not
+        # poll as it asked, and it is refused at plan, naming both (ADR 0149).
+        raise ValueError(
+            f"batch_poll_s: {settings.batch_poll_s:g} s is shorter than the model "
+            f"connection allows ({provider.min_batch_poll_s:g} s, its extra "
+            "min_batch_poll_s): ask for at least that, or lower it on the connection"
+        )
     model, dimensions = _model_of(settings.model, settings.dimensions, provider)
     return ModelChoice(
         provider=provider,

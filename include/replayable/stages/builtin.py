@@ -137,7 +137,7 @@ class EmbedStage(Stage):
         )
         ctx.stack.callback(client.close)
         # Sync mode too: it collects a provider batch that holds its chunks (ADR 0130).
-        batches = hook.get_batch_api(model=choice.model, retry=retry)
+        batches = hook.get_batch_api(model=choice.model, retry=retry, budget=budget)
         ctx.stack.callback(batches.close)
         return EmbedSpec(
             provider=client,

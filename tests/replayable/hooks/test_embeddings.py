@@ -156,3 +156,16 @@ def test_an_installed_entry_point_registers_the_connection_form(tmp_path: Path) 
     ]
     assert seen["behaviour"]["hidden_fields"] == ["login", "schema", "port"]
     assert seen["notifier"]
+
+
+def test_a_poll_interval_below_the_connections_floor_is_refused_naming_both(monkeypatch) -> None:
+    """A run that polls its batches faster than the connection allows is refused at plan,
+    naming the param and the connection's floor (ADR 0149); at the floor it is accepted."""
+    use_connection(monkeypatch, "emb_poll", host="http://127.0.0.1:9/v1")
+    with pytest.raises(ValueError, match=r"batch_poll_s: 0.1 s .* \(10 s, its extra min_batch"):
+        model_choice(PipelineSettings(batch_poll_s=0.1), "emb_poll")
+    assert model_choice(PipelineSettings(batch_poll_s=10), "emb_poll").model
+    use_connection(
+        monkeypatch, "emb_fast", host="http://127.0.0.1:9/v1", extra={"min_batch_poll_s": 0.1}
+    )
+    assert model_choice(PipelineSettings(batch_poll_s=0.1), "emb_fast").model

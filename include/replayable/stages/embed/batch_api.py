@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 
 from replayable.retry import ErrorKind, ItemError
-from replayable.stages.model_http import HttpModelClient, parse_json, read_within
+from replayable.stages.model_http import Gate, HttpModelClient, parse_json, read_within
 
 # What one batch may hold, at OpenAI: requests, embedding inputs across them, file bytes.
 MAX_BATCH_REQUESTS = 50_000
@@ -95,7 +95,16 @@ def submission_of(name: str) -> str | None:
 
 
 class BatchApi(HttpModelClient):
-    """The Files and Batch API of the model connection's endpoint (see the module doc)."""
+    """The Files and Batch API of the model connection's endpoint (see the module doc).
+
+    :param gate: taken around every call, each retry included: the shared budget's rate
+        (:meth:`~replayable.budget.RequestBudget.paced`), so that these calls count against
+        the requests a second the provider allows (ADR 0149); None: no budget.
+    """
+
+    def __init__(self, *, gate: Gate | None = None, **client: Any) -> None:
+        super().__init__(**client)
+        self.gate = gate
 
     def upload(self, submission: str, data: bytes) -> str:
         """Upload a submission's lines; return the file id."""
@@ -108,7 +117,7 @@ class BatchApi(HttpModelClient):
             )
             return str(self._json(response)["id"])
 
-        return self._call(send, gate=None, describe=f"upload {submission}")
+        return self._call(send, gate=self.gate, describe=f"upload {submission}")
 
     def find_file(self, submission: str) -> str | None:
         """The id of a file a submission uploaded before, if the provider has one."""
@@ -127,7 +136,7 @@ class BatchApi(HttpModelClient):
         }
         return self._call(
             lambda attempt: BatchJob.of(self._json(self._http.post("/batches", json=body))),
-            gate=None,
+            gate=self.gate,
             describe=f"create batch {submission}",
         )
 
@@ -142,7 +151,7 @@ class BatchApi(HttpModelClient):
     def get(self, batch_id: str) -> BatchJob:
         return self._call(
             lambda attempt: BatchJob.of(self._json(self._http.get(f"/batches/{batch_id}"))),
-            gate=None,
+            gate=self.gate,
             describe=f"read batch {batch_id}",
         )
 
@@ -163,7 +172,7 @@ class BatchApi(HttpModelClient):
                 _raise_for_status(response, content)
             return response
 
-        response = self._call(open_file, gate=None, describe=f"read file {file_id}")
+        response = self._call(open_file, gate=self.gate, describe=f"read file {file_id}")
         try:
             yield _bounded_lines(response.iter_lines(), file_id)
         finally:
@@ -176,7 +185,7 @@ class BatchApi(HttpModelClient):
             _raise_for_status(response, data)
             return data
 
-        return self._call(send, gate=None, describe=f"read file {file_id}")
+        return self._call(send, gate=self.gate, describe=f"read file {file_id}")
 
     def delete_file(self, file_id: str) -> None:
         def send(attempt: int) -> None:
@@ -184,7 +193,7 @@ class BatchApi(HttpModelClient):
             if response.status_code != 404:  # already gone: what a delete wants
                 self._json(response)
 
-        self._call(send, gate=None, describe=f"delete file {file_id}")
+        self._call(send, gate=self.gate, describe=f"delete file {file_id}")
 
     def files(self, purpose: str | None = "batch") -> Iterator[dict[str, Any]]:
         """Every file of ``purpose`` the provider keeps (None: of every purpose, batch
@@ -202,7 +211,7 @@ class BatchApi(HttpModelClient):
             def read(attempt: int, q: dict[str, str] = query) -> dict[str, Any]:
                 return self._json(self._http.get(path, params=q))
 
-            page = self._call(read, gate=None, describe=f"list {path}")
+            page = self._call(read, gate=self.gate, describe=f"list {path}")
             data = page.get("data") or []
             for item in data:
                 if newer_than is not None and float(item.get("created_at") or 0) < newer_than:

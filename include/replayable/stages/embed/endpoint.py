@@ -15,7 +15,9 @@ endpoint and the secret:
   worker; ``prices``: each model's price in USD per million tokens,
   ``{"text-embedding-3-small": {"input": 0.02}, "gpt-4o-mini": {"input": 0.15,
   "output": 0.6}}``, which each answered call is costed at (ADR 0110), and
-  ``batch_input``/``batch_output`` for lines of the Batch API (default: half; ADR 0117).
+  ``batch_input``/``batch_output`` for lines of the Batch API (default: half; ADR 0117);
+  ``min_batch_poll_s``: the shortest ``batch_poll_s`` a run may ask for (default 10 s;
+  ADR 0149).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ class ModelSettings:
     max_tpm: float | None = None
     chat_model: str | None = None
     prices: Mapping[str, Price] = field(default_factory=dict)
+    min_batch_poll_s: float = 10.0
 
     def price_of(self, model: str) -> Price | None:
         return self.prices.get(model)
@@ -74,6 +77,7 @@ def settings_from_fields(
         max_tpm=_positive(extra, "max_tpm"),
         chat_model=extra.get("chat_model") or None,
         prices=prices_from_extra(extra.get("prices")),
+        min_batch_poll_s=_positive(extra, "min_batch_poll_s") or 10.0,
     )
 
 
