@@ -82,7 +82,10 @@ def test_a_batch_runs_cost_on_the_overview_is_what_the_provider_charged_at_half_
     from checks import subset
 
     connection = json.loads(os.environ["AIRFLOW_CONN_REPLAYABLE_MODEL"])
-    connection["extra"] = {"prices": {"text-embedding-3-small": {"input": 0.02}}}
+    connection["extra"] = {
+        **connection.get("extra", {}),
+        "prices": {"text-embedding-3-small": {"input": 0.02}},
+    }
     monkeypatch.setenv("AIRFLOW_CONN_REPLAYABLE_MODEL", json.dumps(connection))
     model.set_faults(batch_delay_s=0.1)
     report = run_in_process(
