@@ -506,11 +506,10 @@ def test_a_frozen_worker_holds_shared_chunks_no_longer_than_its_longest_call(con
     try:
         assert frozen.provider.entered.wait(timeout=30)
         peer = embed_spec(model.base_url, dsn)
-        peer.wait_for_peer_s = 8
-        started = time.monotonic()
+        # Generous for a loaded machine: a peer that gave up waiting would end chunk_busy.
+        peer.wait_for_peer_s = 30
         result = run(peer, dsn, peer_docs, owner="peer")
         assert sorted(result.done) == peer_docs, result.errors
-        assert time.monotonic() - started < peer.wait_for_peer_s
         assert not frozen.provider.release.is_set()  # the peer did not wait for the thaw
     finally:
         frozen.provider.release.set()
