@@ -989,14 +989,17 @@ TPM_WINDOW_S = 0.5  # the provider's bucket: 2,000 tokens, half a second of the 
 
 
 def _embed_under_tpm(model, dsn, parts, *, max_tpm):
-    """Embed each part on its own worker (a thread with its own budget and sessions)."""
+    """Embed each part on its own worker (a thread with its own budget and sessions), all
+    starting together."""
     results, spans = [], []
+    together = threading.Barrier(len(parts), timeout=30)
 
     def worker(part, n):
         spec = embed_spec(model.base_url, dsn, in_flight=4, per_call=4)
         spec.budget = RequestBudget(
             model.base_url, 4, max_tpm=max_tpm, connect=connect_to(dsn), tokens_tolerance_s=0.2
         )
+        together.wait()
         started = time.monotonic()
         try:
             results.append(run(spec, dsn, part, owner=f"w{n}"))
@@ -1025,7 +1028,8 @@ def test_two_workers_share_the_tokens_per_minute_and_cause_no_429(conn, dsn, mod
     results, spans = _embed_under_tpm(model, dsn, [doc_ids[0::2], doc_ids[1::2]], max_tpm=TPM)
     stats = model.stats()
     assert sorted(d for r in results for d in r.done) == doc_ids
-    assert max(start for start, _ in spans) < min(end for _, end in spans)  # they overlapped
+    # They overlapped: started together, neither ended before the other began.
+    assert max(start for start, _ in spans) < min(end for _, end in spans)
     assert stats["rejected_tpm"] == 0, stats
     # More than the provider's bucket was spent, so the rate, not the burst, carried it.
     assert stats["tokens_charged"] > 2 * TPM / 60 * TPM_WINDOW_S
