@@ -245,22 +245,18 @@ def ledger_metrics(conn: Any) -> dict[tuple[str, tuple[tuple[str, str], ...]], f
     return expected
 
 
-def arrival_excess(arrivals: list[float], rate: float) -> tuple[int, float]:
-    """The most requests that arrived in any window, over what ``rate`` allows in it, from
-    the provider's own arrival times (``model.arrivals()``); and that window's seconds.
+def arrivals_ahead(arrivals: list[float], rate: float, since: float) -> float:
+    """How many more requests had reached the provider by some moment than ``rate`` a second
+    allows from ``since``: max over k of (k + 1) - rate * (t_k - since), over the provider's
+    own arrival times (``model.arrivals()``) sorted, on the monotonic clock.
 
-    max over i <= j of (j - i + 1) - rate * (t_j - t_i), in one pass with a running
-    minimum: a budget of ``rate`` a second with a burst of B keeps it at or below B.
+    A budget that reserves each send time 1 / ``rate`` after the one before, the first no
+    earlier than ``since``, keeps this at 1 however late its requests go: each is sent no
+    earlier than its reservation, so the k-th to arrive (from 0) arrives no earlier than
+    ``since`` + k / ``rate``. A request held back by a loaded machine only lowers it; one sent
+    without a reservation, or before its time, raises it.
     """
-    worst, window = 0.0, 0.0
-    low, low_t = float("inf"), 0.0
-    for j, t in enumerate(sorted(arrivals)):
-        start = j - rate * t
-        if start < low:
-            low, low_t = start, t
-        if (j + 1 - rate * t) - low > worst:
-            worst, window = (j + 1 - rate * t) - low, t - low_t
-    return int(worst + 1e-9), window
+    return max((k + 1 - rate * (t - since) for k, t in enumerate(sorted(arrivals))), default=0.0)
 
 
 class ProviderSampler:
