@@ -1,6 +1,6 @@
 """replayable.invariants: a clean ledger breaks nothing; each planted break is found by name.
 
-The ledger is built by hand with the stages' real spec hashes (:func:`clean_ledger`): A done
+The ledger is built by hand with the stages' real hashes (``invariant_ledger``): A done
 in every stage with its outputs, B dead in embed, C dead in chunk, each with its letter.
 Each test breaks one thing and asserts that exactly its invariant names it.
 """
@@ -10,151 +10,23 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import psycopg2.extensions
 import pytest
 
+import corpus
+from checks import subset
+from invariant_ledger import CONFIG, MODEL, OWN, A, B, fill_clean_ledger, item, letter, run_sql
 from replayable import db, invariants
-from replayable.keys import config_hash, sha256_bytes
-from replayable.stages import chunk, embed, extract
-from replayable.stages.chunk.chunker import ChunkConfig
-from replayable.stages.lineage import chunk_hash, embed_hash, extract_hash
+from replayable.keys import config_hash
+from replayable.stages.lineage import embed_hash, extract_hash
 
 pytestmark = pytest.mark.db
-
-A, B, C = "a" * 64, "b" * 64, "c" * 64
-MODEL = "text-embedding-3-small"
-CONFIG = ChunkConfig()
-OWN = {doc: sha256_bytes(f"own {doc}".encode()) for doc in (A, B)}
-SHARED = sha256_bytes(b"shared")
-
-
-def run_sql(conn: Any, sql: str, *params: Any) -> None:
-    with conn.cursor() as cur:
-        cur.execute(sql, params)
-    conn.commit()
-
-
-def item(conn: Any, stage: str, doc: str, status: str, spec: str, **extra: Any) -> None:
-    """A current row of ``doc`` in ``stage``, keyed ``<stage>-<doc>``."""
-    config = {"extract": {"engine": "pdfium"}, "embed": {"model": MODEL, "dimensions": None}}
-    version = {"extract": extract.VERSION, "chunk": chunk.VERSION, "embed": embed.VERSION}
-    row = {
-        "stage": stage,
-        "item_key": f"{stage}-{doc[0]}",
-        "doc_id": doc,
-        "status": status,
-        "attempts": 1,
-        "code_version": version.get(stage, "1.0"),
-        "config_hash": config_hash(config.get(stage, {"size": 800, "overlap": 100})),
-        "spec_hash": spec,
-        "is_current": True,
-        **extra,
-    }
-    names = ", ".join(row)
-    marks = ", ".join(f"%({name})s" for name in row)
-    with conn.cursor() as cur:
-        cur.execute(f"INSERT INTO replayable.stage_runs ({names}) VALUES ({marks})", row)  # noqa: S608
-
-
-def letter(conn: Any, stage: str, doc: str, item_key: str, status: str = "open") -> None:
-    run_sql(
-        conn,
-        "INSERT INTO replayable.dead_letters (stage, item_key, doc_id, error_class, error_kind,"
-        " error, attempts, code_version, status) VALUES (%s, %s, %s, 'http_400', 'terminal',"
-        " 'refused', 1, '1.0', %s)",
-        stage,
-        item_key,
-        doc,
-        status,
-    )
 
 
 @pytest.fixture
 def ledger(conn: Any) -> Any:
     """A, B and C as the module docstring says, with a saved report of their run."""
-    run_sql(
-        conn,
-        "INSERT INTO replayable.documents (doc_id, uri, size_bytes)"
-        " VALUES (%s, '/a.pdf', 1), (%s, '/b.pdf', 1), (%s, '/c.pdf', 1)",
-        A,
-        B,
-        C,
-    )
-    for doc in (A, B, C):
-        item(conn, "extract", doc, "done", extract_hash())
-        run_sql(
-            conn,
-            "INSERT INTO replayable.extractions (doc_id, extractor_version, page_count, text,"
-            " text_sha256, engine) VALUES (%s, %s, 1, 'text', 'sha', 'pdfium')",
-            doc,
-            extract.extractor_id(),
-        )
-    item(conn, "chunk", A, "done", chunk_hash(CONFIG))
-    item(conn, "chunk", B, "done", chunk_hash(CONFIG))
-    item(conn, "chunk", C, "dead", chunk_hash(CONFIG), error_class="empty_text")
-    letter(conn, "chunk", C, "chunk-c")
-    for doc in (A, B):
-        for ordinal, chunk_id in enumerate((OWN[doc], SHARED)):
-            run_sql(
-                conn,
-                "INSERT INTO replayable.chunks (chunk_id, text) VALUES (%s, 'x')"
-                " ON CONFLICT DO NOTHING",
-                chunk_id,
-            )
-            run_sql(
-                conn,
-                "INSERT INTO replayable.doc_chunks VALUES (%s, %s, %s, %s, %s)",
-                doc,
-                extract.extractor_id(),
-                CONFIG.key,
-                ordinal,
-                chunk_id,
-            )
-    for chunk_id in (OWN[A], SHARED):
-        run_sql(
-            conn,
-            "INSERT INTO replayable.embeddings (chunk_id, model, dim, embedding)"
-            " VALUES (%s, %s, 3, '[1, 2, 3]')",
-            chunk_id,
-            MODEL,
-        )
-    item(conn, "embed", A, "done", embed_hash(MODEL, None, CONFIG))
-    item(conn, "embed", B, "dead", embed_hash(MODEL, None, CONFIG), error_class="http_400")
-    letter(conn, "embed", B, "embed-b")
-    run_sql(
-        conn,
-        "INSERT INTO replayable.artifacts (stage, artifact_key, data)"
-        " VALUES ('summarize', 'k', '{}')",
-    )
-    item(conn, "summarize", A, "done", "spec-summary")
-    run_sql(
-        conn,
-        "INSERT INTO replayable.item_artifacts (stage, item_key, doc_id, artifact_key)"
-        " VALUES ('summarize', 'summarize-a', %s, 'k')",
-        A,
-    )
-    run_sql(conn, "INSERT INTO replayable.runs (dag_id, run_id, documents) VALUES ('d', 'r', 3)")
-    run_sql(
-        conn,
-        "INSERT INTO replayable.run_docs (dag_id, run_id, doc_id)"
-        " VALUES ('d', 'r', %s), ('d', 'r', %s), ('d', 'r', %s)",
-        A,
-        B,
-        C,
-    )
-    report = {
-        "documents": 3,
-        "stages": {
-            "extract": {"done": 3, "not_entered": 0},
-            "chunk": {"done": 2, "dead": 1, "not_entered": 0},
-            "embed": {"done": 1, "dead": 1, "not_entered": 1},
-        },
-    }
-    run_sql(
-        conn,
-        "INSERT INTO replayable.run_reports (dag_id, run_id, report) VALUES ('d', 'r', %s)",
-        json.dumps(report),
-    )
-    return conn
+    return fill_clean_ledger(conn)
 
 
 def found(conn: Any, *, quiescent: bool = False) -> list[tuple[str, str | None, str | None]]:
@@ -178,7 +50,8 @@ def test_two_current_items_of_one_document_in_one_stage_are_found(ledger):
         assert invariants.check_ledger(ledger) == [
             invariants.Violation("one_current_item", "extract", A, "extract-a", "2 current items")
         ]
-        assert ledger.status != 0  # the caller's transaction was left as it was
+        # The caller's transaction is left as it was.
+        assert ledger.status == psycopg2.extensions.STATUS_IN_TRANSACTION
     finally:
         ledger.rollback()
 
@@ -325,3 +198,29 @@ def test_recorded_counts_replace_the_last_ones(ledger):
     assert [(r["invariant"], r["violations"], r["quiescent"]) for r in rows] == [
         ("dead_without_letter", 0, True)
     ]
+
+
+def test_a_pipeline_run_with_a_dead_document_leaves_a_clean_ledger(
+    run_in_process, conn, model, tmp_path
+):
+    folder = subset(tmp_path, 4)
+    corpus.write_pdf(folder / "poisoned.pdf", ["This text makes the provider answer POISON-400."])
+    model.set_faults(fail_inputs_containing={"POISON-400": 400})
+    report = run_in_process(
+        {
+            "source": str(folder),
+            "batch_size": 2,
+            "stages": ["extract", "chunk", "embed", "summarize"],
+        }
+    )
+    assert not report["_failed"], report["_tasks"]
+    assert report["stages"]["embed"]["dead"] == 1
+    result = invariants.run_check(conn, quiescent=True)
+    assert result.violations == [] and result.clean
+    # The check reads what the run wrote: removing one vector is seen.
+    run_sql(
+        conn,
+        "DELETE FROM replayable.embeddings WHERE chunk_id IN"
+        " (SELECT chunk_id FROM replayable.embeddings LIMIT 1)",
+    )
+    assert invariants.count_violations(conn)["done_without_output"] >= 1
