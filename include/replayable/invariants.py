@@ -118,31 +118,42 @@ def count_violations(conn: Connection, *, quiescent: bool = False) -> dict[str, 
 
 
 def run_check(
-    conn: Connection, *, quiescent: bool = False, limit: int | None = None
+    conn: Connection,
+    *,
+    quiescent: bool = False,
+    limit: int | None = None,
+    timeout_s: float | None = None,
 ) -> CheckResult:
-    """Run every check in a read-only snapshot; see :class:`CheckResult`."""
+    """Run every check in a read-only snapshot; see :class:`CheckResult`.
+
+    On a connection already in a transaction the checks run in it, and nothing is undone.
+
+    :param timeout_s: how long each statement may take (for the check's transaction only);
+        None keeps the session's statement timeout.
+    """
     if limit is not None and limit < 0:
         raise ValueError(f"limit must be at least 0, got {limit}")
     result = CheckResult(quiescent=quiescent, totals=dict.fromkeys(INVARIANTS, 0))
     if not quiescent:
         del result.totals["no_outcome"]
     if conn.status == psycopg2.extensions.STATUS_IN_TRANSACTION:
-        _run(conn, result, limit)  # the caller's transaction, as it is: nothing is undone
+        _run(conn, result, limit, timeout_s)  # the caller's transaction: nothing is undone
         return result
     restore = conn.autocommit
     conn.autocommit = False
     try:
         # One snapshot for every query, so that no check sees a transition another missed.
-        with conn.cursor() as cur:
-            cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-        _run(conn, result, limit)
+        execute(conn, "check/snapshot")
+        _run(conn, result, limit, timeout_s)
     finally:
         conn.rollback()
         conn.autocommit = restore
     return result
 
 
-def _run(conn: Connection, result: CheckResult, limit: int | None) -> None:
+def _run(conn: Connection, result: CheckResult, limit: int | None, timeout_s: float | None) -> None:
+    if timeout_s is not None:
+        fetch_all(conn, "check/allow_seconds", {"ms": str(max(1, round(timeout_s * 1000)))})
     # Each query lists at least one row, whose window count is the invariant's total.
     base = {"limit": None if limit is None else max(limit, 1)}
     plain = [
