@@ -51,6 +51,8 @@ LIVE_SUBMISSIONS = ("submitting", "waiting")
 NO_OUTCOME = ("pending", "running", "failed")
 # The report's statuses compared with the ledger's at quiescence.
 REPORT_STATUSES = ("done", "failed", "dead", "running", "pending")
+# Memory for each hash of the check (its transaction only): a million documents' keys fit.
+WORK_MEM = "256MB"
 # Artifact stages known without looking: the shipped one. Others are found in item_artifacts.
 ARTIFACT_STAGES = ("summarize",)
 _CHUNKER_KEY = re.compile(r"^v(?P<version>.+)-s(?P<size>\d+)-o(?P<overlap>\d+)$")
@@ -152,20 +154,21 @@ def run_check(
 
 
 def _run(conn: Connection, result: CheckResult, limit: int | None, timeout_s: float | None) -> None:
-    if timeout_s is not None:
-        fetch_all(conn, "check/allow_seconds", {"ms": str(max(1, round(timeout_s * 1000)))})
+    ms = None if timeout_s is None else str(max(1, round(timeout_s * 1000)))
+    fetch_all(conn, "check/budget", {"work_mem": WORK_MEM, "ms": ms})
     # Each query lists at least one row, whose window count is the invariant's total.
     base = {"limit": None if limit is None else max(limit, 1)}
+    lineages = Lineages.of_ledger(conn)
+    stages = {"stages": lineages.stages}
     plain = [
         ("one_current_item", "check/current_items", base),
         ("done_with_open_letter", "check/done_with_open_letter", base),
-        ("dead_without_letter", "check/dead_without_letter", base),
+        ("dead_without_letter", "check/dead_without_letter", {**base, **stages}),
         ("one_open_letter", "check/open_letters", base),
         ("claim_without_submission", "check/live_claims", {**base, "live": list(LIVE_SUBMISSIONS)}),
         ("counters_equal_ledger", "check/counters", base),
         ("report_equals_ledger", "check/report_balance", base),
     ]
-    lineages = Lineages.of_ledger(conn)
     outputs = [
         ("check/extract_outputs", {**base, **lineages.extract_params()}),
         ("check/chunk_outputs", {**base, **lineages.chunk_params()}),
@@ -178,7 +181,7 @@ def _run(conn: Connection, result: CheckResult, limit: int | None, timeout_s: fl
         _add(result, "done_without_output", fetch_all(conn, query, params), limit)
     # Before quiescence only a running item under an expired lease is worth naming.
     statuses = list(NO_OUTCOME) if result.quiescent else ["running"]
-    outcome = {**base, "statuses": statuses, "stale_only": not result.quiescent}
+    outcome = {**base, **stages, "statuses": statuses, "stale_only": not result.quiescent}
     rows = fetch_all(conn, "check/no_outcome", outcome)
     if result.quiescent:
         _add(result, "no_outcome", rows, limit)
@@ -248,6 +251,7 @@ class Lineages:
     chunk_reads: dict[str, str] = field(default_factory=dict)  # spec hash -> extractor
     sizes: dict[str, tuple[str, int | None]] = field(default_factory=dict)  # -> model, dims
     embed_reads: dict[str, tuple[str, str]] = field(default_factory=dict)  # -> extractor, chunker
+    stages: list[str] = field(default_factory=list)  # every stage with current rows
 
     @classmethod
     def of_ledger(cls, conn: Connection) -> Lineages:
@@ -262,7 +266,9 @@ class Lineages:
             (row["extractor_version"], row["chunker_key"])
             for row in fetch_all(conn, "check/chunkings")
         ]
-        return cls.of(versions, chunkings, models)
+        found = cls.of(versions, chunkings, models)
+        found.stages = sorted(versions)
+        return found
 
     @classmethod
     def of(

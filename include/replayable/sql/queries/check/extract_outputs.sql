@@ -5,20 +5,30 @@
 WITH engines AS (
     SELECT * FROM unnest(%(config_hashes)s::text[], %(engines)s::text[])
         AS t (config_hash, engine)
+), done AS MATERIALIZED (
+    SELECT s.doc_id, s.item_key, s.code_version, g.engine,
+           s.code_version || '+' || g.engine AS extractor_version
+    FROM replayable.stage_runs s
+    LEFT JOIN engines g ON g.config_hash = s.config_hash
+    WHERE s.stage = 'extract' AND s.is_current AND s.status = 'done'
+), found AS MATERIALIZED (
+    SELECT d.* FROM done d
+    WHERE d.engine IS NOT NULL
+      AND NOT EXISTS (
+          SELECT 1 FROM replayable.extractions e
+          WHERE e.doc_id = d.doc_id AND e.extractor_version = d.extractor_version)
+    UNION ALL
+    SELECT d.* FROM done d
+    WHERE d.engine IS NULL
+      AND NOT EXISTS (
+          SELECT 1 FROM replayable.extractions e
+          WHERE e.doc_id = d.doc_id
+            AND left(e.extractor_version, length(d.code_version) + 1) = d.code_version || '+')
 )
-SELECT s.stage, s.doc_id, s.item_key,
-       'done, with no extraction under ' || s.code_version || '+' || coalesce(g.engine, '*')
+SELECT 'extract' AS stage, doc_id, item_key,
+       'done, with no extraction under ' || coalesce(extractor_version, code_version || '+*')
            AS detail,
        count(*) OVER () AS total
-FROM replayable.stage_runs s
-LEFT JOIN engines g ON g.config_hash = s.config_hash
-WHERE s.stage = 'extract' AND s.is_current AND s.status = 'done'
-  AND NOT EXISTS (
-      SELECT 1 FROM replayable.extractions e
-      WHERE e.doc_id = s.doc_id
-        AND (e.extractor_version = s.code_version || '+' || g.engine
-             OR (g.engine IS NULL
-                 AND left(e.extractor_version, length(s.code_version) + 1)
-                     = s.code_version || '+')))
-ORDER BY s.doc_id
+FROM found
+ORDER BY doc_id
 LIMIT %(limit)s
