@@ -99,17 +99,20 @@ async def search_api(
     return await find(request, search_input(q, k, source, model))
 
 
+Quiescent = Annotated[bool, Query(description="no run, sweep or redrive is in progress")]
+Limit = Annotated[int, Query(ge=1, le=1000, description="rows listed per invariant")]
+
+
+def check(conn: ReadConn, quiescent: bool, limit: int) -> CheckReport:
+    """The ledger against its invariants, for the check's page and its JSON twin."""
+    found = invariants.run_check(conn, quiescent=quiescent, limit=limit, timeout_s=CHECK_TIMEOUT_S)
+    return CheckReport.model_validate(found.as_dict())
+
+
 @router.get("/api/check")
-def check_api(
-    conn: ReadConn,
-    quiescent: Annotated[
-        bool, Query(description="no run, sweep or redrive is in progress")
-    ] = False,
-    limit: Annotated[int, Query(ge=1, le=1000, description="rows listed per invariant")] = 100,
-) -> CheckReport:
+def check_api(conn: ReadConn, quiescent: Quiescent = False, limit: Limit = 100) -> CheckReport:
     """The ledger against its invariants, as ``replayable check --json`` prints it (ADR 0135).
 
     Reads the whole ledger in one read-only snapshot: seconds on a large one.
     """
-    found = invariants.run_check(conn, quiescent=quiescent, limit=limit, timeout_s=CHECK_TIMEOUT_S)
-    return CheckReport.model_validate(found.as_dict())
+    return check(conn, quiescent, limit)

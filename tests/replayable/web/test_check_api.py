@@ -13,7 +13,7 @@ from ui_fixtures import (  # noqa: F401 - fixtures
     client_fixture,
 )
 
-from invariant_ledger import B, fill_clean_ledger, run_sql
+from invariant_ledger import A, B, fill_clean_ledger, run_sql
 
 pytestmark = pytest.mark.db
 
@@ -49,3 +49,17 @@ def test_the_limit_is_bounded_and_anonymous_requests_are_refused(
 ) -> None:
     assert client.get("/replayable/api/check?limit=0").status_code == 422
     assert anonymous.get("/replayable/api/check").status_code == 401
+
+
+def test_the_page_lists_each_violation_escaped(client: TestClient, ledger: Any) -> None:
+    run_sql(
+        ledger,
+        "INSERT INTO replayable.dead_letters (stage, item_key, doc_id, error_class, error_kind,"
+        " error, attempts, code_version) VALUES ('embed', 'old', %s, '<script>x</script>',"
+        " 'terminal', 'e', 1, '1.0')",
+        A,
+    )
+    html = client.get("/replayable/check?limit=5").text
+    assert "done_with_open_letter" in html and A[:12] in html
+    assert "<script>x" not in html and "&lt;script&gt;x" in html
+    assert 'aria-current="page">Check' in html
