@@ -212,11 +212,13 @@ def artifact_stages(conn: Connection) -> list[str]:
 
 
 def newest_report_violations(conn: Connection) -> list[Violation]:
-    """At quiescence the newest saved report still counts what the ledger holds for its run:
-    per stage and status, its documents' current items (report/stage_status, by run)."""
+    """At quiescence the newest saved report counts what the ledger holds for its run: per
+    stage and status, its documents' current items (report/stage_status, by run), unless an
+    item of those documents changed after the report was saved (a later step without a
+    report of its own)."""
     newest = fetch_all(conn, "check/newest_report")
-    if not newest:
-        return []
+    if not newest or newest[0]["changed_since"]:
+        return []  # no report, or one of a ledger that has changed since
     dag_id, run_id, report = newest[0]["dag_id"], newest[0]["run_id"], newest[0]["report"]
     stages = dict(report.get("stages") or {})
     params = {"dag_id": dag_id, "run_id": run_id, "stages": sorted(stages)}
