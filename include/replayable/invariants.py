@@ -321,7 +321,10 @@ class Lineages:
 
     def embed_params(self) -> dict[str, Any]:
         sizes, reads = list(self.sizes.values()), list(self.embed_reads.values())
+        stored = Counter(model for model, dims in sizes if dims is not None)
         return {
+            "needed_models": sorted(stored),
+            "several_sizes": sorted(model for model, n in stored.items() if n > 1),
             "config_hashes": list(self.sizes),
             "models": [model for model, _ in sizes],
             "dimensions": [dims for _, dims in sizes],
