@@ -27,6 +27,7 @@ import bookkeeping
 import check_before_call
 import engines
 import guard_overhead
+import invariant_check
 import ledger_reads
 import memory
 import retrieval
@@ -65,6 +66,7 @@ BENCHMARKS: dict[str, tuple[Benchmark, dict[str, Any], dict[str, Any]]] = {
     "tokens": (token_budget.run, {}, {"repeats": 1, "docs": 30}),
     "retrieval": (retrieval.run, {}, {"documents": 4, "per_document": 5}),
     "search-index": (search_index.run, {}, {"chunks": 5000, "queries": 10}),
+    "invariant-check": (invariant_check.run, {}, {"repeats": 1, "documents": 20_000}),
 }
 
 
@@ -84,7 +86,7 @@ def _value(row: Row) -> str:
     return f"{value:.3f}" if abs(value) < 0.1 else f"{value:.2f}"
 
 
-COUNTS = frozenset({"calls", "round trips", "429s", "stmts"})
+COUNTS = frozenset({"calls", "round trips", "429s", "stmts", "violations"})
 
 
 def _checked(row: Row, smoke: bool) -> bool:

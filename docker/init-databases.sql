@@ -60,7 +60,10 @@ BEGIN
         'dead_letters', 'dead_letter_history', 'dead_letter_counts', 'model_call_counts',
         'model_cost_counts', 'outbox_counts',
         -- The search reads chunks and their vectors; its writes go through replayable_db.
-        'doc_chunks', 'chunks', 'embeddings'
+        'doc_chunks', 'chunks', 'embeddings',
+        -- The invariant check (ADR 0150) reads each done item's outputs and the batch
+        -- claims; the metrics read the last recorded check.
+        'item_artifacts', 'provider_batch_chunks', 'invariant_checks'
     ] LOOP
         IF to_regclass('replayable.' || relation) IS NOT NULL THEN
             EXECUTE format('GRANT SELECT ON replayable.%I TO replayable_ui', relation);
@@ -69,6 +72,15 @@ BEGIN
     -- The outbox's backlog age on the overview: its order, status and age, not its payloads.
     IF to_regclass('replayable.outbox') IS NOT NULL THEN
         EXECUTE 'GRANT SELECT (seq, status, created_at) ON replayable.outbox TO replayable_ui';
+    END IF;
+    -- The invariant check: which extractions exist (not their text), submissions' status.
+    IF to_regclass('replayable.extractions') IS NOT NULL THEN
+        EXECUTE 'GRANT SELECT (doc_id, extractor_version) ON replayable.extractions'
+            ' TO replayable_ui';
+    END IF;
+    IF to_regclass('replayable.provider_batches') IS NOT NULL THEN
+        EXECUTE 'GRANT SELECT (submission, status) ON replayable.provider_batches'
+            ' TO replayable_ui';
     END IF;
     -- What runs cost (ADR 0110, 0114): a run's billed calls, their model, tokens and cost.
     IF EXISTS (

@@ -12,7 +12,7 @@ from typing import Any
 from replayable import config
 from replayable.cli import arguments
 from replayable.cli.arguments import non_empty, positive
-from replayable.cli.commands import failures, outbox, redrive, rerun, search, status
+from replayable.cli.commands import check, failures, outbox, redrive, rerun, search, status
 from replayable.search.text import DEFAULT_MODE, MODES
 from replayable.vocabulary import (
     DATABASE_URL_ENV,
@@ -43,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_rerun,
         _add_redrive,
         _add_search,
+        _add_check,
     ):
         add(sub, common)
     _add_outbox(sub, common)
@@ -94,6 +95,38 @@ def _add_status(sub: Commands, common: argparse.ArgumentParser) -> None:
         help="stop watching after this long, exiting 1 (default: %(default)s)",
     )
     command.set_defaults(handler=status.run)
+
+
+def _add_check(sub: Commands, common: argparse.ArgumentParser) -> None:
+    command = sub.add_parser(
+        "check",
+        parents=[common],
+        help="check the ledger against its invariants; exit 1 on any violation",
+        description="Check the ledger against the invariants it can show alone (ADR 0150): "
+        "one current item per stage; done, or dead with one open letter; a done item's "
+        "outputs; no chunk claim without a live submission; counters and reports equal to "
+        "the ledger. Prints each violation with its stage, document and item.",
+    )
+    command.add_argument(
+        "--quiescent",
+        action="store_true",
+        help="no run, sweep or redrive is in progress: every current item must be done or "
+        "dead, and the newest report must equal the ledger (without it, items running "
+        "under an expired lease are listed as in flight, not as violations)",
+    )
+    command.add_argument(
+        "--limit",
+        type=positive(int),
+        default=100,
+        help="rows listed per invariant; all are counted (default: %(default)s)",
+    )
+    command.add_argument(
+        "--record",
+        action="store_true",
+        help="keep the counts for the metrics endpoint (replayable_invariant_violations): "
+        "the command's one write",
+    )
+    command.set_defaults(handler=check.run)
 
 
 def _add_search(sub: Commands, common: argparse.ArgumentParser) -> None:

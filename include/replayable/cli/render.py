@@ -248,6 +248,47 @@ def search_table(data: dict[str, Any]) -> RenderableType:
     return table
 
 
+def check_tables(data: dict[str, Any]) -> RenderableType:
+    """What ``check`` found: counts per invariant, then each violation and item in flight."""
+    mode = "at quiescence" if data["quiescent"] else "while runs may be in progress"
+    counts = Table(title=f"Ledger invariants ({mode})")
+    counts.add_column("Invariant")
+    counts.add_column("Violations", justify="right")
+    for name, total in data["totals"].items():
+        counts.add_row(cell(name), Text(f"{total:,}", style="bold red" if total else ""))
+    parts: list[RenderableType] = [counts]
+    if data["violations"]:
+        parts.append(_violations_table("Violations", data["violations"], data["totals"]))
+    if data["in_flight"]:
+        title = "In flight (running under an expired lease; a violation only at quiescence)"
+        totals = {"no_outcome": data["in_flight_total"]}
+        parts.append(_violations_table(title, data["in_flight"], totals))
+    verdict = "no violation" if data["clean"] else f"{sum(data['totals'].values()):,} violations"
+    parts.append(Text(verdict, style="bold green" if data["clean"] else "bold red"))
+    return Group(*parts)
+
+
+def _violations_table(
+    title: str, rows: list[dict[str, Any]], totals: dict[str, int]
+) -> RenderableType:
+    shown = sum(totals.values())
+    table = Table(title=title, caption=_shown(len(rows), shown))
+    table.add_column("Invariant", no_wrap=True)
+    table.add_column("Stage", no_wrap=True)
+    table.add_column("Doc", no_wrap=True)
+    table.add_column("Item", no_wrap=True)
+    table.add_column("Detail", overflow="fold")
+    for row in rows:
+        table.add_row(
+            cell(row["invariant"]),
+            cell(row["stage"]),
+            cell((row["doc_id"] or "")[:12]),
+            cell((row["item_key"] or "")[:16]),
+            cell(row["detail"]),
+        )
+    return table
+
+
 def emit(
     console: Console,
     as_json: bool,

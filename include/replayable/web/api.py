@@ -7,8 +7,11 @@ returns the chunks its page lists (:mod:`.search`).
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from typing import Annotated
 
+from fastapi import APIRouter, Query, Request
+
+from replayable import invariants
 from replayable.web.database import ReadConn
 from replayable.web.filters import FailedQuery, LetterId, LetterQuery
 from replayable.web.models import (
@@ -16,6 +19,7 @@ from replayable.web.models import (
     ONE,
     PAGED,
     SEARCHED,
+    CheckReport,
     DeadLetter,
     DeadLetterList,
     FailedList,
@@ -36,6 +40,10 @@ from replayable.web.search import (
 )
 
 router = APIRouter(responses=ANY_ROUTE)
+
+# How long each statement of a check may take: the whole ledger is read, about 20 s at a
+# million documents (B22), past the UI's usual statement timeout.
+CHECK_TIMEOUT_S = 120.0
 
 
 @router.get("/api/summary")
@@ -92,3 +100,22 @@ async def search_api(
     the current vectors), by ``mode``: ``vector``, ``text`` (shared words) or ``hybrid``
     (both, fused by reciprocal rank)."""
     return await find(request, search_input(q, k, source, model, mode))
+
+
+Quiescent = Annotated[bool, Query(description="no run, sweep or redrive is in progress")]
+Limit = Annotated[int, Query(ge=1, le=1000, description="rows listed per invariant")]
+
+
+def check(conn: ReadConn, quiescent: bool, limit: int) -> CheckReport:
+    """The ledger against its invariants, for the check's page and its JSON twin."""
+    found = invariants.run_check(conn, quiescent=quiescent, limit=limit, timeout_s=CHECK_TIMEOUT_S)
+    return CheckReport.model_validate(found.as_dict())
+
+
+@router.get("/api/check")
+def check_api(conn: ReadConn, quiescent: Quiescent = False, limit: Limit = 100) -> CheckReport:
+    """The ledger against its invariants, as ``replayable check --json`` prints it (ADR 0150).
+
+    Reads the whole ledger in one read-only snapshot: seconds on a large one.
+    """
+    return check(conn, quiescent, limit)

@@ -37,6 +37,8 @@ Exported families (every label value comes from the ledger):
     events ever published: a backlog that does not drain shows as no increase.
 ``replayable_outbox_dead_lettered_total`` (counter)
     events ever dead-lettered, also those requeued since (ADR 0072).
+``replayable_invariant_violations{invariant}``, ``replayable_invariant_check_timestamp_seconds``
+    the last recorded invariant check (:mod:`.check_metrics`, ADR 0150).
 
 **Who may scrape.** Like every route of the app, a request with an Airflow JWT (bearer or
 the UI cookie) of a user allowed to see plugins. A Prometheus server has no Airflow login,
@@ -86,6 +88,7 @@ from starlette.concurrency import run_in_threadpool
 
 from replayable import db
 from replayable.vocabulary import ITEM_STATUSES, OUTBOX_STATUSES, STAGES
+from replayable.web.check_metrics import INVARIANT_METRIC_NAMES, InvariantCollector, read_counts
 
 __all__ = [
     "LATENCY_BOUNDS_MS",
@@ -244,7 +247,7 @@ def _sample_name(family: Metric) -> str:
     return f"{family.name}_total" if family.type == "counter" else family.name
 
 
-METRIC_NAMES: frozenset[str] = frozenset(
+METRIC_NAMES: frozenset[str] = INVARIANT_METRIC_NAMES | frozenset(
     name
     for family in _Families.empty().all()
     for name in (
@@ -342,6 +345,7 @@ def render(conn: db.Connection, accept: str | None = None) -> tuple[bytes, str]:
     """One scrape: the exposition text (format chosen by ``accept``) and its content type."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(LedgerCollector(lambda: read_snapshot(conn)))
+    registry.register(InvariantCollector(lambda: read_counts(conn)))
     encode, content_type = choose_encoder(accept or "")
     return encode(registry), content_type
 

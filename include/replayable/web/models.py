@@ -280,6 +280,28 @@ class Problem(BaseModel):
 Responses = dict[int | str, dict[str, Any]]
 
 
+class InvariantViolation(BaseModel):
+    """One row of the ledger that breaks one invariant (``replayable.invariants``)."""
+
+    invariant: str
+    stage: str | None
+    doc_id: str | None
+    item_key: str | None
+    detail: str
+
+
+class CheckReport(BaseModel):
+    """What ``replayable check`` finds: violations per invariant (all counted, at most
+    ``limit`` listed each) and the items in flight (running under an expired lease)."""
+
+    quiescent: bool
+    clean: bool
+    totals: dict[str, int]
+    violations: list[InvariantViolation]
+    in_flight_total: int
+    in_flight: list[InvariantViolation]
+
+
 def problem(description: str) -> dict[str, Any]:
     """A documented refusal: ``description``, with a :class:`Problem` as its JSON body."""
     # Inline and always JSON: with `model`, FastAPI would document a page's refusals as HTML.

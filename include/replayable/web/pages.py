@@ -1,5 +1,5 @@
-"""The UI's HTML pages: the overview, the failed list, the dead-letter list, one letter, and
-the search.
+"""The UI's HTML pages: the overview, the failed list, the dead-letter list, one letter, the
+search, and the invariant check.
 
 Each list page takes its filters from :mod:`.filters`, the same declaration as its JSON twin
 in :mod:`.api`, and renders the same model. Pages only read, in a read-only transaction; the
@@ -12,6 +12,7 @@ from __future__ import annotations
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import HTMLResponse
 
+from replayable.web.api import Limit, Quiescent, check
 from replayable.web.charts import chart_bars
 from replayable.web.database import ReadConn
 from replayable.web.filters import FailedQuery, LetterFilters, LetterId, LetterQuery, next_query
@@ -84,6 +85,12 @@ def dead_letter_page(conn: ReadConn, letter_id: LetterId) -> HTMLResponse:
     """One dead letter: its full error, its resolution and every change made to it."""
     letter = dead_letter(conn, letter_id)
     return page("dead_letter.html", root="../", dl=letter, filters=LetterFilters().shown())
+
+
+@router.get("/check", response_class=HTMLResponse)
+def check_page(conn: ReadConn, quiescent: Quiescent = False, limit: Limit = 100) -> HTMLResponse:
+    """The ledger against its invariants (ADR 0150): counts, then each violation."""
+    return page("check.html", data=check(conn, quiescent, limit), limit=limit)
 
 
 @router.get("/search", response_class=HTMLResponse, responses=SEARCH_PAGE)

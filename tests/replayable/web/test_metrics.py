@@ -296,6 +296,8 @@ def test_an_empty_ledger_still_declares_every_family(anonymous: TestClient, toke
         "replayable_outbox_oldest_pending_age_seconds",
         "replayable_outbox_published",
         "replayable_outbox_dead_lettered",
+        "replayable_invariant_violations",
+        "replayable_invariant_check_timestamp_seconds",
     }
     assert {
         s.name for f in text_string_to_metric_families(response.text) for s in f.samples
@@ -476,3 +478,23 @@ def test_the_backlog_age_is_read_through_the_index_of_pending_events(dsn: str, c
         assert '"Index Name": "outbox_pending_seq_idx"' in plan
     finally:
         reader.close()
+
+
+def test_the_last_recorded_check_is_a_gauge_per_invariant(
+    anonymous: TestClient, token: str, conn: Any
+) -> None:
+    from replayable import invariants
+
+    before = scrape(anonymous, Authorization=f"Bearer {token}")
+    assert not [key for key in before if key[0].startswith("replayable_invariant")]
+    invariants.record_counts(
+        conn, {"dead_without_letter": 3, "one_current_item": 0}, quiescent=False
+    )
+    samples = scrape(anonymous, Authorization=f"Bearer {token}")
+    name = "replayable_invariant_violations"
+    assert value(samples, name, invariant="dead_without_letter") == 3
+    assert value(samples, name, invariant="one_current_item") == 0
+    checked = rows(
+        conn, "SELECT extract(epoch FROM max(checked_at)) FROM replayable.invariant_checks"
+    )
+    assert value(samples, "replayable_invariant_check_timestamp_seconds") == float(checked[0][0])

@@ -38,7 +38,7 @@ def test_the_dag_it_authorizes_against_is_the_pipeline() -> None:
 
 def test_every_route_refuses_anonymous_requests(app: FastAPI, anonymous: TestClient) -> None:
     routes = _routes(app)
-    assert len(routes) == 14
+    assert len(routes) == 16
     for method, path in routes:
         response = anonymous.request(method, "/replayable" + path, headers={"Origin": ORIGIN})
         assert response.status_code == 401, (method, path)
@@ -62,7 +62,7 @@ def test_a_user_without_a_role_is_forbidden(app: FastAPI, ledger: dict[str, int]
 def test_every_role_can_read_every_page(app: FastAPI, ledger: dict[str, int], role: str) -> None:
     reader = _as(app, SimpleAuthManagerUser(username="r", role=role))
     pages = [path for method, path in _routes(app) if method == "GET"]
-    assert len(pages) == 11
+    assert len(pages) == 13
     # Asked no question, the search page shows its box; its JSON twin names what is missing.
     refused = {"/api/search": 400}
     for path in pages:

@@ -71,7 +71,8 @@ def test_the_ui_works_with_the_least_privilege_role(
     app = make_app(lambda: ui_dsn)
     client = _as(app, SimpleAuthManagerUser(username="olga", role="OP"))
     letter = ledger["encrypted"]
-    for path in ("/", "/failed", "/dead-letters", f"/dead-letters/{letter}", "/api/summary"):
+    pages = ("/", "/failed", "/dead-letters", f"/dead-letters/{letter}", "/api/summary")
+    for path in (*pages, "/api/check"):
         assert client.get("/replayable" + path).status_code == 200, path
     url = f"/replayable/dead-letters/{letter}"
     assert client.post(f"{url}/assign", data={"owner": "olga", "note": "n"}).status_code == 303
