@@ -29,6 +29,7 @@ import engines
 import guard_overhead
 import ledger_reads
 import memory
+import mirror_plan
 import retrieval
 import saturation
 import scheduler
@@ -65,6 +66,7 @@ BENCHMARKS: dict[str, tuple[Benchmark, dict[str, Any], dict[str, Any]]] = {
     "tokens": (token_budget.run, {}, {"repeats": 1, "docs": 30}),
     "retrieval": (retrieval.run, {}, {"documents": 4, "per_document": 5}),
     "search-index": (search_index.run, {}, {"chunks": 5000, "queries": 10}),
+    "mirror-plan": (mirror_plan.run, {}, {"files": 2000, "changes": 20, "repeats": 2}),
 }
 
 
@@ -84,7 +86,7 @@ def _value(row: Row) -> str:
     return f"{value:.3f}" if abs(value) < 0.1 else f"{value:.2f}"
 
 
-COUNTS = frozenset({"calls", "round trips", "429s", "stmts"})
+COUNTS = frozenset({"calls", "round trips", "429s", "stmts", "rows"})
 
 
 def _checked(row: Row, smoke: bool) -> bool:
