@@ -325,3 +325,64 @@ def test_the_sweep_purges_what_only_retracted_documents_held_after_the_retention
     assert scalar(conn, "SELECT count(*) FROM replayable.embeddings") == vectors - len(own)
     assert mirror.retracted(conn) == {"retracted": 1, "purged": 1}
     assert mirror.purge(conn, retention_days=0) == 0
+
+
+def _discover(conn: Any, folder: Path, run_id: str) -> None:
+    from replayable.pipeline import discover
+
+    discover(
+        conn,
+        str(folder),
+        dag_id="d",
+        run_id=run_id,
+        roots=[str(folder)],
+        max_bytes=2**30,
+        policy=mirror.Policy(),
+    )
+
+
+def _small_source(tmp_path: Path, n: int) -> Path:
+    folder = tmp_path / "small"
+    folder.mkdir()
+    for i in range(n):
+        (folder / f"f{i}.pdf").write_bytes(f"%PDF-1.4 file {i}\n".encode())
+    return folder
+
+
+def test_a_plan_that_runs_again_retracts_nothing_twice_and_reports_its_first_try(conn, tmp_path):
+    """A retried ``plan`` (same run) finds the listing its first try left: no second
+    retraction, no second event, and the run's counts are still the first try's."""
+    folder = _small_source(tmp_path, 10)
+    _discover(conn, folder, "r1")
+    (folder / "f0.pdf").unlink()
+    _discover(conn, folder, "r2")
+    _discover(conn, folder, "r2")
+    assert mirror.run_counts(conn, dag_id="d", run_id="r2")["retracted"] == 1
+    assert _events(conn) == {"document.deleted": 1}
+
+
+def test_a_file_that_cannot_be_read_keeps_the_document_its_path_held(conn, tmp_path, monkeypatch):
+    """Unread is not changed: a file whose stat changed and that cannot be hashed any more
+    (its permissions, say) supersedes nothing."""
+    from replayable import pipeline
+
+    folder = _small_source(tmp_path, 10)
+    _discover(conn, folder, "r1")
+    locked = folder / "f3.pdf"
+    os.utime(locked, ns=(1, 1))  # the stat differs from the cache: it is hashed again
+    real = pipeline.sha256_file
+
+    def sha256_file(path: str) -> str:
+        if path == str(locked):
+            raise PermissionError(13, "Permission denied", path)
+        return real(path)
+
+    monkeypatch.setattr(pipeline, "sha256_file", sha256_file)
+    _discover(conn, folder, "r2")
+    assert mirror.run_counts(conn, dag_id="d", run_id="r2") == {
+        "retracted": 0,
+        "superseded": 0,
+        "restored": 0,
+        "refused": None,
+    }
+    assert _retracted(conn) == set()
