@@ -7,14 +7,18 @@ Each run is document_pipeline's own plan, stages and report, in this process.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+import corpus
 from checks import SAMPLES, rows, scalar, subset
+from conftest import ROOT
 from replayable import mirror, search
 from replayable.keys import sha256_file
 from replayable.pipeline import format_report
@@ -69,13 +73,21 @@ def _paid_docs(conn: Any, run_id: str) -> set[str]:
     return {doc_id for (doc_id,) in found}
 
 
+def _demo_conf() -> dict[str, Any]:
+    """The CONF ``make demo`` runs with (on the samples, its default source)."""
+    found = re.search(r"^demo:.*\n\t.* CONF='(\{.*\})'", (ROOT / "Makefile").read_text(), re.M)
+    assert found, "make demo's CONF"
+    return dict(json.loads(found.group(1)))
+
+
 def test_deleted_and_replaced_files_leave_search_with_events_and_the_rerun_pays_only_the_new(
     run_in_process, conn, dsn, tmp_path
 ):
-    """The acceptance, as a new user would: run, delete two PDFs, replace a third with
-    another document under its name, run again."""
-    folder = subset(tmp_path, 16)
-    conf = {"source": str(folder), "stages": ["extract", "chunk", "embed", "summarize"]}
+    """The acceptance, as a new user would: ``make demo``, delete two sample PDFs, replace a
+    third with another document under its name, ``make demo`` again (on a copy of the
+    samples, the demo's own settings)."""
+    folder = subset(tmp_path, len(list(SAMPLES.glob("*.pdf"))))
+    conf = {**_demo_conf(), "source": str(folder)}
     first = run_in_process(conf)
     assert not first["_failed"], first["_tasks"]
     names = sorted(p.name for p in folder.iterdir())
@@ -85,8 +97,7 @@ def test_deleted_and_replaced_files_leave_search_with_events_and_the_rerun_pays_
     texts = {doc: _first_chunk_text(conn, doc) for doc in gone}
     for path in deleted:
         path.unlink()
-    newcomer = sorted(SAMPLES.glob("*.pdf"))[-1]  # not among the first 16
-    shutil.copy(newcomer, replaced)
+    corpus.write_pdf(replaced, ["A new report under an old name: the tide tables of the bay."])
     new_doc = _doc_id(replaced)
 
     second = run_in_process(conf)
