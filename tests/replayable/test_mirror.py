@@ -397,3 +397,35 @@ def test_a_file_that_cannot_be_read_keeps_the_document_its_path_held(conn, tmp_p
         "refused": None,
     }
     assert _retracted(conn) == set()
+
+
+def test_the_sweeper_task_purges_documents_retracted_longer_ago_than_the_retention(
+    run_in_process, conn, tmp_path, monkeypatch
+):
+    from types import SimpleNamespace
+
+    from replayable import dag_tasks
+
+    folder = subset(tmp_path, 6)
+    assert not run_in_process({"source": str(folder)})["_failed"]
+    gone = sorted(folder.iterdir())[0]
+    doc = _doc_id(gone)
+    gone.unlink()
+    assert run_in_process({"source": str(folder)})["mirror"]["retracted"] == 1
+    ti = SimpleNamespace(dag_id="replayable_sweeper", run_id="sweep-1")
+    params = {"max_attempts": 3, "min_age_minutes": 10, "max_items": 100}
+    monkeypatch.setattr(dag_tasks, "get_current_context", lambda: {"ti": ti, "params": params})
+
+    assert dag_tasks.sweep() == []
+    assert mirror.retracted(conn) == {"retracted": 1, "purged": 0}  # within the retention
+    days = mirror.RETENTION_DAYS + 1
+    rows(
+        conn,
+        "UPDATE replayable.documents SET retracted_at = now() - make_interval(days => %s)"
+        " WHERE doc_id = %s RETURNING doc_id",
+        days,
+        doc,
+    )
+    assert dag_tasks.sweep() == []
+    assert mirror.retracted(conn) == {"retracted": 1, "purged": 1}
+    assert scalar(conn, "SELECT count(*) FROM replayable.doc_chunks WHERE doc_id = %s", doc) == 0
