@@ -429,3 +429,23 @@ def test_the_sweeper_task_purges_documents_retracted_longer_ago_than_the_retenti
     assert dag_tasks.sweep() == []
     assert mirror.retracted(conn) == {"retracted": 1, "purged": 1}
     assert scalar(conn, "SELECT count(*) FROM replayable.doc_chunks WHERE doc_id = %s", doc) == 0
+
+
+def test_the_open_dead_letters_of_a_retracted_document_leave_the_work_list(
+    run_in_process, conn, model, tmp_path
+):
+    folder = subset(tmp_path, 9)
+    poisoned = folder / "poisoned.pdf"
+    corpus.write_pdf(poisoned, ["This text makes the provider answer POISON-400."])
+    model.set_faults(fail_inputs_containing={"POISON-400": 400})
+    assert run_in_process({"source": str(folder)})["dead"]["documents"] == 1
+    poisoned.unlink()
+
+    report = run_in_process({"source": str(folder)})
+
+    assert report["mirror"]["retracted"] == 1
+    ((status, resolved_by, resolution),) = rows(
+        conn, "SELECT status, resolved_by, resolution FROM replayable.dead_letters"
+    )
+    assert (status, resolved_by) == ("ignored", "discover")
+    assert "document.deleted" in resolution and "retracted" in resolution

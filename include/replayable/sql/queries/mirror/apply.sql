@@ -34,5 +34,16 @@ CROSS JOIN LATERAL (SELECT 'document.' || r.kind || ':' || r.doc_id || ':' || r.
 ORDER BY r.id
 ON CONFLICT (event_id) DO NOTHING;
 
+-- A retracted document's open dead letters leave the work list: nobody has to fix a file that
+-- is gone. Ignored, not redriven, with the reason (its items stay dead; the history keeps
+-- the change). Found through the document's current dead items, so by index.
+UPDATE replayable.dead_letters dl
+SET status = 'ignored', resolved_at = now(), resolved_by = 'discover',
+    resolution = 'its file left ' || %(source)s || ' (document.' || r.kind || ', run '
+                 || %(run_id)s || '): retracted from the index'
+FROM mirror_retract r
+JOIN replayable.stage_runs s ON s.doc_id = r.doc_id AND s.is_current AND s.status = 'dead'
+WHERE dl.stage = s.stage AND dl.item_key = s.item_key AND dl.status = 'open';
+
 UPDATE replayable.runs SET retract_refused = NULL
 WHERE dag_id = %(dag_id)s AND run_id = %(run_id)s
