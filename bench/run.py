@@ -30,6 +30,7 @@ import guard_overhead
 import invariant_check
 import ledger_reads
 import memory
+import mirror_plan
 import retrieval
 import saturation
 import scheduler
@@ -67,6 +68,7 @@ BENCHMARKS: dict[str, tuple[Benchmark, dict[str, Any], dict[str, Any]]] = {
     "retrieval": (retrieval.run, {}, {"documents": 4, "per_document": 5}),
     "search-index": (search_index.run, {}, {"chunks": 5000, "queries": 10}),
     "invariant-check": (invariant_check.run, {}, {"repeats": 1, "documents": 20_000}),
+    "mirror-plan": (mirror_plan.run, {}, {"files": 2000, "changes": 20, "repeats": 2}),
 }
 
 
@@ -86,7 +88,7 @@ def _value(row: Row) -> str:
     return f"{value:.3f}" if abs(value) < 0.1 else f"{value:.2f}"
 
 
-COUNTS = frozenset({"calls", "round trips", "429s", "stmts", "violations"})
+COUNTS = frozenset({"calls", "round trips", "429s", "stmts", "violations", "rows"})
 
 
 def _checked(row: Row, smoke: bool) -> bool:

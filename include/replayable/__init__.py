@@ -14,7 +14,11 @@ if TYPE_CHECKING:
     from replayable.dag_factory import pipeline_dag
     from replayable.operators import IdempotentStageOperator
     from replayable.params import pipeline_params
-    from replayable.publisher import DOCUMENTS_READY, PublishEventsOperator
+    from replayable.publisher import (
+        DOCUMENTS_READY,
+        DOCUMENTS_RETRACTED,
+        PublishEventsOperator,
+    )
     from replayable.sensors import DeadLetterGrowthSensor
     from replayable.settings import TASK_TIMEOUTS, PipelineSettings
     from replayable.stage import BuildContext, Models, Pipeline, Stage
@@ -22,6 +26,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DOCUMENTS_READY",
+    "DOCUMENTS_RETRACTED",
     "TASK_TIMEOUTS",
     "ArtifactStage",
     "BuildContext",
@@ -46,6 +51,7 @@ _HOMES = {
     "Stage": "replayable.stage",
     "pipeline_dag": "replayable.dag_factory",
     "DOCUMENTS_READY": "replayable.publisher",
+    "DOCUMENTS_RETRACTED": "replayable.publisher",
     "DeadLetterGrowthSensor": "replayable.sensors",
     "IdempotentStageOperator": "replayable.operators",
     "PipelineSettings": "replayable.settings",

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 from airflow.sdk import TaskGroup, get_current_context
 from airflow.sdk.exceptions import AirflowFailException, DownstreamTasksSkipped
 
-from replayable import config, db, pipeline, sources, stage_identity
+from replayable import config, db, mirror, pipeline, sources, stage_identity
 from replayable.context import triggered_by
 from replayable.hooks import connection_dsn, run_models
 from replayable.settings import PipelineSettings, check_conf_keys
@@ -163,6 +163,7 @@ def _record_documents(conn: db.Connection, settings: PipelineSettings, context: 
             run_id=ti.run_id,
             roots=sources.allowed_roots(),
             max_bytes=settings.max_bytes,
+            policy=mirror.Policy(settings.max_retract_fraction, settings.confirm_retract),
         )
     except sources.SourceError as error:
         raise AirflowFailException(str(error)) from error
@@ -171,8 +172,9 @@ def _record_documents(conn: db.Connection, settings: PipelineSettings, context: 
 
 
 def report(postgres_conn_id: str = LEDGER_CONN_ID) -> dict[str, Any]:
-    """Log the run's counts per stage and status; fail the run if any item is left to do, or
-    if it dead-lettered more of its documents than its ``max_dead_fraction``."""
+    """Log the run's counts per stage and status; fail the run if any item is left to do, if
+    it refused to retract what its source lost (ADR 0138), or if it dead-lettered more of its
+    documents than its ``max_dead_fraction``."""
     context = get_current_context()
     ti = context["ti"]
     settings = PipelineSettings.from_params(context["params"])
@@ -195,6 +197,8 @@ def report(postgres_conn_id: str = LEDGER_CONN_ID) -> dict[str, Any]:
     }
     if any(unfinished.values()):
         raise AirflowFailException(f"items left to do after this run: {unfinished}")
+    if (result.get("mirror") or {}).get("refused"):
+        raise AirflowFailException(result["mirror"]["refused"])
     too_many = pipeline.over_dead_fraction(result, settings.max_dead_fraction)
     if too_many is not None:
         raise AirflowFailException(too_many)
@@ -248,6 +252,9 @@ def sweep(
 ) -> list[dict[str, Any]]:
     """Find the failed items runs of ``pipeline_dag_id`` left; return one re-run per stage.
 
+    It also purges what documents retracted over ``mirror.RETENTION_DAYS`` ago alone held
+    (ADR 0138).
+
     The requests are ``TriggerDagRunOperator`` arguments for that pipeline; an empty list
     maps no trigger, so a sweep with nothing to do starts nothing. Items are matched against
     the spec a run with the default settings has now (ADR 0042, 0109).
@@ -276,6 +283,15 @@ def sweep(
         if db.fetch_all(conn, "batches/any_submission"):
             _sweep_provider_files(conn, model_conn_id, dsn)
             _prune_batches(conn)
+        # The purge writes columns a pipeline's plan migrates in; a sweep may come first.
+        db.migrate(conn)
+        purged = mirror.purge(conn)
+        if purged:
+            log.info(
+                "purged %d document(s) retracted over %d days ago: what only they held is gone",
+                purged,
+                mirror.RETENTION_DAYS,
+            )
     finally:
         conn.close()
     if not found.items:

@@ -35,6 +35,11 @@ log = logging.getLogger(__name__)
 
 READY = "document.ready"
 FAILED = "document.failed"
+# A whole source's listing lost the document, or a path of it holds other bytes now; a
+# retracted document found again (ADR 0138).
+DELETED = "document.deleted"
+UPDATED = "document.updated"
+RESTORED = "document.restored"
 # Answers that say the endpoint itself is missing or misconfigured, not that one event is bad:
 # 404/410 for a receiver's URL is a moved or deleted hook, and every event would get it.
 _MISSING_ENDPOINT = frozenset({"http_404", "http_410"})
@@ -410,9 +415,14 @@ def _tally(
 
 
 def publication_counts(conn: Connection, publication: str) -> dict[str, int]:
-    """How many events, and ``document.ready`` events, ``publication`` has published."""
+    """How many events ``publication`` has published: in all, ``document.ready`` ones, and
+    ones of documents that left the index (``retracted``)."""
     row = fetch_all(conn, "outbox/publication_counts", {"publication": publication})[0]
-    return {"events": int(row["events"]), "ready": int(row["ready"])}
+    return {
+        "events": int(row["events"]),
+        "ready": int(row["ready"]),
+        "retracted": int(row["retracted"]),
+    }
 
 
 def published_in(

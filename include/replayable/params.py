@@ -199,6 +199,20 @@ def pipeline_params(
             "share (0 to 1) of the documents it had work for; default: dead letters never "
             "fail a run, its report lists them.",
         ),
+        "max_retract_fraction": Param(
+            _DEFAULTS.max_retract_fraction,
+            **_bounded("max_retract_fraction", type="number"),
+            description="A run over a whole source retracts the documents its listing lost "
+            "(deleted or changed files) only up to this share of the documents its last "
+            "listing held; over it, or from an empty listing, it retracts nothing and says "
+            "why. At most 0.2: a run can only lower it.",
+        ),
+        "confirm_retract": Param(
+            None,
+            **_bounded("confirm_retract", type=["null", "integer"]),
+            description="Retract past max_retract_fraction: the exact number of documents "
+            "a refused run said it would retract (an empty listing never retracts).",
+        ),
         "max_bytes": Param(
             _DEFAULTS.max_bytes,
             **_bounded("max_bytes", type="integer"),

@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from replayable import config, sources, views
+from replayable import config, mirror, sources, views
 from replayable.db import Connection, execute, fetch_all
 from replayable.keys import sha256_bytes, sha256_file
 from replayable.settings import AUTO, BOUNDS, PipelineSettings
@@ -110,6 +110,7 @@ def discover(
     roots: Sequence[str],
     max_bytes: int,
     workers: int | None = None,
+    policy: mirror.Policy | None = None,
 ) -> int:
     """Record ``source``'s PDFs as the run's documents; return how many distinct ones.
 
@@ -118,9 +119,12 @@ def discover(
     read: it gets an id from its stat, and the extract stage dead-letters it as ``oversize``;
     so does a file that cannot be read, which extract dead-letters as ``unreadable``.
     The same bytes under two names are one document; its ``uri`` follows the file when the
-    old path is gone (a move), and a ``missing_file`` letter it left is reopened.
+    old path is gone (a move), and a ``missing_file`` letter it left is reopened. Retracted
+    documents found again are restored, and with a ``policy`` a whole source's listing is
+    mirrored into the index (:func:`replayable.mirror.mirror`).
     """
-    scanned = _stat_rows(sources.find_pdfs(source, roots))
+    unlisted: list[str] = []
+    scanned = _stat_rows(sources.find_pdfs(source, roots, unlisted))
     with conn.cursor() as cur:
         cur.execute(
             "CREATE TEMP TABLE discover_scan (path text PRIMARY KEY, size_bytes bigint,"
@@ -133,17 +137,18 @@ def discover(
 
     with ThreadPoolExecutor(workers or min(8, (os.cpu_count() or 1) * 2)) as pool:
         hashed = list(pool.map(lambda row: _digest(row, roots), readable))
+    # (…, doc_id, named from its stat, unreadable): only an unreadable file is both.
     fresh = [
-        (*row, found[0], "t" if found[1] else "f")
+        (*row, found[0], "t" if found[1] else "f", "t" if found[1] else "f")
         for row, found in zip(readable, hashed, strict=True)
         if found is not None
     ]
-    fresh += [(*row, _oversize_id(row), "t") for row in to_hash if row[1] > max_bytes]
+    fresh += [(*row, _oversize_id(row), "t", "f") for row in to_hash if row[1] > max_bytes]
     with conn.cursor() as cur:
         cur.execute(
             "CREATE TEMP TABLE discover_hashed (path text PRIMARY KEY, size_bytes bigint,"
-            " mtime_ns bigint, inode bigint, device bigint, doc_id text, stat_id boolean)"
-            " ON COMMIT DROP"
+            " mtime_ns bigint, inode bigint, device bigint, doc_id text, stat_id boolean,"
+            " unreadable boolean) ON COMMIT DROP"
         )
     _copy(conn, "discover_hashed", fresh)
     params = {
@@ -153,6 +158,7 @@ def discover(
         "retention_days": RUN_RETENTION_DAYS,
     }
     found = fetch_all(conn, "plan/discover_record", params)
+    mirror.mirror(conn, source, dag_id=dag_id, run_id=run_id, unlisted=unlisted, policy=policy)
     conn.commit()
     return int(found[0]["documents"]) if found else 0
 
@@ -416,6 +422,7 @@ def build_report(
         "cost": costs,
         "dead_letters_opened": int(dead["opened"]),
         "dead": dead_share(int(dead["documents"]), to_do, [dict(row) for row in letters]),
+        "mirror": mirror.run_counts(conn, dag_id=dag_id, run_id=run_id),
     }
     execute(
         conn,
@@ -511,6 +518,8 @@ def format_report(report: dict[str, Any]) -> str:
     cost = report.get("cost")
     if cost and cost.get("by_model"):
         lines.append(f"cost: {format_cost(cost)}")
+    if (index := mirror.report_line(report.get("mirror"))) is not None:
+        lines.append(index)
     dead = report.get("dead") or {}
     if dead.get("documents"):
         lines.append(

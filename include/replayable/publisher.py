@@ -7,7 +7,9 @@ events, so that DAGs can be scheduled on documents becoming ready. Airflow recor
 asset event in the transaction that marks the task successful; its extra names the
 publication (``{"publication": ..., "ready": n}``), which
 :func:`replayable.outbox.published_in` reads back page by page, so the extra stays the
-same size however many documents it announces (ADR 0010).
+same size however many documents it announces (ADR 0010). Documents that left the index
+(``document.deleted`` and ``document.updated``, ADR 0138) are announced the same way on
+:data:`DOCUMENTS_RETRACTED`, so that a DAG that copies the index downstream drops them.
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ from replayable.outbox import PublishLimits, publication_counts, publish
 from replayable.vocabulary import EVENTS_CONN_ID, LEDGER_CONN_ID
 
 DOCUMENTS_READY = Asset(name="replayable_documents_ready", uri="replayable://documents/ready")
+DOCUMENTS_RETRACTED = Asset(
+    name="replayable_documents_retracted", uri="replayable://documents/retracted"
+)
 
 
 class PublishEventsOperator(BaseOperator):
@@ -71,7 +76,7 @@ class PublishEventsOperator(BaseOperator):
         max_s: float | str = PublishLimits.max_s,
         **kwargs: Any,
     ) -> None:
-        kwargs.setdefault("outlets", [DOCUMENTS_READY])
+        kwargs.setdefault("outlets", [DOCUMENTS_READY, DOCUMENTS_RETRACTED])
         super().__init__(**kwargs)
         self.postgres_conn_id = postgres_conn_id
         self.events_conn_id = events_conn_id
@@ -161,18 +166,29 @@ class PublishEventsOperator(BaseOperator):
                 f"({result.systemic.error_class}: {result.systemic.message}); they stay "
                 "pending, no attempt spent"
             )
-        if counts["ready"] == 0:
-            # No asset event, and no skip either: Airflow records a skip only once the task's
-            # process has exited, up to a second after it ended, where a success is recorded
-            # at once. The runner reads the outlets after execute (ADR 0124).
+        # An asset event per kind of news this task instance published, none without any:
+        # no skip either, as Airflow records a skip only once the task's process has exited,
+        # up to a second after it ended, where a success is recorded at once. The runner
+        # reads the outlets after execute (ADR 0124).
+        announced = {DOCUMENTS_READY: "ready", DOCUMENTS_RETRACTED: "retracted"}
+        if not any(counts.get(key, 0) for key in announced.values()):
             self.outlets = []
             self.log.info(
-                "no document became ready (%d other event(s) published): no asset event",
+                "no document became ready or left the index (%d other event(s) published): "
+                "no asset event",
                 counts["events"],
             )
             return summary
-        context["outlet_events"][DOCUMENTS_READY].extra = {
-            "publication": publication,
-            "ready": counts["ready"],
-        }
+        self.outlets = [
+            asset
+            for asset in self.outlets
+            if asset not in announced or counts.get(announced[asset], 0)
+        ]
+        for asset in self.outlets:
+            if asset in announced:
+                key = announced[asset]
+                context["outlet_events"][asset].extra = {
+                    "publication": publication,
+                    key: counts[key],
+                }
         return summary

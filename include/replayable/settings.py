@@ -54,6 +54,10 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "batch_poll_s": (0.1, 3600),
     # A share of the documents a run had work for (ADR 0116).
     "max_dead_fraction": (0, 1),
+    # A share of the documents a source's last listing held (ADR 0138): 0.2 at most, so a
+    # run's conf can only lower it; confirm_retract is the override for a larger removal.
+    "max_retract_fraction": (0, 0.2),
+    "confirm_retract": (1, 1_000_000_000),
 }
 
 # Airflow fixes a task's execution_timeout when it parses the DAG, before any run's params
@@ -75,7 +79,7 @@ TASK_TIMEOUTS: dict[str, timedelta] = {
 EMBED_MODES = ("sync", "batch")
 
 # The numeric settings that may be None (each says what None means).
-_OPTIONAL = ("dimensions", "max_in_flight", "max_rps", "max_dead_fraction")
+_OPTIONAL = ("dimensions", "max_in_flight", "max_rps", "max_dead_fraction", "confirm_retract")
 
 
 @dataclass(frozen=True)
@@ -125,6 +129,10 @@ class PipelineSettings:
     # The run fails when the documents it dead-lettered are more than this share of those it
     # had work for; None: dead letters never fail a run (ADR 0116).
     max_dead_fraction: float | None = None
+    # A run over a whole source retracts what its listing lost only up to this share of the
+    # documents the last listing held, or exactly confirm_retract documents (ADR 0138).
+    max_retract_fraction: float = 0.2
+    confirm_retract: int | None = None
     rerun: Mapping[str, Any] | None = None
     redrive: Mapping[str, Any] | None = None
 

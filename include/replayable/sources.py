@@ -79,7 +79,14 @@ def check_source(source: str, roots: Sequence[str]) -> None:
         )
 
 
-def find_pdfs(source: str, roots: Sequence[str]) -> Iterator[os.DirEntry[str] | Path]:
+def is_whole(source: str) -> bool:
+    """Whether ``source`` names a whole source (a folder or a file), not a glob's subset."""
+    return not any(ch in source for ch in _GLOB_CHARS)
+
+
+def find_pdfs(
+    source: str, roots: Sequence[str], unlisted: list[str] | None = None
+) -> Iterator[os.DirEntry[str] | Path]:
     """Yield the PDFs of ``source`` (a folder, searched recursively, a file or a glob).
 
     Only regular files that resolve inside ``roots`` are yielded; symlinks are not followed
@@ -90,9 +97,9 @@ def find_pdfs(source: str, roots: Sequence[str]) -> Iterator[os.DirEntry[str] | 
     check_source(source, roots)
     path = Path(source).expanduser()
     if any(ch in source for ch in _GLOB_CHARS):
-        yield from _glob(str(path), roots)
+        yield from _glob(str(path), roots, unlisted)
     elif path.is_dir():
-        yield from _walk(str(path), roots)
+        yield from _walk(str(path), roots, unlisted)
     elif path.is_file():
         if is_inside(path, roots):
             yield path
@@ -100,7 +107,9 @@ def find_pdfs(source: str, roots: Sequence[str]) -> Iterator[os.DirEntry[str] | 
         raise SourceError(f"source: {source!r} is neither a folder, a file nor a glob")
 
 
-def _glob(pattern: str, roots: Sequence[str]) -> Iterator[os.DirEntry[str]]:
+def _glob(
+    pattern: str, roots: Sequence[str], unlisted: list[str] | None
+) -> Iterator[os.DirEntry[str]]:
     """Yield the files matching ``pattern``, walking from its static prefix without links.
 
     The walk keeps, per folder, the set of pattern positions its path can have reached (an
@@ -116,6 +125,8 @@ def _glob(pattern: str, roots: Sequence[str]) -> Iterator[os.DirEntry[str]]:
         try:
             entries = list(os.scandir(current))
         except OSError:
+            if unlisted is not None:
+                unlisted.append(current)
             continue
         for entry in entries:
             after = _closure(parts, _step(parts, states, entry.name))
@@ -159,13 +170,17 @@ def _step(parts: Sequence[str], states: frozenset[int], name: str) -> frozenset[
     return frozenset(reached)
 
 
-def _walk(folder: str, roots: Sequence[str]) -> Iterator[os.DirEntry[str]]:
+def _walk(
+    folder: str, roots: Sequence[str], unlisted: list[str] | None
+) -> Iterator[os.DirEntry[str]]:
     stack = [folder]
     while stack:
         current = stack.pop()
         try:
             entries = list(os.scandir(current))
         except OSError:
+            if unlisted is not None:
+                unlisted.append(current)
             continue
         for entry in entries:
             if entry.is_dir(follow_symlinks=False):

@@ -240,7 +240,7 @@ def test_published_only_after_the_receiver_acknowledged(conn, database, model, s
         ("published", "pub-1")
     ]
     counts = database.transaction(lambda c: outbox.publication_counts(c, "pub-1"))
-    assert counts == {"events": 3, "ready": 3}
+    assert counts == {"events": 3, "ready": 3, "retracted": 0}
     page = database.transaction(lambda c: outbox.published_in(c, "pub-1", limit=2))
     assert [r["event_id"] for r in page] == ids[:2]
     after = page[-1]["seq"]

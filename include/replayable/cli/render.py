@@ -56,7 +56,26 @@ def status_tables(data: dict[str, Any]) -> RenderableType:
         if s["model_calls"]["calls"]:
             calls.add_row(cell(s["stage"]), *numbers(s["model_calls"].values()))
     calls.add_row(Text("all", style="bold"), *numbers(data["model_calls"].values()))
-    return Group(items, calls, cost_table(data["cost"], data.get("cost_days")))
+    return Group(items, calls, cost_table(data["cost"], data.get("cost_days")), index_line(data))
+
+
+def index_line(data: dict[str, Any]) -> RenderableType:
+    """What left search (ADR 0138): the run's retracted, superseded and restored documents,
+    and why it refused to retract, if it did; for all runs, the documents out of search."""
+    index = data.get("index") or {}
+    if "superseded" in index:
+        text = (
+            f"Index: {index['retracted']} retracted (deleted), {index['superseded']} "
+            f"superseded (updated), {index['restored']} restored"
+        )
+        if index.get("refused"):
+            text += f"; {index['refused']}"
+    else:
+        text = (
+            f"Index: {index.get('retracted', 0)} retracted documents out of search, "
+            f"{index.get('purged', 0)} of them purged"
+        )
+    return Text(text)
 
 
 def cost_table(cost: dict[str, Any], days: int | None) -> RenderableType:

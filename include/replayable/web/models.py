@@ -92,13 +92,23 @@ class RunSummary(BaseModel):
         return airflow_http.run_path(self.dag_id, self.run_id)
 
 
+class IndexSummary(BaseModel):
+    """Documents out of search because their sources lost them (ADR 0138), and how many of
+    those the sweep has purged after the retention."""
+
+    retracted: int = 0
+    purged: int = 0
+
+
 class Summary(BaseModel):
     """Every stage (in pipeline order, empty ones too), the open dead letters in all, the
-    outbox, what model calls cost lately and the newest runs with their cost."""
+    outbox, the retracted documents, what model calls cost lately and the newest runs with
+    their cost."""
 
     stages: list[StageSummary]
     open_dead_letters: int
     outbox: OutboxSummary = OutboxSummary()
+    index: IndexSummary = IndexSummary()
     cost: CostSummary | None = None
     runs: list[RunSummary] = []
 

@@ -19,7 +19,7 @@ from typing import Any
 from fastapi import HTTPException
 from fastapi.exceptions import RequestValidationError
 
-from replayable import db, views
+from replayable import db, mirror, views
 from replayable.web.charts import CHART_HOURS
 from replayable.web.models import (
     CostSummary,
@@ -28,6 +28,7 @@ from replayable.web.models import (
     FailedItem,
     FailedList,
     HourCount,
+    IndexSummary,
     LetterChange,
     LettersPerHour,
     OutboxSummary,
@@ -57,6 +58,7 @@ def summary(conn: db.Connection) -> Summary:
         stages=stages,
         open_dead_letters=sum(s.open_dead_letters for s in stages),
         outbox=outbox_summary(conn),
+        index=IndexSummary(**mirror.retracted(conn)),
         cost=CostSummary(days=views.COST_DAYS, **costs.as_dict()),
         runs=[RunSummary(**dataclasses.asdict(run)) for run in views.recent_runs(conn)],
     )

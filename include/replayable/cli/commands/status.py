@@ -11,7 +11,7 @@ from typing import Any
 from rich.console import Console
 from rich.live import Live
 
-from replayable import db, views
+from replayable import db, mirror, views
 from replayable.cli.errors import UsageError
 from replayable.cli.render import emit, error, print_json, status_tables
 
@@ -47,6 +47,12 @@ def status_data(conn: db.Connection, run_id: str | None) -> dict[str, Any]:
         # The run's calls, or for all runs those of the last COST_DAYS days (ADR 0110).
         "cost": views.model_costs(conn, run_id).as_dict(),
         "cost_days": None if run_id else views.COST_DAYS,
+        # What left search because its sources lost it (ADR 0138): the run's, or all.
+        "index": (
+            mirror.run_counts(conn, dag_id=run["dag_id"], run_id=run["run_id"])
+            if run
+            else mirror.retracted(conn)
+        ),
     }
 
 

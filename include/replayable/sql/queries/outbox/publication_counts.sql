@@ -1,4 +1,7 @@
--- Events one publication published, and how many of them announce a ready document.
-SELECT count(*) AS events, count(*) FILTER (WHERE event_type = 'document.ready') AS ready
+-- Events one publication published: in all, those that announce a ready document, and
+-- those that announce a document leaving the index (deleted or updated, ADR 0138).
+SELECT count(*) AS events, count(*) FILTER (WHERE event_type = 'document.ready') AS ready,
+       count(*) FILTER (WHERE event_type IN ('document.deleted', 'document.updated'))
+           AS retracted
 FROM replayable.outbox
 WHERE published_by = %(publication)s

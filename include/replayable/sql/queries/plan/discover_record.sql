@@ -14,13 +14,13 @@ SET size_bytes = EXCLUDED.size_bytes, mtime_ns = EXCLUDED.mtime_ns, inode = EXCL
     device = EXCLUDED.device, doc_id = EXCLUDED.doc_id, hashed_at = now();
 
 CREATE TEMP TABLE discover_found ON COMMIT DROP AS
-SELECT s.path, s.size_bytes, c.doc_id, false AS stat_id
+SELECT s.path, s.size_bytes, c.doc_id, false AS stat_id, false AS unreadable
 FROM discover_scan s
 JOIN replayable.file_cache c USING (path)
 WHERE (c.size_bytes, c.mtime_ns, c.inode, c.device)
       = (s.size_bytes, s.mtime_ns, s.inode, s.device)
 UNION ALL
-SELECT path, size_bytes, doc_id, true FROM discover_hashed WHERE stat_id;
+SELECT path, size_bytes, doc_id, true, unreadable FROM discover_hashed WHERE stat_id;
 
 INSERT INTO replayable.documents (doc_id, uri, size_bytes, stat_id)
 SELECT DISTINCT ON (doc_id) doc_id, path, size_bytes, stat_id

@@ -1,8 +1,9 @@
 -- The chunks nearest a query vector (cosine) among the current embeddings of current
--- documents, through the HNSW index of the model and dimension (ADR 0119): the index gives
--- the %(pool)s nearest vectors of the model, and of those the current ones are kept. The
--- caller searches exactly when fewer than it asked for are left. {dim} is the vectors'
--- dimension, an integer the caller formats in: pgvector indexes a typed dimension only.
+-- documents (not retracted, ADR 0138), through the HNSW index of the model and dimension
+-- (ADR 0119): the index gives the %(pool)s nearest vectors of the model, and of those the
+-- current ones are kept. The caller searches exactly when fewer than it asked for are
+-- left. {dim} is the vectors' dimension, an integer the caller formats in: pgvector
+-- indexes a typed dimension only.
 WITH nearest AS MATERIALIZED (
     SELECT e.chunk_id,
            e.embedding::vector({dim}) <=> %(vector)s::vector({dim}) AS distance
@@ -20,7 +21,7 @@ JOIN replayable.doc_chunks dc
 JOIN replayable.stage_runs s
   ON s.doc_id = dc.doc_id AND s.stage = 'embed' AND s.is_current AND s.status = 'done'
  AND s.spec_hash = %(spec_hash)s
-JOIN replayable.documents d ON d.doc_id = dc.doc_id
+JOIN replayable.documents d ON d.doc_id = dc.doc_id AND d.retracted_at IS NULL
 JOIN replayable.chunks c ON c.chunk_id = n.chunk_id
 WHERE (%(source)s::text IS NULL OR starts_with(d.uri, %(source)s::text))
 ORDER BY n.distance, dc.doc_id, dc.ordinal

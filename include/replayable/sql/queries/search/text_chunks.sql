@@ -1,7 +1,7 @@
 -- The chunks that share the most words with a question (Postgres full-text search, ADR
--- 0143), among the chunks of current documents, as best_chunks.sql scopes them. The
--- question's words are OR'ed (plainto_tsquery ANDs them, which a question in a sentence
--- rarely matches whole) and ranked by how often they occur, divided by 1 + the log of the
+-- 0143), among the chunks of current documents (not retracted, ADR 0138), as best_chunks.sql
+-- scopes them. The question's words are OR'ed (plainto_tsquery ANDs them, which a question
+-- in a sentence rarely matches whole) and ranked by how often they occur, divided by 1 + the log of the
 -- chunk's length (ts_rank's normalisation 1: recall@5 0.768 on the Debian PDFs' headings,
 -- against 0.505 by cover density, ts_rank_cd; ADR 0143). The expression is the one the GIN
 -- index chunks_text_search is built on, so the match reads it when it exists.
@@ -20,7 +20,7 @@ JOIN replayable.doc_chunks dc
 JOIN replayable.stage_runs s
   ON s.doc_id = dc.doc_id AND s.stage = 'embed' AND s.is_current AND s.status = 'done'
  AND s.spec_hash = %(spec_hash)s
-JOIN replayable.documents d ON d.doc_id = dc.doc_id
+JOIN replayable.documents d ON d.doc_id = dc.doc_id AND d.retracted_at IS NULL
 WHERE (%(source)s::text IS NULL OR starts_with(d.uri, %(source)s::text))
 ORDER BY score DESC, dc.doc_id, dc.ordinal
 LIMIT %(k)s
