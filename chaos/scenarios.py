@@ -1140,7 +1140,30 @@ def run_scenario(ctx: Context, key: str) -> ScenarioResult:
     started = time.monotonic()
     try:
         body(ctx, result)
+        result.checks += ledger_violations(ctx, result)
     except Exception as error:  # a scenario that breaks is a failed scenario, with the reason
         result.checks.append(f"the scenario broke: {type(error).__name__}: {error}")
     result.seconds = time.monotonic() - started
     return result
+
+
+# Violations a failed scenario lists, at most: the check's count says how many there were.
+SHOWN_VIOLATIONS = 20
+
+
+def ledger_violations(ctx: Context, result: ScenarioResult) -> list[str]:
+    """``replayable check`` on the ledger the scenario left, every run ended (ADR 0150):
+    each violation is a failed check of the scenario, and the count is one of its facts."""
+    from replayable.invariants import check_ledger
+
+    with ctx.env.connection() as conn:
+        found = check_ledger(conn, quiescent=True)
+    result.facts["replayable check"] = f"{len(found)} violation(s)" if found else "clean"
+    shown = [
+        f"replayable check: {v.invariant} in {v.stage}, document {(v.doc_id or '?')[:12]}, "
+        f"item {(v.item_key or '?')[:12]}: {v.detail}"
+        for v in found[:SHOWN_VIOLATIONS]
+    ]
+    if len(found) > SHOWN_VIOLATIONS:
+        shown.append(f"replayable check: and {len(found) - SHOWN_VIOLATIONS} more")
+    return shown

@@ -72,11 +72,13 @@ def test_a_refused_chunk_two_documents_share_dead_letters_both_naming_it_in_few_
     assert result.done == clean
     letters = rows(
         conn,
-        "SELECT doc_id, error_class, attempts, error FROM replayable.dead_letters"
+        "SELECT doc_id, error_class, attempts, error || traceback FROM replayable.dead_letters"
         " WHERE status = 'open' ORDER BY doc_id",
     )
     assert [(d, c, a) for d, c, a, _ in letters] == [(d, "http_400", 1) for d in poisoned]
     assert all(bad in error for *_, error in letters)
+    # The full error, as every letter carries it: the provider's refusal where it was raised.
+    assert all("Traceback (most recent call last)" in error for *_, error in letters)
     stats = model.stats()
     assert stats["requests"] <= 3 * chunks, stats["requests"]  # the default cap: 3 attempts
     # Every other chunk was bought, once.

@@ -418,7 +418,8 @@ class _EmbedBatch:
                 f"the provider refused chunk {chunk_ids[0]} (held by {len(owners)} "
                 f"document(s) of this batch): {request.error}",
                 ErrorKind.TERMINAL,
-            )
+            ).with_traceback(request.error.__traceback__)  # the full error, where it was raised
+            refused.__cause__ = request.error
             for key in owners:
                 self.errors.setdefault(key, refused)
             return []
