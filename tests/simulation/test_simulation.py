@@ -21,8 +21,9 @@ DEFAULT_SEEDS = (1,)
 
 
 def _seeds() -> tuple[int, ...]:
-    seed = os.environ.get(SEED_ENV, "").strip()
-    return (int(seed),) if seed else DEFAULT_SEEDS
+    """The seeds ``REPLAYABLE_SIM_SEED`` names (one, or several comma-separated)."""
+    seeds = os.environ.get(SEED_ENV, "").strip()
+    return tuple(int(seed) for seed in seeds.split(",")) if seeds else DEFAULT_SEEDS
 
 
 @pytest.mark.parametrize("seed", _seeds())

@@ -11,6 +11,7 @@ so ``make simulate SEED=…`` walks the same way again (ADR 0136).
 
 from __future__ import annotations
 
+import os
 import random
 import time
 from collections.abc import Callable
@@ -26,7 +27,7 @@ import in_process
 from devtools.model_server import LocalModelServer
 from in_process import PipelineInProcess
 from replayable import dag_tasks
-from replayable.invariants import Violation, check_ledger
+from replayable.invariants import Violation, check_ledger, count_violations
 from replayable.retry import CallRetry
 from replayable.runner import processing
 from replayable.stages import extract
@@ -36,8 +37,15 @@ from replayable.stages import extract
 # by two documents floods the provider (a poisoned copy, a poisoned boilerplate); 3: a sync
 # run over chunks a live batch submission holds pays again (a worker killed while its batch
 # waits); 11: a redrive under a new code version leaves a done document with an open letter
-# (a version bump).
-KNOWN_HOLES: frozenset[str] = frozenset({"1", "3", "11"})
+# (a version bump); 11b, its twin, found by this walk: a run under other settings (another
+# model, chunk size or extractor) finishes a document whose item under the old settings
+# died, and leaves that letter open (while a letter is open, runs keep the last settings).
+KNOWN_HOLES: frozenset[str] = frozenset({"1", "3", "11", "11b"})
+# To walk into them anyway (to show a hole is found with its fix reverted), name the holes
+# still to avoid in this variable, comma-separated; empty turns every rule on.
+KNOWN_HOLES_ENV = "REPLAYABLE_SIM_KNOWN_HOLES"
+if KNOWN_HOLES_ENV in os.environ:
+    KNOWN_HOLES = frozenset(h.strip() for h in os.environ[KNOWN_HOLES_ENV].split(",") if h.strip())
 
 # The settings a run may be drawn with: each profile is a distinct key (model, dimensions,
 # chunk size, extractor); the mode is drawn apart, since it is not part of any key.
@@ -113,7 +121,9 @@ HARMS: dict[str, dict[str, Any]] = {
     "cancel": {"batch_cancel_after_fraction": 0.5, "batch_delay_s": 2},
     "lose": {"lose_response_rate": 0.3},
 }
-# Runs of every profile at the end, until no item is left pending, running or failed.
+# Documents the walk starts with, before its first drawn step.
+FIRST_DOCUMENTS = 2
+# Runs of the last profile at the end, until no item is left pending, running or failed.
 DRAIN_ROUNDS = 4
 
 
@@ -141,7 +151,7 @@ class Walk:
     rng: random.Random = field(init=False)
     steps: list[str] = field(default_factory=list)
     docs: list[Doc] = field(default_factory=list)
-    used_profiles: set[int] = field(default_factory=set)
+    last_profile: int = 0
     harm: str = "off"
     bumps: int = 0
 
@@ -151,6 +161,8 @@ class Walk:
         self.model.clear_faults()
         self.model.reset_stats()
         self._set_faults("off")
+        for _ in range(FIRST_DOCUMENTS):
+            self.steps.append(f"start: {self.add_new()}")
 
     # -- the rules ---------------------------------------------------------------------
 
@@ -174,7 +186,7 @@ class Walk:
         return self._write(parts, poisoned)
 
     def run_stage(self) -> str:
-        profile = self.rng.randrange(len(PROFILES))
+        profile = self._profile()
         mode = self.rng.choice(("sync", "batch"))
         report = self._run(self._conf(profile, embed_mode=mode))
         return f"run profile {profile} {mode}: {self._summary(report)}"
@@ -186,7 +198,7 @@ class Walk:
     def kill_worker(self) -> str:
         """A run whose worker dies in one stage, its items claimed and leased, never finished."""
         stage = self.rng.choice(("extract", "chunk", "embed"))
-        profile = self.rng.randrange(len(PROFILES))
+        profile = self._profile()
         mode = self.rng.choice(("sync", "batch"))
         original = processing.Processing.run
 
@@ -205,7 +217,7 @@ class Walk:
 
     def kill_batch_waiter(self) -> str:
         """A batch-mode run killed while its submission waits at the provider."""
-        profile = self.rng.randrange(len(PROFILES))
+        profile = self._profile()
 
         async def killed(trigger: Any) -> Any:
             raise WorkerKilled("batch wait")
@@ -226,7 +238,7 @@ class Walk:
         if not letters:
             return "redrive: no open letter"
         stage = self.rng.choice([row[0] for row in letters])
-        profile = self.rng.randrange(len(PROFILES))
+        profile = self._profile()
         redrive = {"stage": stage, "reason": "simulation", "by": "sim"}
         report = self._run({**self._conf(profile, embed_mode="sync"), "redrive": redrive})
         return f"redrive {stage} (profile {profile}): {self._summary(report)}"
@@ -275,23 +287,31 @@ class Walk:
         return found
 
     def drain(self) -> None:
-        """Clear the harm, then run every profile used until nothing is left to do."""
+        """Clear the harm, then run the last settings until nothing is left to do.
+
+        Each document's current items are those of the last settings it was run with; a run
+        of the last settings over every document makes them all that run's.
+        """
         self._set_faults("off")
         time.sleep(BASE_CONF["lease_s"])  # killed workers' leases end
         for _ in range(DRAIN_ROUNDS):
-            for profile in sorted(self.used_profiles):
-                self._run(self._conf(profile, embed_mode="sync"))
-            if not _rows(
-                self.conn,
-                "SELECT 1 FROM replayable.stage_runs"
-                " WHERE status IN ('pending', 'running', 'failed') LIMIT 1",
-            ):
+            self._run(self._conf(self.last_profile, embed_mode="sync"))
+            if not count_violations(self.conn, quiescent=True)["no_outcome"]:
                 return
 
     # -- helpers -----------------------------------------------------------------------
 
+    def _profile(self) -> int:
+        """A drawn settings profile; the last one while a letter is open and 11b is known."""
+        drawn = self.rng.randrange(len(PROFILES))
+        if "11b" in KNOWN_HOLES and _rows(
+            self.conn, "SELECT 1 FROM replayable.dead_letters WHERE status = 'open' LIMIT 1"
+        ):
+            return self.last_profile
+        return drawn
+
     def _conf(self, profile: int, **extra: Any) -> dict[str, Any]:
-        self.used_profiles.add(profile)
+        self.last_profile = profile
         return {
             **BASE_CONF,
             **PROFILES[profile],
@@ -386,7 +406,7 @@ def _fail_on(walker: Walk, found: list[str]) -> None:
     steps = _listing(walker)
     broken = "\n".join(f"  - {line}" for line in found[:20])
     more = f"\n  ... and {len(found) - 20} more" if len(found) > 20 else ""
-    taken = sum(1 for step in walker.steps if step != "drain")
+    taken = sum(1 for step in walker.steps if not step.startswith(("start:", "drain")))
     pytest.fail(
         f"simulation seed {walker.seed} broke an invariant at step {len(walker.steps)}"
         f" (reproduce: make simulate SEED={walker.seed} STEPS={taken}):\n"
