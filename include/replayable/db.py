@@ -4,7 +4,7 @@ SQL lives in ``replayable/sql``: ``migrations/NNNN_name.sql`` (applied in order,
 and ``queries/<topic>/name.sql`` (loaded as ``"topic/name"``, with psycopg2 ``%(name)s``
 placeholders so that every value is bound by the driver). The topics are what a query is
 about, not who calls it: ``ledger``, ``plan``, ``stages``, ``report``, ``views``, ``metrics``,
-``outbox``, ``budget``, ``dead_letters``.
+``outbox``, ``budget``, ``dead_letters``, ``check`` (the ledger's invariants).
 """
 
 from __future__ import annotations

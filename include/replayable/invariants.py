@@ -6,13 +6,17 @@ item. :func:`check_ledger` runs them all; :func:`run_check` also says how many r
 each invariant in all and which items are in flight. Nothing here writes, except
 :func:`record_counts`, which keeps the last counts for the metrics endpoint.
 
-Outputs are checked under the lineage a done row's ``spec_hash`` names (its extractor,
-chunker, model and dimensions). A spec hash cannot be read backwards, so every lineage the
-ledger can hold is hashed forwards, as the stages hash theirs: from the code versions of
-current rows, the engines, the (extractor, chunker) pairs of the stored chunks and the
-models and vector sizes of the stored vectors. A done row whose hash matches none of them
-names outputs that are stored nowhere (or was written by an older release, whose rows get a
-weaker check: some output under their code version).
+Outputs are checked under what a done row's hashes name: its ``config_hash`` its own
+settings (the engine; size and overlap; model and dimensions), its ``spec_hash`` the stages
+it read (the extractor; the chunker). A hash cannot be read backwards, so every value the
+ledger's outputs can carry is hashed forwards, as the stages hash theirs (:class:`Lineages`):
+the engines, the code versions of current rows, the (extractor, chunker) pairs of the
+stored chunks, the models and vector sizes of the stored vectors. A config hash that
+matches none names outputs stored nowhere; a spec hash that matches none was written by an
+older release, and its row gets a weaker check: some output under its code version.
+
+``check_ledger(conn, quiescent=True)`` is what a test or a chaos scenario calls once the
+ledger has settled; ADR 0135 lists the invariants and why each query is shaped as it is.
 """
 
 from __future__ import annotations
@@ -321,7 +325,10 @@ class Lineages:
 
     def embed_params(self) -> dict[str, Any]:
         sizes, reads = list(self.sizes.values()), list(self.embed_reads.values())
+        stored = Counter(model for model, dims in sizes if dims is not None)
         return {
+            "needed_models": sorted(stored),
+            "several_sizes": sorted(model for model, n in stored.items() if n > 1),
             "config_hashes": list(self.sizes),
             "models": [model for model, _ in sizes],
             "dimensions": [dims for _, dims in sizes],

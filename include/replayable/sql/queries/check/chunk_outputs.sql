@@ -2,7 +2,8 @@
 -- version, and the size and overlap its config hash gives: `config_hashes` → `shapes`) and
 -- the extractor its spec hash names (`spec_hashes` → `extractors`). Where a hash names
 -- nothing known (an older release's rows), any extractor, or any chunker of its version,
--- will do: those few rows are looked up one by one through doc_chunks' primary key.
+-- will do: those few rows are looked up one by one through doc_chunks' primary key. A
+-- chunk set starts at ordinal 0 (the chunker numbers from it, in one transaction).
 WITH shapes AS (
     SELECT * FROM unnest(%(config_hashes)s::text[], %(shapes)s::text[])
         AS t (config_hash, shape)
@@ -23,7 +24,7 @@ WITH shapes AS (
       AND NOT EXISTS (
           SELECT 1 FROM replayable.doc_chunks dc
           WHERE dc.doc_id = d.doc_id AND dc.extractor_version = d.extractor_version
-            AND dc.chunker_key = d.chunker)
+            AND dc.chunker_key = d.chunker AND dc.ordinal = 0)
     UNION ALL
     SELECT d.* FROM done d
     WHERE (d.extractor_version IS NULL OR d.any_shape)

@@ -1,12 +1,20 @@
 -- A document has at most one current item per stage (invariant 13). The partial unique index
--- stage_runs_current_uq holds it today; this reads that index alone (an index-only scan), so
--- a change that drops or widens the index is caught on the ledger it left. Each check
--- gathers every violation first (MATERIALIZED: planned for a whole pass, never for the
+-- stage_runs_current_uq holds it by construction: while it exists, is valid and is the one
+-- migration 0002 made, nothing is read (the scan's one-time filter is false). Without it
+-- (dropped, rebuilding, or widened), every current row is grouped by (stage, document). Each
+-- check gathers every violation first (MATERIALIZED: planned for a whole pass, never for the
 -- first few rows of LIMIT, which on a clean ledger never come), then counts and lists them.
-WITH found AS MATERIALIZED (
+WITH held AS MATERIALIZED (
+    SELECT EXISTS (
+        SELECT 1 FROM pg_index i
+        WHERE i.indexrelid = to_regclass('replayable.stage_runs_current_uq')
+          AND i.indisunique AND i.indisvalid
+          AND pg_get_indexdef(i.indexrelid) LIKE '%%USING btree (stage, doc_id) WHERE is_current'
+    ) AS unique_index
+), found AS MATERIALIZED (
     SELECT stage, doc_id, count(*) AS n
     FROM replayable.stage_runs
-    WHERE is_current
+    WHERE is_current AND NOT (SELECT unique_index FROM held)
     GROUP BY stage, doc_id
     HAVING count(*) > 1
 )

@@ -5,8 +5,9 @@
 -- done under a model and size that no vector has). Its spec hash names the chunker and
 -- extractor whose chunks it embedded (`spec_hashes` → `extractors`, `chunkers`); where it
 -- names none known (an older release's rows), one chunk with a vector will do.
--- Set-based: done items' chunks without a vector (an anti-join), done items without chunks
--- (another); only the few that break it are counted in detail.
+-- Set-based: the chunks without a vector under each model and size needed (an anti-join),
+-- joined to the done items that need them; done items without chunks (another anti-join);
+-- only the few that break it are counted in detail.
 WITH sizes AS (
     SELECT * FROM unnest(%(config_hashes)s::text[], %(models)s::text[], %(dimensions)s::int[])
         AS t (config_hash, model, dimensions)
@@ -20,17 +21,27 @@ WITH sizes AS (
     LEFT JOIN sizes z ON z.config_hash = s.config_hash
     LEFT JOIN lineage l ON l.spec_hash = s.spec_hash
     WHERE s.stage = 'embed' AND s.is_current AND s.status = 'done'
+), missing AS MATERIALIZED (
+    -- Chunks without a vector under a model of `needed_models` (few: those of documents not
+    -- embedded yet), by one hash anti-join of the chunks with the vectors; for a model
+    -- stored at several sizes (`several_sizes`), every chunk with the size of its vector.
+    SELECT dc.doc_id, dc.extractor_version, dc.chunker_key, m.model, e.dim
+    FROM replayable.doc_chunks dc
+    CROSS JOIN unnest(%(needed_models)s::text[]) AS m (model)
+    LEFT JOIN replayable.embeddings e ON e.chunk_id = dc.chunk_id AND e.model = m.model
+    WHERE e.chunk_id IS NULL OR m.model = ANY(%(several_sizes)s::text[])
 ), unembedded AS MATERIALIZED (
-    SELECT DISTINCT d.doc_id, d.item_key
-    FROM done d
-    JOIN replayable.doc_chunks dc
-        ON dc.doc_id = d.doc_id AND dc.extractor_version = d.extractor_version
-       AND dc.chunker_key = d.chunker_key
-    WHERE d.model IS NOT NULL
-      AND NOT EXISTS (
-          SELECT 1 FROM replayable.embeddings e
-          WHERE e.chunk_id = dc.chunk_id AND e.model = d.model
-            AND (d.dimensions IS NULL OR e.dim = d.dimensions))
+    -- The done items those chunks belong to, through stage_runs_current_uq.
+    SELECT DISTINCT s.doc_id, s.item_key, z.model, z.dimensions, l.extractor_version,
+           l.chunker_key
+    FROM missing m
+    JOIN replayable.stage_runs s
+        ON s.stage = 'embed' AND s.doc_id = m.doc_id AND s.is_current AND s.status = 'done'
+    JOIN sizes z ON z.config_hash = s.config_hash AND z.model = m.model
+    JOIN lineage l
+        ON l.spec_hash = s.spec_hash AND l.extractor_version = m.extractor_version
+       AND l.chunker_key = m.chunker_key
+    WHERE m.dim IS NULL OR (z.dimensions IS NOT NULL AND m.dim <> z.dimensions)
 ), found AS MATERIALIZED (
     SELECT d.doc_id, d.item_key,
            'done, with ' || (
@@ -45,16 +56,16 @@ WITH sizes AS (
                  AND dc.chunker_key = d.chunker_key)::text
                || ' chunks under ' || d.model
                || coalesce(' at ' || d.dimensions::text || ' dimensions', '') AS detail
-    FROM done d
-    JOIN unembedded u ON u.item_key = d.item_key
+    FROM unembedded d
     UNION ALL
+    -- A chunk set starts at ordinal 0 (the chunker numbers from it, in one transaction).
     SELECT d.doc_id, d.item_key, 'done, with no chunks under ' || d.chunker_key
     FROM done d
     WHERE d.model IS NOT NULL AND d.chunker_key IS NOT NULL
       AND NOT EXISTS (
           SELECT 1 FROM replayable.doc_chunks dc
           WHERE dc.doc_id = d.doc_id AND dc.extractor_version = d.extractor_version
-            AND dc.chunker_key = d.chunker_key)
+            AND dc.chunker_key = d.chunker_key AND dc.ordinal = 0)
     UNION ALL
     SELECT d.doc_id, d.item_key,
            'done under a model and size that no stored vector has (config hash '
