@@ -63,7 +63,7 @@ BASE_CONF: dict[str, Any] = {
     "max_retry_after_s": 1,
 }
 MAX_ATTEMPTS = 3
-# A word the provider refuses when told to (a 400), in the poisoned documents' text only.
+# A word the provider refuses (a 400), in the poisoned documents' text only.
 POISON = "QUARANTINED"
 # A paragraph shared by several documents, first, so that their first chunk is the same.
 BOILERPLATE = (
@@ -108,12 +108,17 @@ WORDS = [
     "thistle",
 ]
 # Faults every setting keeps: the provider's de-duplication off (every repeat is charged, so
-# a chunk bought twice shows), seeded draws, and batches that end within a second.
-BASE_FAULTS: dict[str, Any] = {"dedupe": False, "batch_delay_s": 0.3}
+# a chunk bought twice shows), a chunk with the poison word refused with a 400 (so a poisoned
+# document is a refused chunk, in every mode and under every profile), seeded draws, and
+# batches that end within a second.
+BASE_FAULTS: dict[str, Any] = {
+    "dedupe": False,
+    "fail_inputs_containing": {POISON: 400},
+    "batch_delay_s": 0.3,
+}
 # The provider's harms; "off" clears them. Each is a fault config over BASE_FAULTS.
 HARMS: dict[str, dict[str, Any]] = {
     "off": {},
-    "refuse": {"fail_inputs_containing": {POISON: 400}},
     "throttle": {"status_rates": {"429": 0.3}, "retry_after": 0.2},
     "flaky": {"status_rates": {"500": 0.15, "503": 0.15}, "retry_after": 0.1},
     "outage": {"status_always": 503, "retry_after": 0.1},
