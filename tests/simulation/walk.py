@@ -412,9 +412,12 @@ def _fail_on(walker: Walk, found: list[str]) -> None:
     broken = "\n".join(f"  - {line}" for line in found[:20])
     more = f"\n  ... and {len(found) - 20} more" if len(found) > 20 else ""
     taken = sum(1 for step in walker.steps if not step.startswith(("start:", "drain")))
+    holes = ""
+    if KNOWN_HOLES_ENV in os.environ:  # the walk's rules are not this branch's default
+        holes = f"{KNOWN_HOLES_ENV}={','.join(sorted(KNOWN_HOLES))} "
     pytest.fail(
         f"simulation seed {walker.seed} broke an invariant at step {len(walker.steps)}"
-        f" (reproduce: make simulate SEED={walker.seed} STEPS={taken}):\n"
+        f" (reproduce: {holes}make simulate SEED={walker.seed} STEPS={taken}):\n"
         f"{broken}{more}\nsteps:\n{steps}",
         pytrace=False,
     )
