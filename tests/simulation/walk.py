@@ -159,6 +159,7 @@ class Walk:
     last_profile: int = 0
     harm: str = "off"
     bumps: int = 0
+    runs: int = 0  # runs in the current step
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
@@ -282,13 +283,15 @@ class Walk:
             for key, n in stats["embedding_charges"].items()
             if n - lost.get(key, 0) > 1
         ]
-        # Each line (a request) holds at least one chunk, and each is tried at most the cap
+        # Each line (a request) holds at least one chunk, and a run tries it at most the cap
         # times, each try making at most CallRetry's calls.
         chunks = len(self._all_chunk_texts())
-        bound = CallRetry().max_attempts * MAX_ATTEMPTS * max(chunks, 1) * len(PROFILES)
+        bound = CallRetry().max_attempts * MAX_ATTEMPTS * max(chunks, 1) * max(self.runs, 1)
         sent = stats["by_endpoint"]["embeddings"] - requests_before
         if sent > bound:
-            found.append(f"{sent} embeddings requests in one step, over the bound {bound}")
+            found.append(
+                f"{sent} embeddings requests in {self.runs} run(s), over the bound {bound}"
+            )
         return found
 
     def drain(self) -> None:
@@ -326,6 +329,7 @@ class Walk:
         }
 
     def _run(self, conf: dict[str, Any]) -> dict[str, Any]:
+        self.runs += 1
         return self.run(conf)
 
     def _set_faults(self, harm: str) -> None:
@@ -391,12 +395,20 @@ def walk(walker: Walk, steps: int) -> None:
     for _ in range(steps):
         name = walker.rng.choices(names, weights)[0]
         before = walker.model.stats()["by_endpoint"]["embeddings"]
+        walker.runs = 0
         walker.steps.append(f"{name}: ...")
-        walker.steps[-1] = f"{name}: {RULES[name][1](walker)}"
+        try:
+            walker.steps[-1] = f"{name}: {RULES[name][1](walker)}"
+        except Exception as error:  # the seed and steps are worth more than the traceback
+            _fail_on(walker, [f"the step raised {type(error).__name__}: {error}"])
         _fail_on(walker, walker.violations(quiescent=False) + walker.provider_violations(before))
     before = walker.model.stats()["by_endpoint"]["embeddings"]
+    walker.runs = 0
     walker.steps.append("drain")
-    walker.drain()
+    try:
+        walker.drain()
+    except Exception as error:
+        _fail_on(walker, [f"the drain raised {type(error).__name__}: {error}"])
     _fail_on(walker, walker.violations(quiescent=True) + walker.provider_violations(before))
     print(f"simulation seed {walker.seed}, {steps} steps:\n{_listing(walker)}")  # for -s
 
