@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import random
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -400,7 +401,7 @@ def walk(walker: Walk, steps: int) -> None:
         try:
             walker.steps[-1] = f"{name}: {RULES[name][1](walker)}"
         except Exception as error:  # the seed and steps are worth more than the traceback
-            _fail_on(walker, [f"the step raised {type(error).__name__}: {error}"])
+            _fail_on(walker, [f"the step raised {error!r}:\n{traceback.format_exc()}"])
         _fail_on(walker, walker.violations(quiescent=False) + walker.provider_violations(before))
     before = walker.model.stats()["by_endpoint"]["embeddings"]
     walker.runs = 0
@@ -408,7 +409,7 @@ def walk(walker: Walk, steps: int) -> None:
     try:
         walker.drain()
     except Exception as error:
-        _fail_on(walker, [f"the drain raised {type(error).__name__}: {error}"])
+        _fail_on(walker, [f"the drain raised {error!r}:\n{traceback.format_exc()}"])
     _fail_on(walker, walker.violations(quiescent=True) + walker.provider_violations(before))
     print(f"simulation seed {walker.seed}, {steps} steps:\n{_listing(walker)}")  # for -s
 
