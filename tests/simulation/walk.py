@@ -129,6 +129,9 @@ HARMS: dict[str, dict[str, Any]] = {
 }
 # Documents the walk starts with, before its first drawn step.
 FIRST_DOCUMENTS = 2
+# A copy is of one of the last few documents added, often one no run has seen yet: two
+# owners of the same chunks then meet in one run.
+RECENT_DOCUMENTS = 4
 # Runs of the last profile at the end, until no item is left pending, running or failed.
 DRAIN_ROUNDS = 4
 
@@ -178,8 +181,9 @@ class Walk:
         return self._write([self._paragraph(poisoned)], poisoned)
 
     def add_copy(self) -> str:
-        """A byte-different copy of a document: the same text, another doc_id."""
-        sources = [d for d in self.docs if "1" not in KNOWN_HOLES or not d.poisoned]
+        """A byte-different copy of a recent document: the same text, another doc_id."""
+        recent = self.docs[-RECENT_DOCUMENTS:]
+        sources = [d for d in recent if "1" not in KNOWN_HOLES or not d.poisoned]
         if not sources:
             return self.add_new()
         source = self.rng.choice(sources)
@@ -188,7 +192,7 @@ class Walk:
 
     def add_boilerplate(self) -> str:
         """A document that opens with the shared boilerplate paragraph."""
-        poisoned = "1" not in KNOWN_HOLES and self.rng.random() < 0.3
+        poisoned = "1" not in KNOWN_HOLES and self.rng.random() < 0.5
         parts = [BOILERPLATE + (f" {POISON}." if poisoned else ""), self._paragraph(False)]
         return self._write(parts, poisoned)
 
