@@ -140,6 +140,15 @@ class WorkerKilled(BaseException):
     """A worker killed mid-batch: nothing of it runs on, and its leases are abandoned."""
 
 
+class Runaway(BaseException):
+    """A run that never ends: its stage task deferred more often than any run needs."""
+
+
+# A run's stage tasks defer once per provider batch they wait for: a try per attempt at
+# most, for each of its mapped batches. More than this in one run is a loop, not a wait.
+MAX_DEFERRALS_PER_RUN = 40
+
+
 @dataclass
 class Doc:
     name: str
@@ -335,7 +344,23 @@ class Walk:
 
     def _run(self, conf: dict[str, Any]) -> dict[str, Any]:
         self.runs += 1
-        return self.run(conf)
+        deferrals = 0
+        first_event = in_process._first_event
+
+        async def bounded(trigger: Any) -> Any:
+            nonlocal deferrals
+            deferrals += 1
+            if deferrals > MAX_DEFERRALS_PER_RUN:
+                batches = self.model.stats()["batches_created"]
+                raise Runaway(
+                    f"a run deferred {deferrals} times for provider batches and never ended"
+                    f" ({batches} batches created since the walk began)"
+                )
+            return await first_event(trigger)
+
+        with self.monkeypatch.context() as patch:
+            patch.setattr(in_process, "_first_event", bounded)
+            return self.run(conf)
 
     def _set_faults(self, harm: str) -> None:
         self.harm = harm
@@ -404,6 +429,8 @@ def walk(walker: Walk, steps: int) -> None:
         walker.steps.append(f"{name}: ...")
         try:
             walker.steps[-1] = f"{name}: {RULES[name][1](walker)}"
+        except Runaway as error:
+            _fail_on(walker, [str(error)])
         except Exception as error:  # the seed and steps are worth more than the traceback
             _fail_on(walker, [f"the step raised {error!r}:\n{traceback.format_exc()}"])
         _fail_on(walker, walker.violations(quiescent=False) + walker.provider_violations(before))
@@ -412,6 +439,8 @@ def walk(walker: Walk, steps: int) -> None:
     walker.steps.append("drain")
     try:
         walker.drain()
+    except Runaway as error:
+        _fail_on(walker, [str(error)])
     except Exception as error:
         _fail_on(walker, [f"the drain raised {error!r}:\n{traceback.format_exc()}"])
     _fail_on(walker, walker.violations(quiescent=True) + walker.provider_violations(before))
