@@ -208,6 +208,7 @@ class Walk:
     def run_stage(self) -> str:
         profile = self._profile()
         mode = self.rng.choice(("sync", "batch"))
+        self._doing(f"run profile {profile} {mode}")
         report = self._run(self._conf(profile, embed_mode=mode))
         return f"run profile {profile} {mode}: {self._summary(report)}"
 
@@ -322,6 +323,11 @@ class Walk:
                 return
 
     # -- helpers -----------------------------------------------------------------------
+
+    def _doing(self, what: str) -> None:
+        """Name the step before it runs, so that a step that never ends is named too."""
+        name = self.steps[-1].split(":", 1)[0]
+        self.steps[-1] = f"{name}: {what} (did not end)"
 
     def _profile(self) -> int:
         """A drawn settings profile; the last one while a letter is open and 11b is known."""
