@@ -13,7 +13,7 @@ from conftest import ROOT
 
 pytestmark = pytest.mark.bench
 
-FIGURES = {"B1", "B2", "B3", "B4", "B5", "B6", "B7", "B8", "B9", "B14", "B15", "B16"}
+FIGURES = {"B1", "B2", "B3", "B4", "B5", "B6", "B7", "B8", "B9", "B14", "B15", "B16", "B17"}
 
 
 def test_every_benchmark_runs_and_its_counts_hold(tmp_path):
@@ -39,3 +39,4 @@ def test_every_benchmark_runs_and_its_counts_hold(tmp_path):
     assert counts["B1.calls"]["value"] == 0  # the identical re-run paid nothing
     assert counts["B3.trips"]["value"] <= 3
     assert counts["B5.429"]["value"] == 0
+    assert counts["B17.clean"]["value"] == 0  # the consistent ledger breaks no invariant

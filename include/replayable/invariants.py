@@ -351,3 +351,9 @@ def record_counts(conn: Connection, totals: Mapping[str, int], *, quiescent: boo
         },
     )
     conn.commit()
+
+
+def recorded_counts(conn: Connection) -> list[dict[str, Any]]:
+    """The counts the last :func:`record_counts` kept, per invariant, with their time
+    (``checked_at``, Unix seconds): what the metrics endpoint reports."""
+    return fetch_all(conn, "check/recorded_counts")

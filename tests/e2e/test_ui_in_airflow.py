@@ -106,7 +106,7 @@ def _pages(letter_id: int) -> list[str]:
         for route in app.routes
         if isinstance(route, APIRoute) and "GET" in route.methods
     ]
-    assert len(paths) == 11
+    assert len(paths) == 13
     return paths
 
 

@@ -40,9 +40,9 @@ from replayable.web import create_app
 
 pytestmark = pytest.mark.db
 
-# Examples per operation and mode: 14 operations x 2 modes x 30 = 840 in `make test`;
+# Examples per operation and mode: 16 operations x 2 modes x 30 = 960 in `make test`;
 # `make test-fast` asks for fewer (the inner loop), CI for all of them.
-OPERATIONS = 14
+OPERATIONS = 16
 PER_OPERATION = int(os.environ.get("REPLAYABLE_FUZZ_PER_OPERATION", "30"))
 # Some examples are rejected before a request is sent.
 MINIMUM = PER_OPERATION * OPERATIONS * 2 * 2 // 3

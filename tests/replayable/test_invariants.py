@@ -16,7 +16,7 @@ import pytest
 import corpus
 from checks import subset
 from invariant_ledger import CONFIG, MODEL, OWN, A, B, fill_clean_ledger, item, letter, run_sql
-from replayable import db, invariants
+from replayable import invariants
 from replayable.keys import config_hash
 from replayable.stages.lineage import embed_hash, extract_hash
 
@@ -192,7 +192,7 @@ def test_limit_lists_fewer_rows_but_counts_them_all(ledger):
 def test_recorded_counts_replace_the_last_ones(ledger):
     invariants.record_counts(ledger, {"dead_without_letter": 2}, quiescent=False)
     invariants.record_counts(ledger, {"dead_without_letter": 0}, quiescent=True)
-    rows = db.fetch_all(ledger, "check/recorded_counts")
+    rows = invariants.recorded_counts(ledger)
     assert [(r["invariant"], r["violations"], r["quiescent"]) for r in rows] == [
         ("dead_without_letter", 0, True)
     ]

@@ -18,14 +18,14 @@ from typing import Any
 
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
-from replayable import db
+from replayable import db, invariants
 
 Row = dict[str, Any]
 
 
 def read_counts(conn: db.Connection) -> list[Row]:
     """The last recorded check's counts per invariant (a few rows)."""
-    return db.fetch_all(conn, "check/recorded_counts")
+    return invariants.recorded_counts(conn)
 
 
 def _families() -> tuple[GaugeMetricFamily, GaugeMetricFamily]:

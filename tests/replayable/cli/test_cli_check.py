@@ -7,7 +7,7 @@ import json
 import pytest
 
 from invariant_ledger import A, B, fill_clean_ledger, run_sql
-from replayable import db
+from replayable import invariants
 from replayable.cli import main
 
 pytestmark = pytest.mark.db
@@ -70,7 +70,5 @@ def test_record_keeps_the_counts_for_the_metrics(ledger, dsn, capsys):
     run_sql(ledger, "UPDATE replayable.dead_letters SET status = 'redriven'")
     assert main(["--dsn", dsn, "--json", "check", "--record", "--limit", "1"]) == 1
     assert len(json.loads(capsys.readouterr().out)["violations"]) == 1
-    counts = {
-        r["invariant"]: r["violations"] for r in db.fetch_all(ledger, "check/recorded_counts")
-    }
+    counts = {r["invariant"]: r["violations"] for r in invariants.recorded_counts(ledger)}
     assert counts["dead_without_letter"] == 2 and counts["one_current_item"] == 0
