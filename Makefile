@@ -193,7 +193,7 @@ test: realworld-tools
 XDIST := -n 4 --dist worksteal
 # The containment tier (guards and poison documents burning CPU and memory on purpose, about a
 # sixth of these tiers' CPU) is left out too: make test runs it in its first session. So is the
-# simulation (a seeded walk of about two minutes), which make test runs in its second.
+# simulation (a seeded walk of a minute or two), which make test runs in its second.
 FAST_TIERS := not e2e and not realworld and not chaos and not cluster and not bench and not packaging and not harness and not containment and not simulation
 test-fast: install
 	REPLAYABLE_FUZZ_EXAMPLES=100 REPLAYABLE_FUZZ_PER_OPERATION=4 \

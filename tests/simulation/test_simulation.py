@@ -17,7 +17,7 @@ pytestmark = pytest.mark.simulation
 STEPS_ENV = "REPLAYABLE_SIM_STEPS"
 SEED_ENV = "REPLAYABLE_SIM_SEED"
 DEFAULT_STEPS = 30
-DEFAULT_SEEDS = (1,)
+DEFAULT_SEEDS = (1, 2)
 
 
 def _seeds() -> tuple[int, ...]:
