@@ -40,7 +40,8 @@ from replayable.stages import extract
 # waits); 11: a redrive under a new code version leaves a done document with an open letter
 # (a version bump); 11b, its twin, found by this walk: a run under other settings (another
 # model, chunk size or extractor) finishes a document whose item under the old settings
-# died, and leaves that letter open (while a letter is open, runs keep the last settings).
+# died, and leaves that letter open, or lets it die again with a second letter (while a
+# letter is open and 11b is known, runs keep the last settings).
 KNOWN_HOLES: frozenset[str] = frozenset({"1", "3", "11", "11b"})
 # To walk into them anyway (to show a hole is found with its fix reverted), name the holes
 # still to avoid in this variable, comma-separated; empty turns every rule on.
