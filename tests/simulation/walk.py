@@ -451,7 +451,12 @@ def walk(walker: Walk, steps: int) -> None:
     except Exception as error:
         _fail_on(walker, [f"the drain raised {error!r}:\n{traceback.format_exc()}"])
     _fail_on(walker, walker.violations(quiescent=True) + walker.provider_violations(before))
-    print(f"simulation seed {walker.seed}, {steps} steps:\n{_listing(walker)}")  # for -s
+    stats = walker.model.stats()
+    twice = sum(1 for n in stats["embedding_charges"].values() if n > 1)
+    print(  # shown with -s: the walk, and the inputs bought twice (each for a lost answer)
+        f"simulation seed {walker.seed}, {steps} steps, {twice} input(s) charged more than"
+        f" once, {stats['lost_responses']} answer(s) lost:\n{_listing(walker)}"
+    )
 
 
 def _listing(walker: Walk) -> str:
