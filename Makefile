@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 # as unset.
 export PYTHONDONTWRITEBYTECODE :=
 
-.PHONY: install run demo test test-fast lint bench bench-smoke chaos airflow start stop status env corpus \
+.PHONY: install run demo test test-fast simulate lint bench bench-smoke chaos airflow start stop status env corpus \
         clean lock lock-check cluster cluster-run cluster-stop redis
 
 # --- Locked dependencies (tools/lock.py; ADR 0020) -----------------------------------
@@ -75,10 +75,18 @@ demo: install
 # the bench smoke is CPU-bound). Each session lists its 25 slowest tests, so that CI's log
 # shows where the time goes; either one finding no test fails (pytest's exit code 5).
 # PYTEST_ARGS go to both.
-SLOW_TIERS := e2e or realworld or chaos or cluster or bench or packaging
+SLOW_TIERS := e2e or realworld or chaos or cluster or bench or packaging or simulation
 test: install
 	$(PY) -m pytest $(XDIST) -m "not ($(SLOW_TIERS))" --durations=25 $(PYTEST_ARGS)
 	$(PY) -m pytest -m "$(SLOW_TIERS)" --durations=25 $(PYTEST_ARGS)
+
+# The simulation (ADR 0136) walks one seed further than make test does: a failure prints the
+# seed and its steps, and the same SEED and STEPS walk them again.
+STEPS ?= 200
+SEED ?= 1
+simulate: install
+	REPLAYABLE_SIM_STEPS=$(STEPS) REPLAYABLE_SIM_SEED=$(SEED) \
+	  $(PY) -m pytest -m simulation tests/simulation --durations=5 $(PYTEST_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check .
@@ -186,8 +194,9 @@ test: realworld-tools
 # takes half of a busy worker's queue instead of waiting at the end behind one long test.
 XDIST := -n 4 --dist worksteal
 # The containment tier (guards and poison documents burning CPU and memory on purpose, about a
-# sixth of these tiers' CPU) is left out too: make test runs it in its first session.
-FAST_TIERS := not e2e and not realworld and not chaos and not cluster and not bench and not packaging and not harness and not containment
+# sixth of these tiers' CPU) is left out too: make test runs it in its first session. So is the
+# simulation (a seeded walk of a minute or two), which make test runs in its second.
+FAST_TIERS := not e2e and not realworld and not chaos and not cluster and not bench and not packaging and not harness and not containment and not simulation
 test-fast: install
 	REPLAYABLE_FUZZ_EXAMPLES=100 REPLAYABLE_FUZZ_PER_OPERATION=4 \
 	  $(PY) -m pytest $(XDIST) -m "$(FAST_TIERS)" --ignore=tests/e2e $(PYTEST_ARGS)

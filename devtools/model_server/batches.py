@@ -105,6 +105,7 @@ from typing import TYPE_CHECKING, Any, Final, cast
 from urllib.parse import parse_qs
 
 from devtools.model_server.errors import HttpError, error_body
+from devtools.model_server.stats import charge_key
 from devtools.model_server.vectors import (
     EmbeddingsRequest,
     embeddings_response,
@@ -720,6 +721,7 @@ class BatchStore:
         outputs: list[bytes] = []
         failures: list[bytes] = []
         charges: list[tuple[str, int, int]] = []
+        charge_keys: list[str] = []
         for index, line in enumerate(batch.plan.lines):
             if index >= done:
                 if status == EXPIRED:
@@ -729,6 +731,7 @@ class BatchStore:
                 outputs.append(_result_line(line.custom_id, 200, embeddings_response(line.request)))
                 inputs = line.request.inputs
                 charges.append((line.custom_id, len(inputs), usage_tokens(inputs)))
+                charge_keys += [charge_key(line.request.model, line.request.dim, t) for t in inputs]
             elif line.error is not None:
                 error = line.error
                 body = error_body(error.status, error.message, error.code)
@@ -741,7 +744,7 @@ class BatchStore:
             data = b"\n".join(failures) + b"\n"
             name = f"{batch.id}_error.jsonl"
             batch.error_file_id = self._add_file(name, OUTPUT_PURPOSE, data).id
-        self._stats.charge_batch_lines(charges)
+        self._stats.charge_batch_lines(charges, charge_keys)
         # Only the counts are needed from now on.
         batch.plan = replace(batch.plan, lines=())
 

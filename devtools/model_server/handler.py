@@ -70,7 +70,7 @@ from devtools.model_server.chat import chat_response, parse_chat_request
 from devtools.model_server.errors import HttpError, error_body
 from devtools.model_server.faults import FaultConfig, seconds_header
 from devtools.model_server.idempotency import fingerprint
-from devtools.model_server.stats import CHAT, EMBEDDINGS
+from devtools.model_server.stats import CHAT, EMBEDDINGS, charge_key
 from devtools.model_server.vectors import (
     embeddings_response,
     parse_embeddings_request,
@@ -267,6 +267,7 @@ class Handler(BaseHTTPRequestHandler):
             tokens=usage_tokens(request.inputs),
             request_fingerprint=fingerprint(request),
             render=render,
+            charge_keys=[charge_key(request.model, request.dim, t) for t in request.inputs],
         )
 
     def _chat(self, ticket: Ticket, faults: FaultDraw, key: str | None) -> tuple[bytes, bool]:
@@ -299,6 +300,7 @@ class Handler(BaseHTTPRequestHandler):
         tokens: int,
         request_fingerprint: str,
         render: Callable[[], tuple[dict[str, Any], Sequence[str]]],
+        charge_keys: Sequence[str] = (),
     ) -> tuple[bytes, bool]:
         """Take a checked request through the token limit and the faults, then charge it.
 
@@ -334,6 +336,7 @@ class Handler(BaseHTTPRequestHandler):
             response,
             dedupe=config.dedupe,
             lost=draw.lose,
+            charge_keys=charge_keys,
         )
         if answer is None:
             raise HttpError(

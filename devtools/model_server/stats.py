@@ -19,6 +19,11 @@
 - ``tokens_charged``: the ``usage.total_tokens`` of charged responses, summed (a chat
   answer's prompt and completion tokens both; replays are not charged, and a failed
   request is not charged whatever ``max_tpm`` took for it);
+- ``embedding_charges``: ``"model/dimensions/sha256 of the input"`` -> times that input was
+  charged under that model and ``dimensions``, synchronously or in a batch's output, so that
+  an input bought twice per model and dimensions shows 2 whatever bought it;
+  ``lost_embedding_charges``: the same keys, counting charges whose response was lost
+  (``lose_response_rate``): the client never learned it had paid for them;
 - ``idempotency_keys``: each key seen -> how many times a response under it was charged;
 - ``would_deduplicate``: charged requests whose key had been charged before (whatever
   the body) and was still remembered; non-zero only with ``"dedupe": false``, it is
@@ -57,6 +62,7 @@ synchronously from what was embedded in batches:
 from __future__ import annotations
 
 import collections
+import hashlib
 import threading
 import time
 from collections.abc import Sequence
@@ -142,6 +148,8 @@ class Stats:
         self._inputs_embedded = 0
         self._tokens_charged = 0
         self._input_success_counts: dict[str, int] = {}
+        self._embedding_charges: dict[str, int] = {}
+        self._lost_embedding_charges: dict[str, int] = {}
         self._idempotency_keys: dict[str, int] = {}
         self._memory.clear()
         self._webhooks = dict.fromkeys(("received", "stored", "deduplicated", "failed"), 0)
@@ -218,6 +226,7 @@ class Stats:
         *,
         dedupe: bool,
         lost: bool,
+        charge_keys: Sequence[str] = (),
     ) -> Settled | None:
         """Charge a request that did its work, or replay what its key remembers.
 
@@ -226,7 +235,8 @@ class Stats:
         it embedded, none for a chat request), the first response's body when it is
         replayed, or None when the key was charged for a request with another fingerprint
         (the caller answers 422 and counts it with :meth:`fail`). With ``dedupe`` off every
-        request is charged. ``lost`` counts the response as dropped. A request begun before
+        request is charged. ``lost`` counts the response as dropped. ``charge_keys`` are the
+        ``embedding_charges`` keys of the inputs a charge buys. A request begun before
         a reset is neither counted nor remembered.
         """
         with self._lock:
@@ -250,6 +260,9 @@ class Stats:
                     self._input_success_counts[digest] = (
                         self._input_success_counts.get(digest, 0) + 1
                     )
+                _count(self._embedding_charges, charge_keys)
+                if lost:
+                    _count(self._lost_embedding_charges, charge_keys)
                 if idempotency_key is not None:
                     count = self._idempotency_keys.get(idempotency_key, 0)
                     self._idempotency_keys[idempotency_key] = count + 1
@@ -330,9 +343,13 @@ class Stats:
         with self._lock:
             self._batches_created += 1
 
-    def charge_batch_lines(self, lines: Sequence[tuple[str, int, int]]) -> None:
-        """Charge a batch's output lines: ``(custom_id, inputs, tokens)`` for each."""
+    def charge_batch_lines(
+        self, lines: Sequence[tuple[str, int, int]], charge_keys: Sequence[str] = ()
+    ) -> None:
+        """Charge a batch's output lines: ``(custom_id, inputs, tokens)`` for each, and the
+        ``embedding_charges`` keys of all their inputs."""
         with self._lock:
+            _count(self._embedding_charges, charge_keys)
             for custom_id, inputs, tokens in lines:
                 self._batch_lines_charged += 1
                 self._batch_inputs_charged += inputs
@@ -369,6 +386,8 @@ class Stats:
                 "inputs_embedded": self._inputs_embedded,
                 "tokens_charged": self._tokens_charged,
                 "input_success_counts": dict(self._input_success_counts),
+                "embedding_charges": dict(self._embedding_charges),
+                "lost_embedding_charges": dict(self._lost_embedding_charges),
                 "idempotency_keys": dict(self._idempotency_keys),
                 "in_flight": self._in_flight,
                 "peak_in_flight": self._peak_in_flight,
@@ -382,3 +401,13 @@ class Stats:
                 "batch_tokens_charged": self._batch_tokens_charged,
                 "batch_line_charges": dict(self._batch_line_charges),
             }
+
+
+def _count(counts: dict[str, int], keys: Sequence[str]) -> None:
+    for key in keys:
+        counts[key] = counts.get(key, 0) + 1
+
+
+def charge_key(model: str, dim: int, text: str) -> str:
+    """The ``embedding_charges`` key of one input embedded by ``model`` at ``dim``."""
+    return f"{model}/{dim}/{hashlib.sha256(text.encode()).hexdigest()}"

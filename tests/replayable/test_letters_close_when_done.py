@@ -146,6 +146,31 @@ def test_a_version_that_comes_back_to_a_done_key_closes_the_newer_keys_letter(co
     assert letters(conn) == [("k2", "redriven", "rerun", "r3")]
 
 
+def test_a_run_that_comes_back_to_a_dead_key_gives_the_document_its_letter_again(
+    conn, database
+):
+    """Died under version 1, then under version 2 (whose letter replaced the first), then a
+    run under version 1 again, which does not revive: the document's current item is the
+    dead k1, and its one open letter is k1's again, with its error, announced once more.
+    The simulation found this mix (seed 2: two settings over one poisoned document)."""
+    died_under_v1(database)
+    second = embed(database, "2", run_id="r2")
+    second.claim([("k2", DOC)])
+    database.transaction(lambda c: second.finish(c, [Outcome("k2", "failed", TERMINAL)]))
+    states = embed(database, "1", run_id="r3").claim([("k1", DOC)])
+    assert states["k1"].status == "dead" and not states["k1"].mine
+    assert current(conn) == [("k1", "dead")]
+    open_letters = rows(
+        conn,
+        "SELECT item_key, error_class, error FROM replayable.dead_letters WHERE status = 'open'",
+    )
+    assert open_letters == [("k1", "http_400", "bad input")]
+    assert rows(
+        conn,
+        "SELECT count(*) FROM replayable.outbox WHERE event_type = 'document.failed'",
+    ) == [(3,)]
+
+
 def test_closing_a_letter_announces_the_document_once_and_nothing_else(conn, database):
     died_under_v1(database)
     for _ in range(2):  # the claim runs twice (a task retry): the same end state

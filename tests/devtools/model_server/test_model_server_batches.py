@@ -13,6 +13,7 @@ import pytest
 from model_server_calls import clean_shared_server, wait_until
 
 from devtools.model_server import LocalModelServer
+from devtools.model_server.stats import charge_key
 
 
 @pytest.fixture(scope="module")
@@ -682,3 +683,24 @@ def test_batch_fault_keys_read_back(server: LocalModelServer) -> None:
     }
     shown = server.set_faults(config)
     assert {key: shown[key] for key in config} == config
+
+
+def test_embedding_charges_count_each_input_per_model_and_dimensions_sync_and_batch(
+    client: httpx.Client, server: LocalModelServer
+) -> None:
+    """An input bought twice per model and dimensions shows 2, whatever mode bought it; a
+    lost answer's inputs are counted apart, as charged and never received."""
+    server.set_faults(batch_delay_s=0, dedupe=False)
+    assert client.post("/embeddings", json={"model": "local-hash", "input": ["a", "b"]}).is_success
+    start_batch(client, [embedding_line("one", "a"), embedding_line("small", "a", dimensions=4)])
+    server.set_faults(batch_delay_s=0, dedupe=False, lose_response_rate=1.0)
+    with pytest.raises((httpx.RemoteProtocolError, httpx.ReadError)):
+        client.post("/embeddings", json={"model": "local-hash", "input": "b"})
+    stats = server.stats()
+    key = charge_key
+    assert stats["embedding_charges"] == {
+        key("local-hash", 16, "a"): 2,
+        key("local-hash", 4, "a"): 1,
+        key("local-hash", 16, "b"): 2,
+    }
+    assert stats["lost_embedding_charges"] == {key("local-hash", 16, "b"): 1}

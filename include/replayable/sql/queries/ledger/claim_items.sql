@@ -150,15 +150,61 @@ SET status = 'redriven', resolved_at = now(),
     resolved_by = CASE WHEN %(revive)s THEN %(revive_by)s ELSE 'rerun' END,
     resolution = CASE WHEN %(revive)s THEN %(revive_reason)s
                       ELSE 'superseded: the document is '
-                           || CASE WHEN s.status = 'done' THEN 'done' ELSE 'at work again' END
+                           || CASE WHEN s.status = 'done' THEN 'done'
+                                   WHEN s.status = 'dead' THEN 'dead again'
+                                   ELSE 'at work again' END
                            || ' in this stage as item ' || s.item_key
                            || ' (code version ' || %(code_version)s || ')' END,
     resolved_dag_id = %(dag_id)s, resolved_run_id = %(run_id)s
 FROM replayable.stage_runs s
 WHERE d.stage = %(stage)s AND d.status = 'open'
   AND s.stage = %(stage)s AND s.item_key = ANY(%(keys)s::text[]) AND s.is_current
-  AND (s.status = 'done' OR (s.status = 'running' AND s.lease_owner = %(owner)s))
+  AND (s.status = 'done' OR (s.status = 'running' AND s.lease_owner = %(owner)s)
+       OR (s.status = 'dead' AND d.item_key <> s.item_key))
   AND d.doc_id = s.doc_id;
+
+-- 4b. A document whose current item is dead again (a run under the settings or version it
+-- died under, which does not revive it) gets that item's letter back: its newest letter,
+-- open once more as a new row (the closed one keeps its resolution), and a document.failed
+-- event for it; a letter ignored on purpose stays ignored (ADR 0132).
+WITH reopened AS (
+    INSERT INTO replayable.dead_letters
+        (stage, item_key, doc_id, error_class, error_kind, error, traceback, attempts,
+         code_version, dag_id, run_id, map_index, try_number)
+    SELECT %(stage)s, s.item_key, s.doc_id,
+           coalesce(l.error_class, nullif(s.error_class, ''), 'unknown'),
+           coalesce(l.error_kind, s.error_kind, 'terminal'),
+           coalesce(l.error, s.last_error, 'dead'), l.traceback, s.attempts, s.code_version,
+           s.dag_id, s.run_id, s.map_index, s.try_number
+    FROM replayable.stage_runs s
+    LEFT JOIN LATERAL (
+        SELECT * FROM replayable.dead_letters p
+        WHERE p.stage = %(stage)s AND p.item_key = s.item_key
+        ORDER BY p.id DESC LIMIT 1
+    ) l ON true
+    WHERE s.stage = %(stage)s AND s.item_key = ANY(%(keys)s::text[]) AND s.is_current
+      AND s.status = 'dead'
+      AND NOT EXISTS (
+          SELECT 1 FROM replayable.dead_letters o
+          WHERE o.stage = %(stage)s AND o.item_key = s.item_key
+            AND o.status IN ('open', 'ignored'))
+    ON CONFLICT (stage, item_key) WHERE status = 'open' DO NOTHING
+    RETURNING id, item_key, doc_id, error_class, error_kind, error, attempts, code_version,
+              dag_id, run_id
+)
+INSERT INTO replayable.outbox (event_id, event_key, event_type, aggregate_id, payload)
+SELECT replayable.outbox_event_id('document.failed:' || l.id), 'document.failed:' || l.id,
+       'document.failed', l.doc_id,
+       jsonb_build_object('doc_id', l.doc_id, 'uri', doc.uri, 'stage', %(stage)s::text,
+                          'item_key', l.item_key, 'dead_letter_id', l.id,
+                          'error_class', l.error_class, 'error_kind', l.error_kind,
+                          'error', left(l.error, 2000), 'attempts', l.attempts,
+                          'code_version', l.code_version, 'dag_id', l.dag_id,
+                          'run_id', l.run_id)
+FROM reopened l
+LEFT JOIN replayable.documents doc ON doc.doc_id = l.doc_id
+ORDER BY l.id
+ON CONFLICT (event_id) DO NOTHING;
 
 SELECT item_key, doc_id, status, attempts,
        (status = 'running' AND lease_owner IS NOT DISTINCT FROM %(owner)s) AS mine,
