@@ -146,9 +146,7 @@ def test_a_version_that_comes_back_to_a_done_key_closes_the_newer_keys_letter(co
     assert letters(conn) == [("k2", "redriven", "rerun", "r3")]
 
 
-def test_a_run_that_comes_back_to_a_dead_key_gives_the_document_its_letter_again(
-    conn, database
-):
+def test_a_run_that_comes_back_to_a_dead_key_gives_the_document_its_letter_again(conn, database):
     """Died under version 1, then under version 2 (whose letter replaced the first), then a
     run under version 1 again, which does not revive: the document's current item is the
     dead k1, and its one open letter is k1's again, with its error, announced once more.
