@@ -24,6 +24,18 @@ class Hit:
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    @classmethod
+    def of(cls, row: dict[str, Any]) -> Hit:
+        """The hit a search query's row names (its score made finite, its snippet folded)."""
+        return cls(
+            doc_id=row["doc_id"],
+            uri=row["uri"],
+            ordinal=int(row["ordinal"]),
+            chunk_id=row["chunk_id"],
+            score=finite(float(row["score"])),
+            snippet=" ".join(str(row["snippet"]).split()),
+        )
+
 
 @dataclass(frozen=True)
 class Scope:

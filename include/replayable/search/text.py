@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from replayable.db import Connection, fetch_all
 from replayable.search.index import TEXT_CONFIG
-from replayable.search.model import MAX_K, SNIPPET_CHARS, Hit, Scope, SearchError, finite
+from replayable.search.model import MAX_K, SNIPPET_CHARS, Hit, Scope, SearchError
 
 MODES = ("vector", "text", "hybrid")
 DEFAULT_MODE = "hybrid"
@@ -49,17 +49,7 @@ def text_hits(
         "k": k,
         "snippet": SNIPPET_CHARS,
     }
-    return [
-        Hit(
-            doc_id=row["doc_id"],
-            uri=row["uri"],
-            ordinal=int(row["ordinal"]),
-            chunk_id=row["chunk_id"],
-            score=finite(float(row["score"])),
-            snippet=" ".join(str(row["snippet"]).split()),
-        )
-        for row in fetch_all(conn, "search/text_chunks", params)
-    ]
+    return [Hit.of(row) for row in fetch_all(conn, "search/text_chunks", params)]
 
 
 def fuse(rankings: Sequence[Sequence[Hit]], k: int) -> list[Hit]:

@@ -11,7 +11,7 @@ from psycopg2 import sql
 from replayable import db
 from replayable.db import Connection, fetch_all
 from replayable.search.index import index_name
-from replayable.search.model import SNIPPET_CHARS, Answer, Hit, Scope, SearchError, check_k, finite
+from replayable.search.model import SNIPPET_CHARS, Answer, Hit, Scope, SearchError, check_k
 from replayable.stages.embed.store import vector_literal
 from replayable.vocabulary import MODEL_CONN_ID, PIPELINE_DAG_ID
 
@@ -72,17 +72,7 @@ def search(
         held = vector_sets(conn)
         if (scope.model, dim) not in held:
             raise no_vectors(scope.model, held, dim)
-    hits = [
-        Hit(
-            doc_id=row["doc_id"],
-            uri=row["uri"],
-            ordinal=int(row["ordinal"]),
-            chunk_id=row["chunk_id"],
-            score=finite(float(row["score"])),
-            snippet=" ".join(str(row["snippet"]).split()),
-        )
-        for row in rows
-    ]
+    hits = [Hit.of(row) for row in rows]
     return Answer(query=query, model=scope.model, hits=hits, exact=exact)
 
 
