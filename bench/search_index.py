@@ -263,6 +263,7 @@ def run(chunks: int = CHUNKS, queries: int = QUERIES) -> tuple[list[Row], dict[s
                     "source": None,
                     "k": K,
                     "snippet": 300,
+                    "dim": len(vector),
                 }
                 started = time.perf_counter()
                 truth = db.fetch_all(conn, "search/best_chunks", params)
