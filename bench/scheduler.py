@@ -27,6 +27,7 @@ running), so the first one does not share the cores with the scheduled DAGs' boo
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import socket
@@ -43,7 +44,8 @@ from harness import BenchError, Row, Samples, Target, count_rows, empty_ledger, 
 
 from devtools import devenv
 from devtools.model_server import LocalModelServer
-from replayable import sources
+from replayable import db, sources
+from replayable.invariants import check_ledger
 from replayable.settings import DEFAULT_MAX_IN_FLIGHT, PipelineSettings
 from replayable.stages.extract.pdf import extract_file
 
@@ -306,6 +308,15 @@ def run(
     return rows, details
 
 
+def _check_ledger(dsn: str) -> None:
+    """A figure counts only over a ledger that keeps its invariants (ADR 0150): after the
+    runs, nothing in flight, ``replayable check --quiescent`` must find no violation."""
+    with contextlib.closing(db.connect(dsn)) as conn:
+        found = check_ledger(conn, quiescent=True, limit=5)
+    if found:
+        raise BenchError(f"the ledger the runs left breaks its invariants: {found}")
+
+
 def _seconds(values: tuple[float, ...]) -> str:
     return ", ".join(f"{value:.2f}" for value in values) + " s"
 
@@ -360,6 +371,7 @@ class _Runs:
             if again_state != "success":
                 raise BenchError(f"a re-run of {conf} ended {again_state}")
             agains.append(again)
+        _check_ledger(dsn)
         return cls(
             tuple(firsts),
             first_calls,
