@@ -64,7 +64,7 @@ EMBED_BATCH = 10_000
 P95_TARGET = Target("< 50 ms", below=0.050)
 RECALL_TARGET = Target("≥ 0.95", at_least=0.95)
 MODEL = "local-wordllama-256"
-SCOPE = Scope(MODEL, "bench-spec", "bench-extractor", "bench-chunker")
+SCOPE = Scope(MODEL, "bench-config", "bench-extractor", "bench-chunker")
 
 
 def real_words(at_least: int) -> list[str]:
@@ -156,9 +156,9 @@ def load(dsn: str, corpus: Sequence[str]) -> dict[str, float]:
             cur.execute(
                 "INSERT INTO replayable.stage_runs (stage, item_key, doc_id, status,"
                 " code_version, config_hash, is_current, spec_hash)"
-                " SELECT 'embed', 'e' || g, 'd' || g, 'done', 'bench', 'bench', true, %s"
+                " SELECT 'embed', 'e' || g, 'd' || g, 'done', 'bench', %s, true, 'bench'"
                 " FROM generate_series(1, %s) g",
-                (SCOPE.spec_hash, documents),
+                (SCOPE.config_hash, documents),
             )
             conn.commit()
             seconds["documents"] = time.perf_counter() - started
@@ -257,7 +257,7 @@ def run(chunks: int = CHUNKS, queries: int = QUERIES) -> tuple[list[Row], dict[s
                 params = {
                     "vector": vector_literal([float(x) for x in vector]),
                     "model": MODEL,
-                    "spec_hash": SCOPE.spec_hash,
+                    "config_hash": SCOPE.config_hash,
                     "extractor_version": SCOPE.extractor_version,
                     "chunker_key": SCOPE.chunker_key,
                     "source": None,

@@ -91,7 +91,7 @@ def test_the_first_search_builds_the_index_and_the_next_ones_read_through_it(
     params = {
         "vector": vector_literal(vector),
         "model": MODEL,
-        "spec_hash": scope.spec_hash,
+        "config_hash": scope.config_hash,
         "extractor_version": scope.extractor_version,
         "chunker_key": scope.chunker_key,
         "source": None,

@@ -160,6 +160,13 @@ def _add_search(sub: Commands, common: argparse.ArgumentParser) -> None:
         default=PIPELINE_DAG_ID,
         help="the pipeline whose settings name the vectors (default: %(default)s)",
     )
+    command.add_argument(
+        "--run",
+        type=non_empty,
+        metavar="RUN_ID",
+        help="search under the settings this run of the pipeline used (default: those of "
+        "its most recent complete run)",
+    )
     command.set_defaults(handler=search.run)
 
 

@@ -19,6 +19,7 @@ from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
+from replayable.search.model import searched
 from replayable.terminal import for_terminal
 from replayable.vocabulary import ITEM_STATUSES
 
@@ -249,7 +250,7 @@ def search_table(data: dict[str, Any]) -> RenderableType:
     }.get(data.get("mode", "vector"), f"by {data['model']} vectors")
     table = Table(
         title=f"Best chunks for {cell(repr(data['query']))} ({ranking})",
-        caption=f"{len(data['hits'])} found",
+        caption=f"{len(data['hits'])} found. {cell(searched(data))}",
     )
     table.add_column("#", justify="right", no_wrap=True)
     table.add_column("Score", justify="right", no_wrap=True)

@@ -2,10 +2,11 @@
 
 The question is embedded through the model connection, as the embed stage embeds chunks
 (the same model resolution, and a slot and send time of the same shared budget), then
-compared (cosine) with the current embeddings of current documents: those of the documents
-whose embed item is done under the spec a run with these settings has now (the model and
-dimensions, the chunker and the extractor), so a document re-chunked or re-embedded under
-other settings is searched under the current ones only (ADR 0118).
+compared (cosine) with the embeddings of current documents under the settings the pipeline
+last asked for: those of its most recent complete run, or of a run named (ADR 0152). A
+document is searched when an embed item of it is done for that model and dimensions, through
+its chunks under that chunker and extractor, whichever run did it; the answer says how many
+documents that covered and why the others were left out.
 
 Vectors are found through an HNSW index per model and dimension, built the first time that
 model and dimension are searched and kept current by Postgres as vectors are written (ADR
@@ -16,7 +17,8 @@ made again exactly, so a hit the index would miss is still found.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from replayable.db import Connection, Database
@@ -30,11 +32,14 @@ from replayable.search.model import (
     MAX_K,
     SNIPPET_CHARS,
     Answer,
+    Coverage,
     Hit,
+    RunSettings,
     Scope,
     SearchError,
     check_k,
     check_query,
+    searched,
 )
 from replayable.search.question import STAGE, embed_query, vector_for
 from replayable.search.text import (
@@ -46,9 +51,11 @@ from replayable.search.text import (
     text_hits,
 )
 from replayable.search.vectors import (
+    coverage,
     current_model,
     has_vectors,
     no_vectors,
+    run_settings,
     scope_of,
     search,
     vector_sets,
@@ -63,14 +70,18 @@ __all__ = [
     "SNIPPET_CHARS",
     "STAGE",
     "Answer",
+    "Coverage",
     "Hit",
+    "RunSettings",
     "Scope",
     "SearchError",
     "answer",
     "check_k",
     "check_mode",
     "check_query",
+    "coverage",
     "current_model",
+    "described",
     "embed_query",
     "ensure_index",
     "fuse",
@@ -79,8 +90,11 @@ __all__ = [
     "no_vectors",
     "prepare",
     "ranked",
+    "resolve",
+    "run_settings",
     "scope_of",
     "search",
+    "searched",
     "text_hits",
     "vector_for",
     "vector_sets",
@@ -98,28 +112,54 @@ def answer(
     dag_id: str = PIPELINE_DAG_ID,
     conn_id: str = MODEL_CONN_ID,
     mode: str = DEFAULT_MODE,
+    run_id: str | None = None,
 ) -> Answer:
     """Search for ``query`` in ``mode``: embed it (not in text mode), build the indexes it
     reads on first use, and read the ``k`` best chunks on ``conn``. ``dsn`` is the ledger's,
     on which the budget, the call's record and the index builds write; ``conn`` may be
-    read-only.
-
-    A model asked for by name is checked for vectors first, so a name mistyped costs no
-    model call and builds no index; without one, the search reads the model that holds the
-    current vectors (:func:`current_model`).
+    read-only. What it searched (:func:`resolve`) and how many documents that covers come
+    with the answer.
     """
     text = check_query(query)
     check_k(k)
     check_mode(mode)
-    scope, choice = scope_of(model, dag_id, conn_id)
-    if model is None:
+    scope, choice = resolve(conn, model, dag_id=dag_id, conn_id=conn_id, run_id=run_id)
+    vector = prepare(text, scope, choice, dsn, mode=mode, conn_id=conn_id)
+    return described(conn, ranked(conn, text, scope, vector, mode=mode, k=k, source=source), scope)
+
+
+def resolve(
+    conn: Connection,
+    model: str | None,
+    *,
+    dag_id: str = PIPELINE_DAG_ID,
+    conn_id: str = MODEL_CONN_ID,
+    run_id: str | None = None,
+    scope_for: Callable[..., tuple[Scope, Any]] = scope_of,
+) -> tuple[Scope, Any]:
+    """What a search reads, and the model choice that embeds its question (ADR 0152): the
+    settings of ``run_id``, else of the pipeline's most recent complete run, else the
+    defaults; ``model`` when named (checked for vectors first, so a name mistyped costs no
+    model call and builds no index), else the run's, else the one that holds the current
+    vectors (:func:`current_model`). ``scope_for`` builds a scope from (model, dag_id,
+    conn_id, run): the UI's answers its refusals as HTTP errors."""
+    run = run_settings(conn, dag_id, run_id)
+    if model is not None and not has_vectors(conn, model):
+        raise no_vectors(model, vector_sets(conn))
+    scope, choice = scope_for(model, dag_id, conn_id, run)
+    if model is None and (run is None or run.settings.get("model") is None):
         chosen = current_model(conn, choice.model)
         if chosen != choice.model:
-            scope, choice = scope_of(chosen, dag_id, conn_id)
-    elif not has_vectors(conn, model):
-        raise no_vectors(model, vector_sets(conn))
-    vector = prepare(text, scope, choice, dsn, mode=mode, conn_id=conn_id)
-    return ranked(conn, text, scope, vector, mode=mode, k=k, source=source)
+            scope, choice = scope_for(chosen, dag_id, conn_id, run)
+    return scope, choice
+
+
+def described(conn: Connection, found: Answer, scope: Scope) -> Answer:
+    """``found`` with what it searched: the run whose settings, the dimensions, and how many
+    documents those cover and leave out."""
+    return dataclasses.replace(
+        found, dimensions=scope.dimensions, run_id=scope.run_id, coverage=coverage(conn, scope)
+    )
 
 
 def prepare(

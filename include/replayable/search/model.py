@@ -39,12 +39,36 @@ class Hit:
 
 @dataclass(frozen=True)
 class Scope:
-    """What is searched: the vectors of ``model`` under the embed spec ``spec_hash``."""
+    """What is searched (ADR 0152): the vectors of ``model`` of documents with an embed item
+    done under ``config_hash`` (the embed stage's key config: the model and dimensions), in
+    their chunks under ``chunker_key`` of the text of ``extractor_version``."""
 
     model: str
-    spec_hash: str
+    config_hash: str
     extractor_version: str
     chunker_key: str
+    dimensions: int | None = None  # as asked of the model; None: its own
+    run_id: str | None = None  # the run whose settings these are; None: the defaults
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """A run's settings, as it recorded them: what a search reads by default (ADR 0152)."""
+
+    run_id: str
+    settings: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Coverage:
+    """What a search covered: the documents done under its settings, and those left out
+    by why (done only under other settings, failed, dead, unfinished)."""
+
+    documents: int
+    left_out: dict[str, int] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"documents": self.documents, "left_out": dict(self.left_out)}
 
 
 @dataclass(frozen=True)
@@ -56,15 +80,48 @@ class Answer:
     hits: list[Hit] = field(default_factory=list)
     exact: bool = False  # whether the index's candidates fell short and every vector was read
     mode: str = "vector"  # vector, text or hybrid (ADR 0143)
+    dimensions: int | None = None  # as asked of the model; None: its own
+    run_id: str | None = None  # whose settings were searched; None: the defaults
+    coverage: Coverage | None = None  # what was searched, when the caller asked
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "query": self.query,
             "model": self.model,
+            "dimensions": self.dimensions,
+            "run_id": self.run_id,
             "exact": self.exact,
             "mode": self.mode,
+            "coverage": self.coverage.as_dict() if self.coverage is not None else None,
             "hits": [hit.as_dict() for hit in self.hits],
         }
+
+
+# Why a document is left out of a search, as a sentence says it.
+LEFT_OUT_REASONS = {
+    "other_settings": "embedded only under other settings",
+    "failed": "failed in embed",
+    "dead": "dead in embed",
+    "unfinished": "not embedded yet",
+}
+
+
+def searched(answer: dict[str, Any]) -> str:
+    """What an answer (:meth:`Answer.as_dict`) searched, in one sentence: the model and its
+    dimensions, whose settings, and how many documents that covers and leaves out, and why."""
+    dims = answer.get("dimensions")
+    vectors = f"{answer['model']} ({dims} dimensions)" if dims else f"{answer['model']}"
+    run = answer.get("run_id")
+    whose = f"the settings of run {run}" if run else "the default settings (no complete run yet)"
+    sentence = f"Searched {vectors} under {whose}"
+    cover = answer.get("coverage")
+    if cover is None:
+        return sentence + "."
+    sentence += f": {cover['documents']:,} documents"
+    left = [
+        f"{n:,} {LEFT_OUT_REASONS.get(reason, reason)}" for reason, n in cover["left_out"].items()
+    ]
+    return sentence + (f"; left out: {', '.join(left)}." if left else ", none left out.")
 
 
 class SearchError(ValueError):

@@ -42,7 +42,7 @@ def text_hits(
     params = {
         "config": TEXT_CONFIG,
         "query": query,
-        "spec_hash": scope.spec_hash,
+        "config_hash": scope.config_hash,
         "extractor_version": scope.extractor_version,
         "chunker_key": scope.chunker_key,
         "source": source,

@@ -1,5 +1,6 @@
-"""The vector search: the chunks nearest a question's vector among the current
-embeddings of current documents (ADR 0118, 0119), and which model a search reads."""
+"""The vector search: the chunks nearest a question's vector among the embeddings of current
+documents under the settings searched (ADR 0118, 0119, 0152), which settings and model a
+search reads, and what it covered."""
 
 from __future__ import annotations
 
@@ -10,8 +11,18 @@ from psycopg2 import sql
 
 from replayable import db
 from replayable.db import Connection, fetch_all
+from replayable.keys import config_hash
 from replayable.search.index import index_name
-from replayable.search.model import SNIPPET_CHARS, Answer, Hit, Scope, SearchError, check_k
+from replayable.search.model import (
+    SNIPPET_CHARS,
+    Answer,
+    Coverage,
+    Hit,
+    RunSettings,
+    Scope,
+    SearchError,
+    check_k,
+)
 from replayable.stages.embed.store import vector_literal
 from replayable.vocabulary import MODEL_CONN_ID, PIPELINE_DAG_ID
 
@@ -40,7 +51,7 @@ def search(
     params: dict[str, Any] = {
         "vector": vector_literal(vector),
         "model": scope.model,
-        "spec_hash": scope.spec_hash,
+        "config_hash": scope.config_hash,
         "extractor_version": scope.extractor_version,
         "chunker_key": scope.chunker_key,
         "source": source,
@@ -77,26 +88,70 @@ def search(
 
 
 def scope_of(
-    model: str | None, dag_id: str = PIPELINE_DAG_ID, conn_id: str = MODEL_CONN_ID
+    model: str | None,
+    dag_id: str = PIPELINE_DAG_ID,
+    conn_id: str = MODEL_CONN_ID,
+    run: RunSettings | None = None,
 ) -> tuple[Scope, Any]:
-    """What a run of ``dag_id`` with default settings (and ``model``) embeds, and the model
-    choice it makes on the model connection ``conn_id``."""
+    """What a run of ``dag_id`` with ``run``'s settings (the defaults when None) embeds,
+    with ``model`` when one is named, and the model choice it makes on the model
+    connection ``conn_id``. A model other than the run's drops the run's ``dimensions``:
+    they were asked of that model."""
     # Imported here: the hook loads Airflow's task SDK, which only a search needs.
     from replayable.hooks import EmbeddingsHook, model_choice
     from replayable.settings import PipelineSettings
-    from replayable.stage import Models, pipeline_of
     from replayable.stages import extract
+    from replayable.stages.embed import key_config
 
-    settings = PipelineSettings(model=model)
+    params = dict(run.settings) if run is not None else {}
+    if model is not None and model != params.get("model"):
+        params.update(model=model, dimensions=None)
+    settings = PipelineSettings.from_params(params)
     choice = model_choice(settings, EmbeddingsHook(conn_id))
-    models = Models(choice.model, choice.dimensions, "")
     scope = Scope(
         model=choice.model,
-        spec_hash=pipeline_of(dag_id).spec_hashes(settings, models)["embed"],
+        config_hash=config_hash(key_config(choice.model, choice.dimensions)),
         extractor_version=extract.extractor_id(settings.extractor),
         chunker_key=settings.chunk_config.key,
+        dimensions=choice.dimensions,
+        run_id=run.run_id if run is not None else None,
     )
     return scope, choice
+
+
+def run_settings(
+    conn: Connection, dag_id: str = PIPELINE_DAG_ID, run_id: str | None = None
+) -> RunSettings | None:
+    """The settings a search of ``dag_id`` reads (ADR 0152): ``run_id``'s, or when None
+    those of its most recent complete run (over its whole source, embed among its stages,
+    its report written); None when it has none. A run named but not found is refused."""
+    rows = fetch_all(conn, "search/current_run", {"dag_id": dag_id, "run_id": run_id})
+    if not rows:
+        if run_id is not None:
+            raise SearchError(
+                f"run: {dag_id} has no finished run {run_id!r} that embedded documents; "
+                "`replayable status` lists its runs"
+            )
+        return None
+    return RunSettings(run_id=rows[0]["run_id"], settings=dict(rows[0]["settings"]))
+
+
+def coverage(conn: Connection, scope: Scope) -> Coverage:
+    """How many documents ``scope`` searches, and how many it leaves out and why."""
+    params = {
+        "config_hash": scope.config_hash,
+        "extractor_version": scope.extractor_version,
+        "chunker_key": scope.chunker_key,
+    }
+    row = fetch_all(conn, "search/coverage", params)[0]
+    return Coverage(
+        documents=int(row["documents"]),
+        left_out={
+            reason: int(row[reason])
+            for reason in ("other_settings", "failed", "dead", "unfinished")
+            if row[reason]
+        },
+    )
 
 
 def has_vectors(conn: Connection, model: str) -> bool:

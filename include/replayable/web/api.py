@@ -94,12 +94,14 @@ async def search_api(
     source: Source = None,
     model: ModelName = None,
     mode: Mode = "hybrid",
+    run: ModelName = None,
 ) -> SearchAnswer:
     """The ``k`` chunks best for the question ``q``, as JSON: of the documents whose URI
     starts with ``source``, among the vectors of ``model`` (default: the model that holds
     the current vectors), by ``mode``: ``vector``, ``text`` (shared words) or ``hybrid``
-    (both, fused by reciprocal rank)."""
-    return await find(request, search_input(q, k, source, model, mode))
+    (both, fused by reciprocal rank); under the settings of the run ``run`` (default: the
+    pipeline's most recent complete run). The answer says what it covered."""
+    return await find(request, search_input(q, k, source, model, mode, run))
 
 
 Quiescent = Annotated[bool, Query(description="no run, sweep or redrive is in progress")]

@@ -268,15 +268,29 @@ class SearchHit(BaseModel):
     snippet: str
 
 
+class SearchCoverage(BaseModel):
+    """What a search covered: the documents done under its settings, and those left out,
+    by why (``other_settings``: done only under other settings; ``failed``, ``dead``,
+    ``unfinished``)."""
+
+    documents: int
+    left_out: dict[str, int]
+
+
 class SearchAnswer(BaseModel):
     """A search's answer (:meth:`replayable.search.Answer.as_dict`): the question as searched,
-    the model whose vectors were read, whether every vector was read (``exact``), how the
-    chunks were ranked (``mode``: vector, text or hybrid), and the chunks, best first."""
+    the model whose vectors were read and their dimensions as asked (null: the model's
+    own), the run whose settings were searched (null: the defaults; ADR 0152), whether every
+    vector was read (``exact``), how the chunks were ranked (``mode``: vector, text or
+    hybrid), what the search covered, and the chunks, best first."""
 
     query: str
     model: str
+    dimensions: int | None
+    run_id: str | None
     exact: bool
     mode: str
+    coverage: SearchCoverage | None
     hits: list[SearchHit]
 
 

@@ -101,17 +101,25 @@ async def search_page(
     source: str = "",
     model: str = "",
     mode: str = "",
+    run: str = "",
 ) -> HTMLResponse:
     """The search box and the chunks nearest its question; without a question, the box.
 
     Each parameter comes as the form's text: a value that cannot be searched (400), or a
     search that fails (502, 503), is shown in the page with its status.
     """
-    shown = {"q": q, "k": k or DEFAULT_K, "source": source, "model": model, "mode": mode}
+    shown = {
+        "q": q,
+        "k": k or DEFAULT_K,
+        "source": source,
+        "model": model,
+        "mode": mode,
+        "run": run,
+    }
     if not q.strip():
         return page("search.html", shown=shown, found=None, error=None)
     try:
-        found = await find(request, search_input(q, k, source, model, mode))
+        found = await find(request, search_input(q, k, source, model, mode, run))
     except HTTPException as refused:
         answer = page(
             "search.html", shown=shown, found=None, error=refused.detail, status=refused.status_code

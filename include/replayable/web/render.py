@@ -16,6 +16,7 @@ from typing import Any, get_args
 import jinja2
 from fastapi.responses import HTMLResponse
 
+from replayable.search.model import searched
 from replayable.vocabulary import STAGES
 from replayable.web.charts import CHART_BAR_W, CHART_H, CHART_HOURS, hour_label
 from replayable.web.filters import LetterStatus, filter_time
@@ -42,6 +43,7 @@ _templates.filters.update(
     filter_time=filter_time,
     hour_label=hour_label,
     usd=lambda amount: f"${amount:,.6f}",
+    searched=searched,
     # Plain text: autoescaping escapes it like every other value.
     pretty_json=lambda value: json.dumps(value, indent=2, ensure_ascii=False),
 )

@@ -40,18 +40,17 @@ from replayable.retry import ItemError, classify
 from replayable.search import (
     DEFAULT_MODE,
     MAX_K,
+    RunSettings,
     Scope,
     SearchError,
     check_k,
     check_mode,
     check_query,
-    current_model,
-    has_vectors,
-    no_vectors,
+    described,
     prepare,
     ranked,
+    resolve,
     scope_of,
-    vector_sets,
 )
 from replayable.vocabulary import LEDGER_CONN_ID, MODEL_CONN_ID
 from replayable.web.database import pooled, unavailable
@@ -95,6 +94,7 @@ class SearchInput:
     source: str | None = None
     model: str | None = None
     mode: str = DEFAULT_MODE
+    run: str | None = None
 
 
 def _refused(detail: str) -> HTTPException:
@@ -121,11 +121,13 @@ def search_input(
     source: str | None = None,
     model: str | None = None,
     mode: str | None = None,
+    run: str | None = None,
 ) -> SearchInput:
     """The search asked for, checked; 400 naming the parameter when it cannot be made.
 
     ``k`` may come as the page's text (blank: :data:`DEFAULT_K`); a blank ``source`` or
-    ``model`` means none (the model connection's model), a blank ``mode`` the default.
+    ``model`` means none (the model connection's model), a blank ``mode`` the default, a
+    blank ``run`` the pipeline's most recent complete run (ADR 0152).
     """
     _text("q", q, MAX_QUERY_CHARS, QUESTION_PATTERN)
     if k is None or (isinstance(k, str) and not k.strip()):
@@ -136,6 +138,7 @@ def search_input(
         raise _refused(f"k: a whole number from 1 to {MAX_K}, not {k!r}") from None
     source = _text("source", source, MAX_SOURCE_CHARS, NAME_PATTERN) if source else None
     model = _text("model", model.strip(), MAX_MODEL_CHARS, NAME_PATTERN) if model else None
+    run = _text("run", run.strip(), MAX_MODEL_CHARS, NAME_PATTERN) if run else None
     try:
         return SearchInput(
             check_query(q),
@@ -143,6 +146,7 @@ def search_input(
             source,
             model or None,
             check_mode(mode.strip() if mode and mode.strip() else DEFAULT_MODE),
+            run or None,
         )
     except SearchError as error:
         raise _refused(_named(error)) from None
@@ -168,19 +172,11 @@ def _search(
     pool: ConnectionPool, ledger_dsn_provider: Callable[[], str], asked: SearchInput
 ) -> SearchAnswer:
     """:func:`replayable.search.answer`, with a UI connection taken only to read."""
-    scope, choice = _scope(asked.model)
     with pooled(pool, readonly=True) as conn:
-        if asked.model is None:
-            # The model that holds the current vectors, not only the connection's default.
-            try:
-                chosen = current_model(conn, choice.model)
-            except SearchError as error:
-                raise _refused(_named(error)) from None
-            if chosen != choice.model:
-                scope, choice = _scope(chosen)
-        elif not has_vectors(conn, asked.model):
-            # Before the provider is paid, and before an index is built, for a name anyone typed.
-            raise _refused(str(no_vectors(asked.model, vector_sets(conn))))
+        try:
+            scope, choice = resolve(conn, asked.model, run_id=asked.run, scope_for=_scope)
+        except SearchError as error:
+            raise _refused(_named(error)) from None
     dsn = _ledger_dsn(ledger_dsn_provider)
     try:
         vector = prepare(asked.q, scope, choice, dsn, mode=asked.mode)
@@ -188,6 +184,7 @@ def _search(
             found = ranked(
                 conn, asked.q, scope, vector, mode=asked.mode, k=asked.k, source=asked.source
             )
+            found = described(conn, found, scope)
     except SearchError as error:
         raise _refused(_named(error)) from None
     except (httpx.HTTPError, ItemError) as error:
@@ -205,11 +202,13 @@ def _search(
     return SearchAnswer.model_validate(found.as_dict())
 
 
-def _scope(model: str | None) -> tuple[Scope, ModelChoice]:
+def _scope(
+    model: str | None, dag_id: str, conn_id: str, run: RunSettings | None
+) -> tuple[Scope, ModelChoice]:
     """What the search reads and the model choice that embeds the question; 503 naming the
     model connection when it is not defined or its fields cannot be read."""
     try:
-        return scope_of(model)
+        return scope_of(model, dag_id, conn_id, run)
     except AirflowNotFoundException:
         raise HTTPException(
             HTTPStatus.SERVICE_UNAVAILABLE,

@@ -25,6 +25,7 @@ def run(conn: db.Connection, args: argparse.Namespace, console: Console, as_json
             source=args.source,
             dag_id=args.dag_id,
             mode=args.mode,
+            run_id=args.run,
         )
     except SearchError as err:
         raise UsageError(str(err)) from None

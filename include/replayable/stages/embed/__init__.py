@@ -8,3 +8,9 @@ none of them, so reading :data:`VERSION` stays cheap.
 from __future__ import annotations
 
 VERSION = "1.0"
+
+
+def key_config(model: str, dimensions: int | None) -> dict[str, object]:
+    """The embed stage's key config: what its items are keyed by beside their chunks and
+    :data:`VERSION`, and what a search matches a document's done embed item on (ADR 0152)."""
+    return {"model": model, "dimensions": dimensions}

@@ -136,7 +136,7 @@ class EmbedSpec(StageSpec):
             raise ValueError("embed_mode batch needs the provider's Batch API (batches)")
 
     def key_config(self) -> dict[str, Any]:
-        return {"model": self.model, "dimensions": self.dimensions}
+        return embed.key_config(self.model, self.dimensions)
 
     @property
     def request_tokens(self) -> int:

@@ -1,5 +1,6 @@
--- The chunks nearest a query vector (cosine) among the current embeddings of current
--- documents (not retracted, ADR 0138), through the HNSW index of the model and dimension
+-- The chunks nearest a query vector (cosine) among the embeddings of current documents
+-- (not retracted, ADR 0138) under the settings searched, as best_chunks.sql scopes them
+-- (ADR 0152), through the HNSW index of the model and dimension
 -- (ADR 0119): the index gives the %(pool)s nearest vectors of the model, and of those the
 -- current ones are kept. The caller searches exactly when fewer than it asked for are
 -- left. {dim} is the vectors' dimension, an integer the caller formats in: pgvector
@@ -18,11 +19,11 @@ FROM nearest n
 JOIN replayable.doc_chunks dc
   ON dc.chunk_id = n.chunk_id AND dc.extractor_version = %(extractor_version)s
  AND dc.chunker_key = %(chunker_key)s
-JOIN replayable.stage_runs s
-  ON s.doc_id = dc.doc_id AND s.stage = 'embed' AND s.is_current AND s.status = 'done'
- AND s.spec_hash = %(spec_hash)s
 JOIN replayable.documents d ON d.doc_id = dc.doc_id AND d.retracted_at IS NULL
 JOIN replayable.chunks c ON c.chunk_id = n.chunk_id
 WHERE (%(source)s::text IS NULL OR starts_with(d.uri, %(source)s::text))
+  AND EXISTS (SELECT 1 FROM replayable.stage_runs s
+              WHERE s.doc_id = dc.doc_id AND s.stage = 'embed' AND s.status = 'done'
+                AND s.config_hash = %(config_hash)s)
 ORDER BY n.distance, dc.doc_id, dc.ordinal
 LIMIT %(k)s

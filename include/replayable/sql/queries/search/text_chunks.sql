@@ -17,10 +17,10 @@ JOIN replayable.chunks c ON to_tsvector(%(config)s::regconfig, c.text) @@ q.q
 JOIN replayable.doc_chunks dc
   ON dc.chunk_id = c.chunk_id AND dc.extractor_version = %(extractor_version)s
  AND dc.chunker_key = %(chunker_key)s
-JOIN replayable.stage_runs s
-  ON s.doc_id = dc.doc_id AND s.stage = 'embed' AND s.is_current AND s.status = 'done'
- AND s.spec_hash = %(spec_hash)s
 JOIN replayable.documents d ON d.doc_id = dc.doc_id AND d.retracted_at IS NULL
 WHERE (%(source)s::text IS NULL OR starts_with(d.uri, %(source)s::text))
+  AND EXISTS (SELECT 1 FROM replayable.stage_runs s
+              WHERE s.doc_id = dc.doc_id AND s.stage = 'embed' AND s.status = 'done'
+                AND s.config_hash = %(config_hash)s)
 ORDER BY score DESC, dc.doc_id, dc.ordinal
 LIMIT %(k)s
