@@ -44,6 +44,8 @@ CHROMIUM_ARGS = [
     "--no-first-run",
 ]
 HOSTILE_NAME = "<img src=x onerror=alert(1)>.pdf"
+# The model make demo embeds with (its conf in the Makefile).
+DEMO_MODEL = "local-wordllama-256"
 
 
 @dataclass
@@ -399,7 +401,9 @@ def test_a_browser_session_through_the_airflow_ui(
     for sample in sorted(SAMPLES.glob("*.pdf"))[:3]:
         shutil.copy(sample, folder / sample.name)
     (folder / HOSTILE_NAME).write_bytes(b"This is no PDF; its name is an HTML payload.")
-    report = run_dag({"source": str(folder), "batch_size": 4})
+    # Embedded as make demo embeds, with the bundled model: the overview's box names no
+    # model, and finds the documents through the one that holds their vectors (issue 37).
+    report = run_dag({"source": str(folder), "batch_size": 4, "model": DEMO_MODEL})
     assert report["_returncode"] == 0, report["_log"]
     letter = scalar(
         conn,
@@ -458,6 +462,9 @@ def test_a_browser_session_through_the_airflow_ui(
             first_document = hits.first.locator("td").nth(1).inner_text()
             assert any(sample.name in first_document for sample in folder.glob("*.pdf"))
             expect(frame.locator("p.caption")).to_contain_text(HOSTILE_NAME)
+            expect(frame.locator("p.searched")).to_contain_text(
+                f"Searched {DEMO_MODEL} under the settings of run {report['run_id']}: 3 documents"
+            )
             assert frame.locator("img").count() == 0
             page.screenshot(path=shots / "2-search.png", full_page=True)
 
