@@ -84,7 +84,28 @@ def test_a_search_says_what_it_searched_and_what_it_left_out(run_in_process, con
     assert named.run_id == first
     assert _documents(named) == set(TOPICS)
     assert named.coverage is not None and named.coverage.documents == len(TOPICS)
-    assert named.as_dict()["coverage"] == {"documents": len(TOPICS), "left_out": {}}
+    assert named.as_dict()["coverage"]["left_out"] == {}
+
+
+def test_what_a_search_covered_is_counted_again_only_when_stale(run_in_process, conn, dsn, folder):
+    """The count reads every current embed item (seconds at a million documents): it is
+    kept per settings, and counted again after a run's report or when older than the
+    freshness bound."""
+    _run(run_in_process, {"source": str(folder), "model": MODEL})
+    first = answer(conn, QUESTION, dsn=dsn)
+    assert first.coverage is not None and first.coverage.counted_at is not None
+    assert first.coverage.documents == len(TOPICS)
+    with conn.cursor() as cur:  # a count the next search can tell from a new one
+        cur.execute("UPDATE replayable.search_coverage SET documents = 99")
+    conn.commit()
+    kept = answer(conn, QUESTION, dsn=dsn)
+    assert kept.coverage is not None and kept.coverage.documents == 99
+    assert "counted " in searched(kept.as_dict())
+
+    _run(run_in_process, {"source": str(folder), "model": MODEL})  # a new report
+    again = answer(conn, QUESTION, dsn=dsn)
+    assert again.coverage is not None and again.coverage.documents == len(TOPICS)
+    assert again.coverage.counted_at > first.coverage.counted_at
 
 
 def test_a_run_that_does_not_exist_is_refused_naming_it(run_in_process, conn, dsn, folder):

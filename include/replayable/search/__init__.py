@@ -125,7 +125,8 @@ def answer(
     check_mode(mode)
     scope, choice = resolve(conn, model, dag_id=dag_id, conn_id=conn_id, run_id=run_id)
     vector = prepare(text, scope, choice, dsn, mode=mode, conn_id=conn_id)
-    return described(conn, ranked(conn, text, scope, vector, mode=mode, k=k, source=source), scope)
+    found = ranked(conn, text, scope, vector, mode=mode, k=k, source=source)
+    return described(conn, found, scope, dsn)
 
 
 def resolve(
@@ -154,11 +155,15 @@ def resolve(
     return scope, choice
 
 
-def described(conn: Connection, found: Answer, scope: Scope) -> Answer:
+def described(conn: Connection, found: Answer, scope: Scope, dsn: str | None = None) -> Answer:
     """``found`` with what it searched: the run whose settings, the dimensions, and how many
-    documents those cover and leave out."""
+    documents those cover and leave out (counted through ``dsn`` when stale, see
+    :func:`coverage`)."""
     return dataclasses.replace(
-        found, dimensions=scope.dimensions, run_id=scope.run_id, coverage=coverage(conn, scope)
+        found,
+        dimensions=scope.dimensions,
+        run_id=scope.run_id,
+        coverage=coverage(conn, scope, dsn),
     )
 
 

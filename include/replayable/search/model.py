@@ -4,10 +4,19 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 SNIPPET_CHARS = 300
 MAX_K = 100
+
+# Why a document is left out of a search, as a sentence says it.
+LEFT_OUT_REASONS = {
+    "other_settings": "embedded only under other settings",
+    "failed": "failed in embed",
+    "dead": "dead in embed",
+    "unfinished": "not embedded yet",
+}
 
 
 @dataclass(frozen=True)
@@ -66,9 +75,24 @@ class Coverage:
 
     documents: int
     left_out: dict[str, int] = field(default_factory=dict)
+    counted_at: datetime | None = (
+        None  # when it was counted; None: just now, on the search's own connection
+    )
+
+    @classmethod
+    def of(cls, row: dict[str, Any]) -> Coverage:
+        """The coverage a counting query's row, or a stored count's, gives."""
+        left = row.get("left_out")
+        if left is None:
+            left = {reason: int(row[reason]) for reason in LEFT_OUT_REASONS if row[reason]}
+        return cls(int(row["documents"]), dict(left), row.get("counted_at"))
 
     def as_dict(self) -> dict[str, Any]:
-        return {"documents": self.documents, "left_out": dict(self.left_out)}
+        return {
+            "documents": self.documents,
+            "left_out": dict(self.left_out),
+            "counted_at": self.counted_at.isoformat() if self.counted_at else None,
+        }
 
 
 @dataclass(frozen=True)
@@ -97,15 +121,6 @@ class Answer:
         }
 
 
-# Why a document is left out of a search, as a sentence says it.
-LEFT_OUT_REASONS = {
-    "other_settings": "embedded only under other settings",
-    "failed": "failed in embed",
-    "dead": "dead in embed",
-    "unfinished": "not embedded yet",
-}
-
-
 def searched(answer: dict[str, Any]) -> str:
     """What an answer (:meth:`Answer.as_dict`) searched, in one sentence: the model and its
     dimensions, whose settings, and how many documents that covers and leaves out, and why."""
@@ -116,12 +131,16 @@ def searched(answer: dict[str, Any]) -> str:
     sentence = f"Searched {vectors} under {whose}"
     cover = answer.get("coverage")
     if cover is None:
-        return sentence + "."
+        return sentence + " (the documents it covers are being counted)."
     sentence += f": {cover['documents']:,} documents"
     left = [
         f"{n:,} {LEFT_OUT_REASONS.get(reason, reason)}" for reason, n in cover["left_out"].items()
     ]
-    return sentence + (f"; left out: {', '.join(left)}." if left else ", none left out.")
+    sentence += f"; left out: {', '.join(left)}" if left else ", none left out"
+    if cover.get("counted_at"):
+        when = datetime.fromisoformat(cover["counted_at"]).astimezone(UTC)
+        sentence += f" (counted {when:%Y-%m-%d %H:%M} UTC)"
+    return sentence + "."
 
 
 class SearchError(ValueError):

@@ -275,6 +275,7 @@ class SearchCoverage(BaseModel):
 
     documents: int
     left_out: dict[str, int]
+    counted_at: str | None  # when it was counted (ISO 8601), for a count kept a few minutes
 
 
 class SearchAnswer(BaseModel):

@@ -184,7 +184,7 @@ def _search(
             found = ranked(
                 conn, asked.q, scope, vector, mode=asked.mode, k=asked.k, source=asked.source
             )
-            found = described(conn, found, scope)
+            found = described(conn, found, scope, dsn)
     except SearchError as error:
         raise _refused(_named(error)) from None
     except (httpx.HTTPError, ItemError) as error:
