@@ -128,18 +128,13 @@ WITH takeable AS (
     FROM decided d
     WHERE d.killed
     ON CONFLICT (stage, item_key) WHERE status = 'open' DO NOTHING
-    RETURNING id, item_key, doc_id, error_class, error_kind, error, attempts, code_version,
-              dag_id, run_id
+    RETURNING *
 )
 INSERT INTO replayable.outbox (event_id, event_key, event_type, aggregate_id, payload)
 SELECT replayable.outbox_event_id('document.failed:' || l.id), 'document.failed:' || l.id,
        'document.failed', l.doc_id,
-       jsonb_build_object('doc_id', l.doc_id, 'uri', doc.uri, 'stage', %(stage)s::text,
-                          'item_key', l.item_key, 'dead_letter_id', l.id,
-                          'error_class', l.error_class, 'error_kind', l.error_kind,
-                          'error', left(l.error, 2000), 'attempts', l.attempts,
-                          'code_version', l.code_version, 'dag_id', l.dag_id,
-                          'run_id', l.run_id)
+       jsonb_build_object('doc_id', l.doc_id, 'uri', doc.uri)
+           || replayable.document_failed_payload(%(stage)s, l)
 FROM letters l
 LEFT JOIN replayable.documents doc ON doc.doc_id = l.doc_id
 ORDER BY l.id
@@ -189,18 +184,13 @@ WITH reopened AS (
           WHERE o.stage = %(stage)s AND o.item_key = s.item_key
             AND o.status IN ('open', 'ignored'))
     ON CONFLICT (stage, item_key) WHERE status = 'open' DO NOTHING
-    RETURNING id, item_key, doc_id, error_class, error_kind, error, attempts, code_version,
-              dag_id, run_id
+    RETURNING *
 )
 INSERT INTO replayable.outbox (event_id, event_key, event_type, aggregate_id, payload)
 SELECT replayable.outbox_event_id('document.failed:' || l.id), 'document.failed:' || l.id,
        'document.failed', l.doc_id,
-       jsonb_build_object('doc_id', l.doc_id, 'uri', doc.uri, 'stage', %(stage)s::text,
-                          'item_key', l.item_key, 'dead_letter_id', l.id,
-                          'error_class', l.error_class, 'error_kind', l.error_kind,
-                          'error', left(l.error, 2000), 'attempts', l.attempts,
-                          'code_version', l.code_version, 'dag_id', l.dag_id,
-                          'run_id', l.run_id)
+       jsonb_build_object('doc_id', l.doc_id, 'uri', doc.uri)
+           || replayable.document_failed_payload(%(stage)s, l)
 FROM reopened l
 LEFT JOIN replayable.documents doc ON doc.doc_id = l.doc_id
 ORDER BY l.id

@@ -57,7 +57,7 @@ WITH input AS (
     FROM finished f JOIN input i USING (item_key)
     WHERE f.status = 'dead'
     ON CONFLICT (stage, item_key) WHERE status = 'open' DO NOTHING
-    RETURNING id, item_key, doc_id, error_class, error_kind, error, attempts, code_version
+    RETURNING *
 ), events AS (
     SELECT 'document.ready:' || f.doc_id || ':' || f.spec_hash AS event_key,
            'document.ready' AS event_type, f.doc_id,
@@ -68,11 +68,7 @@ WITH input AS (
     WHERE %(announce_ready)s AND f.status = 'done'
     UNION ALL
     SELECT 'document.failed:' || l.id, 'document.failed', l.doc_id,
-           jsonb_build_object('stage', %(stage)s::text, 'item_key', l.item_key,
-                              'dead_letter_id', l.id, 'error_class', l.error_class,
-                              'error_kind', l.error_kind, 'error', left(l.error, 2000),
-                              'attempts', l.attempts, 'code_version', l.code_version,
-                              'dag_id', %(dag_id)s::text, 'run_id', %(run_id)s::text)
+           replayable.document_failed_payload(%(stage)s, l)
     FROM letters l
 )
 INSERT INTO replayable.outbox (event_id, event_key, event_type, aggregate_id, payload)
