@@ -82,11 +82,13 @@ expired batch, ``{"id", "custom_id", "response": null, "error": {"code": "batch_
 "message"}}`` for every line not done. Lines a cancel left undone are in neither file. Each
 file is only made if it has lines (``output_file_id`` or ``error_file_id`` stays null
 otherwise). ``request_counts.completed`` counts the output lines, ``failed`` the lines done
-that failed; expired and undone lines are in neither count.
+that failed; expired and undone lines are in neither count. A batch that ends ``completed``
+under ``batch_lose_lines_rate`` leaves the lines it lost out of both files, though it
+charges them and counts them as completed.
 
-Charges: the lines in the output file, when the batch ends, and only those, go into
-``/stats``'s batch counters (:mod:`~devtools.model_server.stats`), never the synchronous
-ones.
+Charges: the lines in the output file, when the batch ends, and the lines a completed
+batch lost, and only those, go into ``/stats``'s batch counters
+(:mod:`~devtools.model_server.stats`), never the synchronous ones.
 """
 
 from __future__ import annotations
@@ -397,6 +399,8 @@ class Batch:
     plan: Plan
     expire_fraction: float | None
     cancel_fraction: float | None
+    # Indexes of the plan's lines a completed batch charges but writes to no file.
+    lost_lines: frozenset[int] = frozenset()
     cancel_requested: float | None = None
     done_when_cancelled: int = 0
     output_file_id: str | None = None
@@ -625,7 +629,9 @@ def _page(
 class ApiCall:
     """One Files or Batch API request, and what the server serves it under.
 
-    ``lose_upload`` tells, once per stored upload, whether its response is to be lost.
+    ``lose_upload`` tells, once per stored upload, whether its response is to be lost;
+    ``lose_line`` draws, for each succeeding line of a batch being created, whether it is
+    lost (``batch_lose_lines_rate``, the rate passed).
     """
 
     method: str
@@ -636,6 +642,7 @@ class ApiCall:
     config: FaultConfig
     dim: int
     lose_upload: Callable[[], bool]
+    lose_line: Callable[[float], bool]
 
 
 @dataclass(frozen=True)
@@ -722,13 +729,18 @@ class BatchStore:
         failures: list[bytes] = []
         charges: list[tuple[str, int, int]] = []
         charge_keys: list[str] = []
+        lost = 0
         for index, line in enumerate(batch.plan.lines):
             if index >= done:
                 if status == EXPIRED:
                     failures.append(_expired_line(line.custom_id))
                 continue
             if line.request is not None:
-                outputs.append(_result_line(line.custom_id, 200, embeddings_response(line.request)))
+                if status == COMPLETED and index in batch.lost_lines:
+                    lost += 1  # run and charged, and in neither file
+                else:
+                    response = embeddings_response(line.request)
+                    outputs.append(_result_line(line.custom_id, 200, response))
                 inputs = line.request.inputs
                 charges.append((line.custom_id, len(inputs), usage_tokens(inputs)))
                 charge_keys += [charge_key(line.request.model, line.request.dim, t) for t in inputs]
@@ -744,7 +756,7 @@ class BatchStore:
             data = b"\n".join(failures) + b"\n"
             name = f"{batch.id}_error.jsonl"
             batch.error_file_id = self._add_file(name, OUTPUT_PURPOSE, data).id
-        self._stats.charge_batch_lines(charges, charge_keys)
+        self._stats.charge_batch_lines(charges, charge_keys, lost=lost)
         # Only the counts are needed from now on.
         batch.plan = replace(batch.plan, lines=())
 
@@ -835,6 +847,12 @@ class BatchStore:
                 )
         config = call.config
         plan = plan_lines(stored.data, config, call.dim)
+        rate = config.batch_lose_lines_rate
+        lost_lines = frozenset(
+            index
+            for index, line in enumerate(plan.lines)
+            if line.request is not None and call.lose_line(rate)
+        )
         batch = Batch(
             id=new_id("batch_"),
             input_file_id=file_id,
@@ -846,6 +864,7 @@ class BatchStore:
             plan=plan,
             expire_fraction=config.batch_expire_after_fraction,
             cancel_fraction=config.batch_cancel_after_fraction,
+            lost_lines=lost_lines,
         )
         with self._lock:
             self._batches[batch.id] = batch

@@ -82,6 +82,11 @@ it is created, whatever is set later:
   of a batch's lines done when a cancel takes effect, whenever it arrives; null counts the
   share of the ``in_progress`` phase that had passed when the cancel came, so a batch
   cancelled while ``validating`` has none done;
+- ``batch_lose_lines_rate``: 0 to 1 (default 0): the share of a batch's succeeding lines,
+  drawn one by one when the batch is created (seeded by ``seed``), that a batch ending
+  ``completed`` runs and charges but writes to neither its output file nor its error file,
+  as a provider that loses answers it billed: the client finds no result for them. They
+  count in ``request_counts.completed``; a batch that expires or is cancelled loses none;
 - ``batch_max_requests``, ``batch_max_inputs``: the most lines, and the most embedding
   inputs over all its lines, a batch may have (1 to 50,000, the default, which is
   OpenAI's); a batch over either fails validation;
@@ -134,6 +139,7 @@ _FAULT_FIELDS = frozenset(
         "batch_fail_inputs_containing",
         "batch_expire_after_fraction",
         "batch_cancel_after_fraction",
+        "batch_lose_lines_rate",
         "batch_max_requests",
         "batch_max_inputs",
         "lose_upload_responses",
@@ -267,6 +273,7 @@ class FaultConfig:
     batch_fail_inputs_containing: tuple[tuple[str, int], ...] = ()
     batch_expire_after_fraction: float | None = None
     batch_cancel_after_fraction: float | None = None
+    batch_lose_lines_rate: float = 0.0
     batch_max_requests: int = BATCH_MAX_REQUESTS
     batch_max_inputs: int = BATCH_MAX_INPUTS
     lose_upload_responses: int = 0
@@ -360,6 +367,9 @@ class FaultConfig:
             batch_fail_inputs_containing=_needles(raw, "batch_fail_inputs_containing"),
             batch_expire_after_fraction=_optional_fraction(raw, "batch_expire_after_fraction"),
             batch_cancel_after_fraction=_optional_fraction(raw, "batch_cancel_after_fraction"),
+            batch_lose_lines_rate=_probability(
+                raw.get("batch_lose_lines_rate", 0.0), "batch_lose_lines_rate"
+            ),
             batch_max_requests=_whole_number(raw, "batch_max_requests", 1, BATCH_MAX_REQUESTS)
             or BATCH_MAX_REQUESTS,
             batch_max_inputs=_whole_number(raw, "batch_max_inputs", 1, BATCH_MAX_INPUTS)
@@ -397,6 +407,7 @@ class FaultConfig:
             "batch_fail_inputs_containing": dict(self.batch_fail_inputs_containing),
             "batch_expire_after_fraction": self.batch_expire_after_fraction,
             "batch_cancel_after_fraction": self.batch_cancel_after_fraction,
+            "batch_lose_lines_rate": self.batch_lose_lines_rate,
             "batch_max_requests": self.batch_max_requests,
             "batch_max_inputs": self.batch_max_inputs,
             "lose_upload_responses": self.lose_upload_responses,

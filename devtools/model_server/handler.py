@@ -236,6 +236,7 @@ class Handler(BaseHTTPRequestHandler):
             config=srv.snapshot_faults().config,
             dim=srv.dim,
             lose_upload=srv.lose_next_upload,
+            lose_line=srv.lose_batch_line,
         )
         try:
             reply = srv.batches.serve(call)

@@ -181,6 +181,14 @@ class EmbeddingServer(ThreadingHTTPServer):
                 return config, self._webhook_statuses.popleft()
             return config, None
 
+    def lose_batch_line(self, rate: float) -> bool:
+        """Whether a batch line is to be lost (``batch_lose_lines_rate``), drawn from the
+        seeded fault draws; nothing is drawn when ``rate`` is 0."""
+        if rate <= 0:
+            return False
+        with self._faults_lock:
+            return self._rng.random() < rate
+
     def lose_next_upload(self) -> bool:
         """Whether a stored upload's response is to be lost (``lose_upload_responses``)."""
         with self._faults_lock:

@@ -49,12 +49,15 @@ synchronously from what was embedded in batches:
 - ``files_stored``: the files stored now (a gauge): uploads not deleted, and the output and
   error files of ended batches;
 - ``batches_created``: ``POST /v1/batches`` that made a batch, whatever became of it;
-- ``batch_lines_charged``: the batch lines charged, those in an output file: a line is
-  charged when its batch ends (completed, expired or cancelled), never when it failed or
-  was not done; ``batch_inputs_charged`` and ``batch_tokens_charged``: their embedding
-  inputs and ``usage.total_tokens``, summed;
+- ``batch_lines_charged``: the batch lines charged, those in an output file (and those a
+  completed batch lost, below): a line is charged when its batch ends (completed, expired
+  or cancelled), never when it failed or was not done; ``batch_inputs_charged`` and
+  ``batch_tokens_charged``: their embedding inputs and ``usage.total_tokens``, summed;
 - ``batch_line_charges``: ``custom_id`` -> times a line with it was charged, over every
-  batch, so that a line charged in two batches shows 2.
+  batch, so that a line charged in two batches shows 2;
+- ``batch_lines_lost``: the charged lines a completed batch wrote to no file
+  (``batch_lose_lines_rate``); they are in the counters above, charged like the rest, and
+  not in ``lost_embedding_charges``, which counts lost ``/v1`` responses only.
 
 ``POST /stats/reset`` drops every stored file and batch with the counters.
 """
@@ -163,6 +166,7 @@ class Stats:
         self._batch_inputs_charged = 0
         self._batch_tokens_charged = 0
         self._batch_line_charges: dict[str, int] = {}
+        self._batch_lines_lost = 0
 
     def _count_status(self, status: int) -> None:
         key = str(status)
@@ -344,11 +348,12 @@ class Stats:
             self._batches_created += 1
 
     def charge_batch_lines(
-        self, lines: Sequence[tuple[str, int, int]], charge_keys: Sequence[str] = ()
+        self, lines: Sequence[tuple[str, int, int]], charge_keys: Sequence[str] = (), lost: int = 0
     ) -> None:
         """Charge a batch's output lines: ``(custom_id, inputs, tokens)`` for each, and the
-        ``embedding_charges`` keys of all their inputs."""
+        ``embedding_charges`` keys of all their inputs; ``lost`` of them are in no file."""
         with self._lock:
+            self._batch_lines_lost += lost
             _count(self._embedding_charges, charge_keys)
             for custom_id, inputs, tokens in lines:
                 self._batch_lines_charged += 1
@@ -400,6 +405,7 @@ class Stats:
                 "batch_inputs_charged": self._batch_inputs_charged,
                 "batch_tokens_charged": self._batch_tokens_charged,
                 "batch_line_charges": dict(self._batch_line_charges),
+                "batch_lines_lost": self._batch_lines_lost,
             }
 
 

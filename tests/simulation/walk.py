@@ -11,6 +11,8 @@ so ``make simulate SEED=…`` walks the same way again (ADR 0136).
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import os
 import random
 import time
@@ -40,7 +42,12 @@ from replayable.stages import extract
 # waits), 11 (a redrive under a new code version leaves a done document with an open letter:
 # a version bump) and 11b, its twin this walk found (a run under other settings finishes a
 # document whose old item died and leaves that letter open, or lets it die with a second).
-KNOWN_HOLES: frozenset[str] = frozenset()
+#
+# 8b, found by this walk with finding 8's fix in place: a chunk whose line a completed batch
+# lost (charged, no result; ADR 0146 ends its documents dead and never sends the line again)
+# is bought again by a sync-mode run of another document holding it, a boilerplate chunk
+# say (seed 8 at 26 steps with every rule on). Its rule is the harm that loses lines.
+KNOWN_HOLES: frozenset[str] = frozenset({"8b"})
 # To walk into them anyway (to show a hole is found with its fix reverted), name the holes
 # still to avoid in this variable, comma-separated; empty turns every rule on.
 KNOWN_HOLES_ENV = "REPLAYABLE_SIM_KNOWN_HOLES"
@@ -65,11 +72,21 @@ BASE_CONF: dict[str, Any] = {
 MAX_ATTEMPTS = 3
 # A word the provider refuses (a 400), in the poisoned documents' text only.
 POISON = "QUARANTINED"
-# A paragraph shared by several documents, first, so that their first chunk is the same.
+# A paragraph shared by several documents, first, and longer than a chunk under every
+# profile (chunk_size 800 at most), so that their first chunk is the same: the boilerplate
+# alone. A poisoned one holds the poison word just after it, in a chunk of its own text.
 BOILERPLATE = (
     "Confidential. This report is provided under the terms of the master services agreement "
     "and may not be shared outside the receiving organisation without written consent. "
-    "All figures are unaudited and subject to revision at the end of the quarter."
+    "All figures are unaudited and subject to revision at the end of the quarter. "
+    "Nothing in this report is an offer, a solicitation or advice of any kind, and no "
+    "representation or warranty is given as to the accuracy or completeness of its "
+    "contents. The receiving organisation is responsible for its own assessment of the "
+    "matters described, and for any decision it takes in reliance on them. Forecasts are "
+    "estimates made in good faith on the information available when the report was "
+    "prepared, and actual results may differ materially. Questions about this report, its "
+    "distribution or its terms should be addressed to the account team named in the "
+    "agreement, who will answer them within five working days of receipt."
 )
 WORDS = [
     "harbour",
@@ -125,7 +142,23 @@ HARMS: dict[str, dict[str, Any]] = {
     "expire": {"batch_expire_after_fraction": 0.5},
     "cancel": {"batch_cancel_after_fraction": 0.5, "batch_delay_s": 2},
     "lose": {"lose_response_rate": 0.3},
+    # A completed batch that charges some lines and returns no result for them: the product
+    # never sends such a line again (ADR 0146), so these charges are not lost answers to the
+    # provider check; a chunk of one bought again is a violation.
+    "lose_lines": {"batch_lose_lines_rate": 0.3},
 }
+# Harms that walk into a known hole (KNOWN_HOLES), by the hole's id: left out while it is.
+HARM_HOLES: dict[str, str] = {"lose_lines": "8b"}
+# The embed items dead because the provider refused an input as bad: a terminal 4xx class (a
+# sync request's status, or a batch line's, ADR 0146). Only the poison word is ever refused,
+# so a document dead with one must hold it; the other harms (an outage, lost answers or
+# lines, batches expired) kill documents under other classes.
+DEAD_REFUSED = (
+    "SELECT r.doc_id, d.uri, r.item_key, r.error_class, r.last_error"
+    " FROM replayable.stage_runs r JOIN replayable.documents d USING (doc_id)"
+    " WHERE r.stage = 'embed' AND r.status = 'dead' AND r.error_kind = 'terminal'"
+    " AND r.error_class ~ '^http_4[0-9][0-9]$' ORDER BY d.uri"
+)
 # Documents the walk starts with, before its first drawn step.
 FIRST_DOCUMENTS = 2
 # A copy is of one of the last few documents added, often one no run has seen yet: two
@@ -212,7 +245,8 @@ class Walk:
         return f"run profile {profile} {mode}: {self._summary(report)}"
 
     def harm_provider(self) -> str:
-        self._set_faults(self.rng.choice(sorted(HARMS)))
+        harms = [h for h in sorted(HARMS) if HARM_HOLES.get(h) not in KNOWN_HOLES]
+        self._set_faults(self.rng.choice(harms))
         return f"provider {self.harm}"
 
     def kill_worker(self) -> str:
@@ -250,6 +284,45 @@ class Walk:
                 return f"kill batch waiter (profile {profile})"
         return f"kill batch waiter (profile {profile}): nothing submitted"
 
+    def interleave(self) -> str:
+        """A batch-mode run and, while its first task waits for its provider batch, a whole
+        other run, as Airflow runs other tasks while one is deferred: the second run's tasks
+        meet the first's submission, and may collect its batch before it wakes."""
+        outer = self._profile()
+        inner = self._profile()
+        mode = self.rng.choice(("sync", "batch"))
+        first_event = in_process._first_event
+        other: dict[str, Any] = {}
+
+        def run_other() -> None:
+            context = dag_tasks.get_current_context  # each run sets its own
+            try:
+                self.runs += 1
+                report = dataclasses.replace(self.run, tasks={}, outlets={})(
+                    self._conf(inner, embed_mode=mode)
+                )
+                other["summary"] = self._summary(report)
+            finally:
+                dag_tasks.get_current_context = context
+
+        async def waiting(trigger: Any) -> Any:
+            if not other:
+                other["summary"] = "did not end"
+                await asyncio.to_thread(run_other)
+            return await first_event(trigger)
+
+        self._doing(f"run profile {outer} batch, and profile {inner} {mode} while it waits")
+        with self.monkeypatch.context() as patch:
+            patch.setattr(in_process, "_first_event", waiting)
+            report = self._run(self._conf(outer, embed_mode="batch"))
+        self.last_profile = outer
+        if not other:
+            return f"run profile {outer} batch: {self._summary(report)} (nothing waited)"
+        return (
+            f"run profile {outer} batch: {self._summary(report)}, and while it waited"
+            f" profile {inner} {mode}: {other['summary']}"
+        )
+
     def redrive(self) -> str:
         letters = _rows(
             self.conn,
@@ -285,7 +358,21 @@ class Walk:
 
     def violations(self, *, quiescent: bool) -> list[str]:
         found: list[Violation] = check_ledger(self.conn, quiescent=quiescent, limit=5)
-        return [f"{v.invariant} {v.stage} {v.doc_id} {v.item_key}: {v.detail}" for v in found]
+        return [
+            f"{v.invariant} {v.stage} {v.doc_id} {v.item_key}: {v.detail}" for v in found
+        ] + self.refusal_violations()
+
+    def refusal_violations(self) -> list[str]:
+        """What the ledger cannot know and the walk does: which documents hold the refused
+        word. A document dead in embed for a refused input must hold one; a clean one is
+        dead for another document's input (finding 4 of issue 36)."""
+        poisoned = {doc.name for doc in self.docs if doc.poisoned}
+        return [
+            f"refused_clean embed {doc_id} {item_key}: {Path(uri).name} holds no refused"
+            f" input, yet is dead with {error_class}: {(error or '')[:300]}"
+            for doc_id, uri, item_key, error_class, error in _rows(self.conn, DEAD_REFUSED)
+            if Path(uri).name not in poisoned
+        ]
 
     def provider_violations(self, requests_before: int) -> list[str]:
         """The provider's books: no chunk bought twice per model and dimensions except for an
@@ -408,6 +495,7 @@ RULES: dict[str, tuple[int, Callable[[Walk], str], str | None]] = {
     "harm_provider": (3, Walk.harm_provider, None),
     "kill_worker": (1, Walk.kill_worker, None),
     "kill_batch_waiter": (1, Walk.kill_batch_waiter, "3"),
+    "interleave": (2, Walk.interleave, None),
     "redrive": (1, Walk.redrive, None),
     "sweep": (1, Walk.sweep, None),
     "bump_version": (1, Walk.bump_version, "11"),

@@ -367,6 +367,51 @@ def test_expired_batch_keeps_the_share_done_and_charges_only_it(
     assert stats["batch_line_charges"] == dict.fromkeys(["c0", "c2", "c3", "c4", "c5"], 1)
 
 
+def test_a_completed_batch_charges_the_lines_it_loses_and_returns_none_of_them(
+    client: httpx.Client, server: LocalModelServer
+) -> None:
+    """``batch_lose_lines_rate``: a completed batch runs and charges the lines it draws to
+    lose, and writes them to neither file; the draws follow the seed."""
+    lines = [embedding_line(f"c{i}", f"text {i}") for i in range(40)]
+    lines[3] = embedding_line("c3", "BAD input")
+
+    def lost_lines() -> tuple[set[str], dict[str, Any]]:
+        server.reset_stats()
+        server.set_faults(
+            batch_delay_s=0,
+            batch_lose_lines_rate=0.5,
+            batch_fail_inputs_containing={"BAD": 400},
+            seed=7,
+        )
+        batch = start_batch(client, lines)
+        assert batch["status"] == "completed"
+        returned = {line["custom_id"] for line in file_lines(client, batch["output_file_id"])}
+        assert {line["custom_id"] for line in file_lines(client, batch["error_file_id"])} == {"c3"}
+        return {f"c{i}" for i in range(40)} - returned - {"c3"}, batch
+
+    lost, batch = lost_lines()
+    assert 0 < len(lost) < 39
+    assert batch["request_counts"] == {"total": 40, "completed": 39, "failed": 1}
+    stats = server.stats()
+    assert stats["batch_lines_lost"] == len(lost)
+    assert stats["batch_lines_charged"] == 39
+    assert set(stats["batch_line_charges"]) == {f"c{i}" for i in range(40)} - {"c3"}
+    assert stats["embedding_charges"][charge_key("local-hash", 16, "text 0")] == 1
+    assert stats["lost_embedding_charges"] == {}  # lost /v1 responses only
+    assert lost_lines()[0] == lost  # the same seed loses the same lines
+
+
+def test_an_expired_batch_loses_no_line(client: httpx.Client, server: LocalModelServer) -> None:
+    server.set_faults(batch_delay_s=0, batch_lose_lines_rate=1.0, batch_expire_after_fraction=0.5)
+    batch = start_batch(client, [embedding_line(f"c{i}", f"text {i}") for i in range(4)])
+    assert batch["status"] == "expired"
+    assert [line["custom_id"] for line in file_lines(client, batch["output_file_id"])] == [
+        "c0",
+        "c1",
+    ]
+    assert server.stats()["batch_lines_lost"] == 0
+
+
 def test_expiring_batch_is_in_progress_until_its_delay(
     client: httpx.Client, server: LocalModelServer
 ) -> None:
@@ -656,6 +701,7 @@ def test_unknown_paths_and_methods_below_files_and_batches(client: httpx.Client)
         ({"batch_max_requests": 50_001}, "batch_max_requests"),
         ({"batch_max_inputs": 1.5}, "batch_max_inputs"),
         ({"lose_upload_responses": -1}, "lose_upload_responses"),
+        ({"batch_lose_lines_rate": 1.5}, "batch_lose_lines_rate"),
         ({"files_max_total_bytes": 0}, "files_max_total_bytes"),
     ],
 )
@@ -671,11 +717,13 @@ def test_batch_fault_keys_read_back(server: LocalModelServer) -> None:
     assert defaults["batch_delay_s"] == 1.0
     assert (defaults["batch_max_requests"], defaults["batch_max_inputs"]) == (50_000, 50_000)
     assert defaults["batch_expire_after_fraction"] is None
+    assert defaults["batch_lose_lines_rate"] == 0.0
     config = {
         "batch_delay_s": 0.5,
         "batch_fail_inputs_containing": {"POISON": 503},
         "batch_expire_after_fraction": 0.6,
         "batch_cancel_after_fraction": 0.25,
+        "batch_lose_lines_rate": 0.1,
         "batch_max_requests": 10,
         "batch_max_inputs": 20,
         "lose_upload_responses": 2,
