@@ -79,6 +79,20 @@ class _Line:
     resent_from: str | None = None  # the submission of the missing line it sends again
 
 
+def line_verdict(row: dict[str, Any]) -> ItemError:
+    """The terminal error of a chunk a line decided (a ``batches/refused_chunks`` row): lost
+    by a completed batch, or refused alone; it is not sent again, in either mode (ADR 0146)."""
+    if row["status"] == "lost":
+        why = f"a completed batch returned no result for line {row['custom_id']}"
+    else:
+        why = f"the provider refused it (line {row['custom_id']}): {row['error']}"
+    return ItemError(
+        row["error_class"] or "batch_line_lost",
+        f"chunk {row['chunk_id']} is not embedded and will not be sent again: {why}",
+        ErrorKind.TERMINAL,
+    )
+
+
 class BatchModeEmbed:
     """One pass of the embed stage in batch mode over claimed items (see the module doc)."""
 
@@ -178,15 +192,7 @@ class BatchModeEmbed:
             if row["status"] == "refused" and row["size"] > 1:
                 self.alone.add(cid)  # which of the line's chunks is bad is not known yet
                 continue
-            if row["status"] == "lost":
-                why = f"a completed batch returned no result for line {row['custom_id']}"
-            else:
-                why = f"the provider refused it (line {row['custom_id']}): {row['error']}"
-            error = ItemError(
-                row["error_class"] or "batch_line_lost",
-                f"chunk {cid} is not embedded and will not be sent again: {why}",
-                ErrorKind.TERMINAL,
-            )
+            error = line_verdict(row)
             for item in self.users[cid]:
                 self.errors.setdefault(item.item_key, error)
         return [cid for cid in chunk_ids if not self._failed(cid)]

@@ -29,7 +29,12 @@ from replayable.runner import BatchIO, StageSpec, WorkItem
 from replayable.settings import EMBED_MODES
 from replayable.stages import embed, extract
 from replayable.stages.embed.batch_api import BatchApi
-from replayable.stages.embed.batch_mode import BATCH_WAITING, BatchLimits, BatchModeEmbed
+from replayable.stages.embed.batch_mode import (
+    BATCH_WAITING,
+    BatchLimits,
+    BatchModeEmbed,
+    line_verdict,
+)
 from replayable.stages.embed.client import CallRecord, EmbeddingProvider, EmbeddingResult
 from replayable.stages.embed.packing import (
     MAX_TOKENS_PER_INPUT,
@@ -245,6 +250,7 @@ class _EmbedBatch:
         self.errors: dict[str, BaseException] = {}
         self.tokens: dict[str, int] = {}  # estimated, by chunk
         self.too_long: set[str] = set()
+        self.lost: set[str] = set()  # chunks a completed batch charged and lost
         # Chunks a provider batch not collected yet holds (never bought here), and the items
         # that wait for them.
         self.held: set[str] = set()
@@ -296,7 +302,10 @@ class _EmbedBatch:
         )
         self.tokens = {row["chunk_id"]: estimate_tokens(row["bytes"]) for row in missing}
         self._refuse_too_long()
-        pending = sorted(cid for cid in self.tokens if cid not in self.too_long)
+        self._refuse_lost(sorted(cid for cid in self.tokens if cid not in self.too_long))
+        pending = sorted(
+            cid for cid in self.tokens if cid not in self.too_long and cid not in self.lost
+        )
         self.held = self._in_batches(pending)
         pending = [cid for cid in pending if cid not in self.held]
         solo: list[list[str]] = []
@@ -365,6 +374,23 @@ class _EmbedBatch:
         for cid, error in refused.items():
             for item in self.users[cid]:
                 self.errors.setdefault(item.item_key, error)
+
+    def _refuse_lost(self, chunk_ids: list[str]) -> None:
+        """Fail the documents of chunks a completed batch charged and returned no result for:
+        bought once already, never again, in this mode as in batch mode (ADR 0146)."""
+        if not chunk_ids:
+            return
+        params = {"model": self.spec.model, "chunk_ids": chunk_ids}
+        rows = self.sessions.get().transaction(
+            lambda conn: fetch_all(conn, "batches/refused_chunks", params),
+            describe="embed: lost lines",
+        )
+        for row in rows:
+            if row["status"] != "lost":
+                continue  # a refusal is not charged: this mode sends it and splits it
+            self.lost.add(row["chunk_id"])
+            for item in self.users[row["chunk_id"]]:
+                self.errors.setdefault(item.item_key, line_verdict(row))
 
     def _wanted(self, chunk_id: str) -> bool:
         """Whether some item that still needs ``chunk_id`` is ours and has not failed."""

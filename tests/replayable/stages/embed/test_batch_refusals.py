@@ -188,3 +188,32 @@ def test_a_line_a_completed_batch_does_not_return_is_never_sent_again(
     assert _lines_with(conn, x_only[0]) == 1
     assert _charged_twice(model) == {}
     assert_nothing_lost(conn, one_version=False)
+
+
+def test_a_sync_run_never_buys_again_a_chunk_whose_line_a_completed_batch_lost(conn, dsn, model):
+    """A completed batch charged a line and returned nothing for it (ADR 0146): the chunk is
+    not bought again in either mode. A byte-different copy of the text, embedded in sync
+    mode later, ends dead naming the chunk and the line, with no request charged."""
+    text = _body("alpha") + " The end of the report."
+    ids = _seed(conn, dsn, {"x": text, "copy": text})
+    model.set_faults(batch_delay_s=0, batch_lose_lines_rate=1.0)
+    spec, connect = _batch_spec(dsn, model, inputs_per_call=1)
+    _settle(spec, connect, [ids["x"]])
+    assert _states(conn)[ids["x"]][0] == "dead"
+    lost = model.stats()["batch_lines_lost"]
+    assert lost == len(_chunks(text))
+
+    model.set_faults(batch_delay_s=0)
+    sync, connect = _batch_spec(dsn, model, inputs_per_call=1)
+    sync.mode = "sync"
+    _try(sync, connect, [ids["copy"]], 1)
+    assert model.stats()["charged"] == 0  # no synchronous request bought a lost chunk
+    assert _states(conn)[ids["copy"]] == ("dead", 1)
+    classes = rows(
+        conn,
+        "SELECT error_class, error FROM replayable.dead_letters WHERE doc_id = %s",
+        ids["copy"],
+    )
+    assert [c for c, _ in classes] == ["batch_line_lost"]
+    assert "a completed batch returned no result for line" in classes[0][1]
+    assert_nothing_lost(conn, one_version=False)
