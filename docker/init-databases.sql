@@ -63,7 +63,9 @@ BEGIN
         'doc_chunks', 'chunks', 'embeddings',
         -- The invariant check (ADR 0150) reads each done item's outputs and the batch
         -- claims; the metrics read the last recorded check.
-        'item_artifacts', 'provider_batch_chunks', 'invariant_checks'
+        'item_artifacts', 'provider_batch_chunks', 'invariant_checks',
+        -- Each user's searches and their cost on the overview (ADR 0153).
+        'search_counts'
     ] LOOP
         IF to_regclass('replayable.' || relation) IS NOT NULL THEN
             EXECUTE format('GRANT SELECT ON replayable.%I TO replayable_ui', relation);

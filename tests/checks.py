@@ -51,6 +51,14 @@ def scalar(conn: Any, sql: str, *params: Any) -> Any:
     return rows(conn, sql, *params)[0][0]
 
 
+def fresh_minute(conn: Any, needed_s: float) -> None:
+    """Wait, when fewer than ``needed_s`` seconds are left of the database's minute, for the
+    next one: the searches a test counts then fall in one minute (ADR 0153)."""
+    left = float(scalar(conn, "SELECT 60 - extract(second FROM clock_timestamp())"))
+    if left < needed_s:
+        time.sleep(left + 0.1)
+
+
 def seed_extraction(conn: Any, doc_id: str, path: str, text: str, size: int | None = None) -> None:
     """A document and its text as the extract stage stores them (default extractor, PDFium).
 

@@ -23,6 +23,7 @@ __all__ = [
     "DATABASE_URL_ENV",
     "DEFAULT_AIRFLOW_URL",
     "DEFAULT_MAX_MAP_LENGTH",
+    "DEFAULT_SEARCHES_PER_USER_PER_MINUTE",
     "DEFAULT_UI_POOL_SIZE",
     "DEFAULT_UI_STATEMENT_TIMEOUT_S",
     "SECTION",
@@ -41,6 +42,7 @@ __all__ = [
     "max_map_length",
     "multi_team",
     "queue_for_cores",
+    "searches_per_user_per_minute",
     "sweeper_poke_interval_s",
     "ui_pool_size",
     "ui_statement_timeout_s",
@@ -113,6 +115,7 @@ def airflow_token() -> str | None:
 DEFAULT_UI_POOL_SIZE = 4
 DEFAULT_UI_STATEMENT_TIMEOUT_S = 5.0
 DEFAULT_SWEEPER_POKE_INTERVAL_S = 30.0
+DEFAULT_SEARCHES_PER_USER_PER_MINUTE = 30
 # Airflow's own default of [core] max_map_length.
 DEFAULT_MAX_MAP_LENGTH = 1024
 
@@ -178,6 +181,21 @@ def sweeper_poke_interval_s() -> float:
     )
     if not value > 0:
         raise ValueError(f"[{SECTION}] sweeper_poke_interval_s must be > 0, got {value}")
+    return value
+
+
+def searches_per_user_per_minute() -> int:
+    """``[replayable] searches_per_user_per_minute`` (30): the most searches one user makes
+    in the UI and its API in a minute, whichever API server answers them (ADR 0153)."""
+    from airflow.configuration import conf
+
+    value = conf.getint(
+        SECTION, "searches_per_user_per_minute", fallback=DEFAULT_SEARCHES_PER_USER_PER_MINUTE
+    )
+    if value < 1:
+        raise ValueError(
+            f"[{SECTION}] searches_per_user_per_minute must be at least 1, got {value}"
+        )
     return value
 
 

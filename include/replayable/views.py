@@ -201,6 +201,43 @@ def model_costs(conn: db.Connection, run_id: str | None = None, days: int = COST
     )
 
 
+# The users the overview lists searches for: the costliest, so that a page stays small.
+SEARCH_USERS = 20
+
+
+@dataclasses.dataclass(frozen=True)
+class UserSearches:
+    """One user's searches, and the paid calls that embedded their questions: their tokens
+    and cost in USD (``unpriced_calls`` of them had no price and count 0 in ``usd``)."""
+
+    user: str
+    searches: int
+    paid_calls: int
+    input_tokens: int
+    output_tokens: int
+    usd: float
+    unpriced_calls: int
+
+
+def search_costs(
+    conn: db.Connection, days: int = COST_DAYS, limit: int = SEARCH_USERS
+) -> list[UserSearches]:
+    """Each user's searches in the last ``days`` days and what they cost (ADR 0153), the
+    costliest ``limit`` users first, from the per-day counters."""
+    return [
+        UserSearches(
+            user=row["username"],
+            searches=int(row["searches"]),
+            paid_calls=int(row["paid_calls"]),
+            input_tokens=int(row["input_tokens"]),
+            output_tokens=int(row["output_tokens"]),
+            usd=float(row["usd"]),
+            unpriced_calls=int(row["unpriced"]),
+        )
+        for row in db.fetch_all(conn, "views/search_costs", {"days": days, "limit": limit})
+    ]
+
+
 @dataclasses.dataclass(frozen=True)
 class RunCost:
     """A run, newest first: when it was planned, its documents, and its model calls' cost."""

@@ -67,9 +67,11 @@ def test_airflow_options_have_their_documented_defaults(monkeypatch):
         "AIRFLOW__CORE__MULTI_TEAM",
         "AIRFLOW__CORE__MAX_MAP_LENGTH",
         "AIRFLOW__REPLAYABLE__SWEEPER_POKE_INTERVAL_S",
+        "AIRFLOW__REPLAYABLE__SEARCHES_PER_USER_PER_MINUTE",
     ):
         monkeypatch.delenv(name, raising=False)
     assert config.sweeper_poke_interval_s() == 30.0
+    assert config.searches_per_user_per_minute() == 30
     assert config.ui_pool_size() == 4
     assert config.ui_statement_timeout_s() == 5.0
     assert config.max_map_length() == 1024
@@ -94,6 +96,14 @@ def test_airflow_options_are_read_when_called(monkeypatch):
     assert config.max_map_length() == 7
     assert config.multi_team() is True
     assert config.api_serves_https() is True
+
+
+def test_the_searches_per_user_per_minute_are_a_whole_number_of_at_least_one(monkeypatch):
+    monkeypatch.setenv("AIRFLOW__REPLAYABLE__SEARCHES_PER_USER_PER_MINUTE", "3")
+    assert config.searches_per_user_per_minute() == 3
+    monkeypatch.setenv("AIRFLOW__REPLAYABLE__SEARCHES_PER_USER_PER_MINUTE", "0")
+    with pytest.raises(ValueError, match="searches_per_user_per_minute must be at least 1"):
+        config.searches_per_user_per_minute()
 
 
 def test_batch_slots_are_the_smaller_of_parallelism_and_cores_unless_set(monkeypatch):

@@ -42,6 +42,7 @@ from replayable.search.model import (
     searched,
 )
 from replayable.search.question import STAGE, embed_query, vector_for
+from replayable.search.rate import TooManySearches, admit, cli_user
 from replayable.search.text import (
     DEFAULT_MODE,
     MODES,
@@ -75,10 +76,13 @@ __all__ = [
     "RunSettings",
     "Scope",
     "SearchError",
+    "TooManySearches",
+    "admit",
     "answer",
     "check_k",
     "check_mode",
     "check_query",
+    "cli_user",
     "coverage",
     "current_model",
     "described",
@@ -113,18 +117,22 @@ def answer(
     conn_id: str = MODEL_CONN_ID,
     mode: str = DEFAULT_MODE,
     run_id: str | None = None,
+    searched_by: str | None = None,
 ) -> Answer:
     """Search for ``query`` in ``mode``: embed it (not in text mode), build the indexes it
     reads on first use, and read the ``k`` best chunks on ``conn``. ``dsn`` is the ledger's,
     on which the budget, the call's record and the index builds write; ``conn`` may be
     read-only. What it searched (:func:`resolve`) and how many documents that covers come
-    with the answer.
+    with the answer. A search ``searched_by`` a user is counted as theirs once resolved,
+    with no limit (:func:`.rate.admit`, ADR 0153).
     """
     text = check_query(query)
     check_k(k)
     check_mode(mode)
     scope, choice = resolve(conn, model, dag_id=dag_id, conn_id=conn_id, run_id=run_id)
-    vector = prepare(text, scope, choice, dsn, mode=mode, conn_id=conn_id)
+    if searched_by is not None:
+        admit(dsn, searched_by, None)
+    vector = prepare(text, scope, choice, dsn, mode=mode, conn_id=conn_id, searched_by=searched_by)
     found = ranked(conn, text, scope, vector, mode=mode, k=k, source=source)
     return described(conn, found, scope, dsn)
 
@@ -168,17 +176,27 @@ def described(conn: Connection, found: Answer, scope: Scope, dsn: str | None = N
 
 
 def prepare(
-    query: str, scope: Scope, choice: Any, dsn: str, *, mode: str, conn_id: str = MODEL_CONN_ID
+    query: str,
+    scope: Scope,
+    choice: Any,
+    dsn: str,
+    *,
+    mode: str,
+    conn_id: str = MODEL_CONN_ID,
+    searched_by: str | None = None,
 ) -> list[float] | None:
     """What a search in ``mode`` writes before it reads, through ``dsn`` only: the text index
-    (built on first use), and the question's vector with its index (none in text mode)."""
+    (built on first use), and the question's vector with its index (none in text mode), its
+    call recorded as ``searched_by``'s."""
     if mode != "vector":
         builder = Database(dsn, autocommit=True)
         try:
             ensure_text_index(builder)
         finally:
             builder.close()
-    return None if mode == "text" else vector_for(query, scope, choice, dsn, conn_id)
+    if mode == "text":
+        return None
+    return vector_for(query, scope, choice, dsn, conn_id, searched_by)
 
 
 def ranked(

@@ -19,10 +19,17 @@ if TYPE_CHECKING:
 STAGE = "search"  # the model_calls rows of query embeddings
 
 
-def embed_query(query: str, choice: Any, dsn: str, conn_id: str = MODEL_CONN_ID) -> list[float]:
+def embed_query(
+    query: str,
+    choice: Any,
+    dsn: str,
+    conn_id: str = MODEL_CONN_ID,
+    searched_by: str | None = None,
+) -> list[float]:
     """The query's vector: the one stored for this question, model and dimensions (ADR
     0142), or one from the model ``choice`` names, sent within the shared budget (a slot and
-    a send time, as every model request), recorded as a ``search`` call and stored."""
+    a send time, as every model request), recorded as a ``search`` call of ``searched_by``
+    (ADR 0153) and stored."""
     cached = {
         "model": choice.model,
         "dimensions": choice.dimensions or 0,
@@ -35,7 +42,7 @@ def embed_query(query: str, choice: Any, dsn: str, conn_id: str = MODEL_CONN_ID)
         )
         if found:
             return [float(x) for x in str(found[0]["embedding"]).strip("[]").split(",")]
-        vector = _paid_query_vector(query, choice, dsn, conn_id)
+        vector = _paid_query_vector(query, choice, dsn, conn_id, searched_by)
         stored = {**cached, "embedding": vector_literal(vector)}
         database.transaction(
             lambda conn: db.execute(conn, "search/store_query", stored), describe="search/store"
@@ -45,7 +52,9 @@ def embed_query(query: str, choice: Any, dsn: str, conn_id: str = MODEL_CONN_ID)
     return vector
 
 
-def _paid_query_vector(query: str, choice: Any, dsn: str, conn_id: str) -> list[float]:
+def _paid_query_vector(
+    query: str, choice: Any, dsn: str, conn_id: str, searched_by: str | None
+) -> list[float]:
     """The query's vector from the provider, within the shared budget, recorded as a call."""
     from replayable.budget import RequestBudget
     from replayable.hooks import EmbeddingsHook
@@ -81,7 +90,13 @@ def _paid_query_vector(query: str, choice: Any, dsn: str, conn_id: str) -> list[
         try:
             database.transaction(
                 lambda conn: record_calls(
-                    conn, calls, stage=STAGE, run_id=None, attempt=1, share={key: 1}
+                    conn,
+                    calls,
+                    stage=STAGE,
+                    run_id=None,
+                    attempt=1,
+                    share={key: 1},
+                    searched_by=searched_by,
                 ),
                 describe="record the query's model calls",
             )
@@ -91,11 +106,16 @@ def _paid_query_vector(query: str, choice: Any, dsn: str, conn_id: str) -> list[
 
 
 def vector_for(
-    query: str, scope: Scope, choice: Any, dsn: str, conn_id: str = MODEL_CONN_ID
+    query: str,
+    scope: Scope,
+    choice: Any,
+    dsn: str,
+    conn_id: str = MODEL_CONN_ID,
+    searched_by: str | None = None,
 ) -> list[float]:
     """The question's vector (:func:`embed_query`), with the index of its model and
     dimension built if this is their first search; writes through ``dsn`` only."""
-    vector = embed_query(query, choice, dsn, conn_id)
+    vector = embed_query(query, choice, dsn, conn_id, searched_by)
     builder = Database(dsn, autocommit=True)
     try:
         ensure_index(builder, scope.model, len(vector))

@@ -56,9 +56,11 @@ def record_calls(
     run_id: str | None,
     attempt: int,
     share: Mapping[str, int],
+    searched_by: str | None = None,
 ) -> None:
     """Store each call with the items whose inputs it carried: ``share`` is each item key's
-    number of inputs in it (each input counted once), and its tokens are split by it."""
+    number of inputs in it (each input counted once), and its tokens are split by it.
+    ``searched_by`` is the user whose search question a call embedded (ADR 0153)."""
     keys = sorted(share)
     only = keys[0] if len(keys) == 1 else None
     for call in calls:
@@ -82,6 +84,7 @@ def record_calls(
                 "output_tokens": call.output_tokens,
                 "cost_usd": call.cost_usd,
                 "mode": call.mode,
+                "searched_by": searched_by,
                 "item_keys": keys,
                 "item_inputs": [share[k] for k in keys],
                 "item_tokens": [call.tokens * share[k] // total for k in keys],

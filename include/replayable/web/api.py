@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
+from airflow.api_fastapi.core_api.security import GetUserDep
 from fastapi import APIRouter, Query, Request
 
 from replayable import invariants
@@ -89,6 +90,7 @@ def dead_letter_api(conn: ReadConn, letter_id: LetterId) -> DeadLetter:
 @router.get("/api/search", responses=SEARCHED)
 async def search_api(
     request: Request,
+    user: GetUserDep,
     q: Question,
     k: Hits = DEFAULT_K,
     source: Source = None,
@@ -100,8 +102,9 @@ async def search_api(
     starts with ``source``, among the vectors of ``model`` (default: the model that holds
     the current vectors), by ``mode``: ``vector``, ``text`` (shared words) or ``hybrid``
     (both, fused by reciprocal rank); under the settings of the run ``run`` (default: the
-    pipeline's most recent complete run). The answer says what it covered."""
-    return await find(request, search_input(q, k, source, model, mode, run))
+    pipeline's most recent complete run). The answer says what it covered. At most
+    ``[replayable] searches_per_user_per_minute`` a minute per user (429, ADR 0153)."""
+    return await find(request, search_input(q, k, source, model, mode, run), user.get_name())
 
 
 Quiescent = Annotated[bool, Query(description="no run, sweep or redrive is in progress")]

@@ -73,6 +73,27 @@ class CostSummary(BaseModel):
     by_model: list[ModelCostSummary] = []
 
 
+class UserSearches(BaseModel):
+    """One user's searches in the window, and the paid calls that embedded their questions:
+    their tokens and cost in USD (``unpriced_calls`` had no price and count 0). A question
+    answered from the ledger's cache is a search and no call."""
+
+    user: str
+    searches: int
+    paid_calls: int
+    input_tokens: int
+    output_tokens: int
+    usd: float
+    unpriced_calls: int
+
+
+class SearchSummary(BaseModel):
+    """Searches per user in the last ``days`` days (UTC), the costliest first (ADR 0153)."""
+
+    days: int
+    by_user: list[UserSearches] = []
+
+
 class RunSummary(BaseModel):
     """A recent run and what its model calls cost: reported, or so far while it runs."""
 
@@ -102,14 +123,15 @@ class IndexSummary(BaseModel):
 
 class Summary(BaseModel):
     """Every stage (in pipeline order, empty ones too), the open dead letters in all, the
-    outbox, the retracted documents, what model calls cost lately and the newest runs with
-    their cost."""
+    outbox, the retracted documents, what model calls cost lately, each user's searches and
+    what they cost, and the newest runs with their cost."""
 
     stages: list[StageSummary]
     open_dead_letters: int
     outbox: OutboxSummary = OutboxSummary()
     index: IndexSummary = IndexSummary()
     cost: CostSummary | None = None
+    searches: SearchSummary | None = None
     runs: list[RunSummary] = []
 
 
@@ -355,13 +377,19 @@ _SEARCH_503 = (
     "The database is unavailable, busy, or the query took too long; a connection the search "
     "needs is missing or unusable; or as many searches as the UI runs at once are running"
 )
+_SEARCH_429 = (
+    "The user made [replayable] searches_per_user_per_minute searches this minute; "
+    "Retry-After says when the next minute begins"
+)
 SEARCHED: Responses = {
     400: problem(_SEARCH_400),
+    429: problem(_SEARCH_429),
     502: problem(_SEARCH_502),
     503: problem(_SEARCH_503),
 }
 SEARCH_PAGE: Responses = {
     400: page_problem(_SEARCH_400),
+    429: page_problem(_SEARCH_429),
     502: page_problem(_SEARCH_502),
     503: page_problem(_SEARCH_503, json_too=True),
 }

@@ -9,6 +9,7 @@ which records the question's model call through the ledger's own connection.
 
 from __future__ import annotations
 
+from airflow.api_fastapi.core_api.security import GetUserDep
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import HTMLResponse
 
@@ -96,6 +97,7 @@ def check_page(conn: ReadConn, quiescent: Quiescent = False, limit: Limit = 100)
 @router.get("/search", response_class=HTMLResponse, responses=SEARCH_PAGE)
 async def search_page(
     request: Request,
+    user: GetUserDep,
     q: str = "",
     k: str = "",
     source: str = "",
@@ -106,7 +108,8 @@ async def search_page(
     """The search box and the chunks nearest its question; without a question, the box.
 
     Each parameter comes as the form's text: a value that cannot be searched (400), or a
-    search that fails (502, 503), is shown in the page with its status.
+    search that fails (502, 503) or is one too many this minute (429), is shown in the page
+    with its status.
     """
     shown = {
         "q": q,
@@ -119,7 +122,7 @@ async def search_page(
     if not q.strip():
         return page("search.html", shown=shown, found=None, error=None)
     try:
-        found = await find(request, search_input(q, k, source, model, mode, run))
+        found = await find(request, search_input(q, k, source, model, mode, run), user.get_name())
     except HTTPException as refused:
         answer = page(
             "search.html", shown=shown, found=None, error=refused.detail, status=refused.status_code

@@ -33,13 +33,16 @@ from replayable.web.models import (
     LettersPerHour,
     OutboxSummary,
     RunSummary,
+    SearchSummary,
     StageSummary,
     Summary,
+    UserSearches,
 )
 
 
 def summary(conn: db.Connection) -> Summary:
-    """Items per stage by current status (the CLI's ``status`` reads), open dead letters."""
+    """Items per stage by current status (the CLI's ``status`` reads), open dead letters,
+    costs, each user's searches (ADR 0153) and the newest runs."""
     stages = [
         StageSummary(
             stage=found.stage,
@@ -60,6 +63,12 @@ def summary(conn: db.Connection) -> Summary:
         outbox=outbox_summary(conn),
         index=IndexSummary(**mirror.retracted(conn)),
         cost=CostSummary(days=views.COST_DAYS, **costs.as_dict()),
+        searches=SearchSummary(
+            days=views.COST_DAYS,
+            by_user=[
+                UserSearches(**dataclasses.asdict(found)) for found in views.search_costs(conn)
+            ],
+        ),
         runs=[RunSummary(**dataclasses.asdict(run)) for run in views.recent_runs(conn)],
     )
 

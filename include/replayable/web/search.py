@@ -5,14 +5,18 @@ the chunks nearest it (:mod:`replayable.search`, ADR 0118). Unlike a page it wai
 another service, so it keeps to ADR 0073 in its own way: it runs in a thread of its own, at
 most :data:`SEARCHES_AT_ONCE` of them and refused at once beyond that, never in the worker
 threads that Airflow's routes share; and it takes one of the UI's database connections only
-to read, never while the provider is asked. What it writes (its slot and send time in the
-shared request budget, its model call's record, the first build of a model's index) goes
-through the ledger's own connection ``replayable_db``, since the UI's role may write none of
-it.
+to read, never while the provider is asked. Each logged-in user makes at most
+``[replayable] searches_per_user_per_minute`` searches a minute, counted in the ledger for
+every API server process, and each search is counted as theirs, its model call too (ADR
+0153). What it writes (that count, its slot and send time in the shared request budget, its
+model call's record, the first build of a model's index) goes through the ledger's own
+connection ``replayable_db``, since the UI's role may write none of it.
 
 A refusal names what to fix and never an address or a key:
 
 * 400: the input; the message starts with the parameter (``q``, ``k``, ``source``, ``model``);
+* 429: the user's searches this minute reached the limit (named, with its setting), with
+  Retry-After the seconds to the next minute;
 * 502: the model provider failed or could not be reached (its error class);
 * 503: a connection the search needs is missing or unusable (named), a database is
   unavailable, the search took too long, or every search slot is taken.
@@ -35,6 +39,7 @@ import psycopg2.errors
 from airflow.sdk.exceptions import AirflowNotFoundException
 from fastapi import HTTPException, Query, Request
 
+from replayable import config
 from replayable.db import DatabaseUnavailableError
 from replayable.retry import ItemError, classify
 from replayable.search import (
@@ -43,6 +48,8 @@ from replayable.search import (
     RunSettings,
     Scope,
     SearchError,
+    TooManySearches,
+    admit,
     check_k,
     check_mode,
     check_query,
@@ -152,8 +159,9 @@ def search_input(
         raise _refused(_named(error)) from None
 
 
-async def find(request: Request, asked: SearchInput) -> SearchAnswer:
-    """Search as ``asked`` in a search thread; 503 at once when every one is busy."""
+async def find(request: Request, asked: SearchInput, user: str) -> SearchAnswer:
+    """Search as ``asked`` in a search thread, counted as ``user``'s (the Airflow user's
+    name); 503 at once when every one is busy, 429 past the user's searches a minute."""
     limiter: anyio.CapacityLimiter = request.app.state.searches
     if limiter.available_tokens < 1:
         raise HTTPException(
@@ -163,23 +171,25 @@ async def find(request: Request, asked: SearchInput) -> SearchAnswer:
             headers={"Retry-After": str(RETRY_AFTER_S)},
         )
     run = functools.partial(
-        _search, request.app.state.pool, request.app.state.ledger_dsn_provider, asked
+        _search, request.app.state.pool, request.app.state.ledger_dsn_provider, asked, user
     )
     return await anyio.to_thread.run_sync(run, limiter=limiter)
 
 
 def _search(
-    pool: ConnectionPool, ledger_dsn_provider: Callable[[], str], asked: SearchInput
+    pool: ConnectionPool, ledger_dsn_provider: Callable[[], str], asked: SearchInput, user: str
 ) -> SearchAnswer:
-    """:func:`replayable.search.answer`, with a UI connection taken only to read."""
+    """:func:`replayable.search.answer`, with a UI connection taken only to read; counted
+    as ``user``'s once it is resolved, before it writes or pays for anything (ADR 0153)."""
     with pooled(pool, readonly=True) as conn:
         try:
             scope, choice = resolve(conn, asked.model, run_id=asked.run, scope_for=_scope)
         except SearchError as error:
             raise _refused(_named(error)) from None
     dsn = _ledger_dsn(ledger_dsn_provider)
+    _admit(dsn, user)
     try:
-        vector = prepare(asked.q, scope, choice, dsn, mode=asked.mode)
+        vector = prepare(asked.q, scope, choice, dsn, mode=asked.mode, searched_by=user)
         with pooled(pool, readonly=True) as conn:
             found = ranked(
                 conn, asked.q, scope, vector, mode=asked.mode, k=asked.k, source=asked.source
@@ -200,6 +210,21 @@ def _search(
         log.warning("a replayable UI search cannot reach the ledger: %s", error)
         raise unavailable() from None
     return SearchAnswer.model_validate(found.as_dict())
+
+
+def _admit(dsn: str, user: str) -> None:
+    """Count ``user``'s search (ADR 0153); 429 with Retry-After past their limit."""
+    try:
+        admit(dsn, user, config.searches_per_user_per_minute())
+    except TooManySearches as refused:
+        raise HTTPException(
+            HTTPStatus.TOO_MANY_REQUESTS,
+            str(refused),
+            headers={"Retry-After": str(refused.retry_after_s)},
+        ) from None
+    except (psycopg2.OperationalError, psycopg2.InterfaceError, DatabaseUnavailableError) as error:
+        log.warning("a replayable UI search cannot reach the ledger: %s", error)
+        raise unavailable() from None
 
 
 def _scope(

@@ -54,3 +54,23 @@ def test_an_empty_query_or_a_model_without_vectors_is_refused_naming_the_input(
     assert code == 2 and "query:" in error
     code, error = _search(capsys, dsn, "anything", "--model", "no-such-model")
     assert code == 2 and "model: the ledger has no vectors for 'no-such-model'" in error
+
+
+def test_cli_searches_count_under_the_os_user_and_are_not_rated(
+    run_in_process, conn, dsn, model, tmp_path, capsys, monkeypatch
+):
+    """ADR 0153: the CLI's searches are counted, as ``cli:<OS user>``, past any UI limit."""
+    import getpass
+
+    from checks import rows
+
+    monkeypatch.setenv("AIRFLOW__REPLAYABLE__SEARCHES_PER_USER_PER_MINUTE", "1")
+    assert not run_in_process({"source": str(subset(tmp_path, 2)), "model": MODEL})["_failed"]
+    for _ in range(3):
+        code, found = _search(capsys, dsn, "a report on the warehouse", "--model", MODEL)
+        assert code == 0, found
+    user = f"cli:{getpass.getuser()}"
+    counted = rows(conn, "SELECT username, searches, paid_calls FROM replayable.search_counts")
+    assert counted == [(user, 3, 1)]
+    paid = rows(conn, "SELECT searched_by FROM replayable.model_calls WHERE stage = 'search'")
+    assert paid == [(user,)]

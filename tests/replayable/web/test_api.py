@@ -14,7 +14,15 @@ from ui_fixtures import (  # noqa: F401 - fixtures
 
 def test_json_api_shapes(client: TestClient, ledger: dict[str, int]) -> None:
     summary = client.get("/replayable/api/summary").json()
-    assert set(summary) == {"stages", "open_dead_letters", "outbox", "index", "cost", "runs"}
+    assert set(summary) == {
+        "stages",
+        "open_dead_letters",
+        "outbox",
+        "index",
+        "cost",
+        "searches",
+        "runs",
+    }
     assert summary["index"] == {"retracted": 0, "purged": 0}
     failed = client.get("/replayable/api/failed").json()
     assert set(failed) == {"matched", "items", "next_after"}

@@ -27,10 +27,10 @@ from ui_fixtures import (  # noqa: F401 - fixtures
     app_fixture,
     auth_manager_fixture,
     client_fixture,
+    connections_fixture,
 )
 
 from checks import TOPICS, topic_pdfs
-from devtools import devenv
 from replayable.vocabulary import MODEL_CONN_ID
 
 MODEL = "local-wordllama-256"
@@ -44,21 +44,6 @@ TEXTS = {
 }
 HOSTILE_QUERY = "<script>alert(1)</script>\"'&"
 MODEL_CONN = f"AIRFLOW_CONN_{MODEL_CONN_ID.upper()}"
-
-
-@pytest.fixture
-def connections(
-    services: devenv.Services, state_dir: Path, model: Any, monkeypatch: pytest.MonkeyPatch
-) -> dict[str, str]:
-    """The ledger's and the model's Airflow connections, as the real Airflow gets them."""
-    found = {
-        key: value
-        for key, value in devenv.airflow_env(services, state_dir).items()
-        if key.startswith("AIRFLOW_CONN_")
-    }
-    for key, value in found.items():
-        monkeypatch.setenv(key, value)
-    return found
 
 
 @pytest.fixture

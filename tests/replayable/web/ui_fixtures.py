@@ -15,6 +15,7 @@ import html
 import re
 from collections.abc import Iterator
 from datetime import UTC
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,6 +26,7 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 
+from devtools import devenv
 from replayable.web import create_app
 
 HOSTILE = "<script>alert(1)</script>"
@@ -139,6 +141,21 @@ def ledger_fixture(conn: Any) -> dict[str, int]:
         )
     conn.commit()
     return dict(zip(("encrypted", "bad_input", "redriven"), ids, strict=True))
+
+
+@pytest.fixture(name="connections")
+def connections_fixture(
+    services: devenv.Services, state_dir: Path, model: Any, monkeypatch: pytest.MonkeyPatch
+) -> dict[str, str]:
+    """The ledger's and the model's Airflow connections, as the real Airflow gets them."""
+    found = {
+        key: value
+        for key, value in devenv.airflow_env(services, state_dir).items()
+        if key.startswith("AIRFLOW_CONN_")
+    }
+    for key, value in found.items():
+        monkeypatch.setenv(key, value)
+    return found
 
 
 @pytest.fixture(name="auth_manager", scope="module")

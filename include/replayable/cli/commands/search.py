@@ -10,11 +10,12 @@ from replayable import db
 from replayable.cli.connection import resolve_dsn
 from replayable.cli.errors import UsageError
 from replayable.cli.render import emit, search_table
-from replayable.search import SearchError, answer
+from replayable.search import SearchError, answer, cli_user
 
 
 def run(conn: db.Connection, args: argparse.Namespace, console: Console, as_json: bool) -> int:
-    """Print the ``--k`` chunks nearest the question, best first."""
+    """Print the ``--k`` chunks nearest the question, best first; the search is counted
+    as the OS user's (``cli:<user>``), with no limit (ADR 0153)."""
     try:
         found = answer(
             conn,
@@ -26,6 +27,7 @@ def run(conn: db.Connection, args: argparse.Namespace, console: Console, as_json
             dag_id=args.dag_id,
             mode=args.mode,
             run_id=args.run,
+            searched_by=cli_user(),
         )
     except SearchError as err:
         raise UsageError(str(err)) from None
