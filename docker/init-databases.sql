@@ -64,8 +64,9 @@ BEGIN
         -- The invariant check (ADR 0150) reads each done item's outputs and the batch
         -- claims; the metrics read the last recorded check.
         'item_artifacts', 'provider_batch_chunks', 'invariant_checks',
-        -- Each user's searches and their cost on the overview (ADR 0153).
-        'search_counts'
+        -- Each user's searches and their cost on the overview (ADR 0153), and the last count
+        -- of what a search covered (ADR 0152).
+        'search_counts', 'search_coverage'
     ] LOOP
         IF to_regclass('replayable.' || relation) IS NOT NULL THEN
             EXECUTE format('GRANT SELECT ON replayable.%I TO replayable_ui', relation);
