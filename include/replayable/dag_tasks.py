@@ -303,4 +303,10 @@ def sweep(
         found.oldest,
         {stage: len(docs) for stage, docs in found.by_stage.items()},
     )
+    if found.unrun:
+        log.info(
+            "and re-running from a stage another pipeline finished, whose later stages never"
+            " ran here: %s",
+            {stage: len(docs) for stage, docs in found.unrun.items()},
+        )
     return sweeper.rerun_requests(found, sweep_run_id=ti.run_id, max_attempts=max_attempts)

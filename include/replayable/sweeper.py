@@ -7,7 +7,9 @@ most ``max_items`` of them, oldest first, and turns them into one ``rerun`` conf
 pipeline per stage (a document failed in two stages is re-run from the earlier one, which
 redoes the later one too); one per stage and settings for the items failed under the
 settings a run recorded (ADR 0135); and per embed mode: an item is re-run in the mode its
-run used (ADR 0130). Nothing here imports Airflow.
+run used (ADR 0130). It also finds the documents whose later stages never ran because a
+run of another pipeline that shares a stage took over the item this pipeline's run left
+there, and re-runs them from that stage (ADR 0135). Nothing here imports Airflow.
 """
 
 from __future__ import annotations
@@ -39,17 +41,22 @@ class UnderSettings:
 class Sweep:
     """What one sweep found: document ids per stage, in pipeline order, and the oldest;
     per stage, the embed mode each document's run used, where it is not the default; and
-    ``other``: those failed under a run's own settings, per stage and settings."""
+    ``other``: those failed under a run's own settings, per stage and settings; ``unrun``:
+    per stage, documents another pipeline finished there after this one's run left them,
+    whose later stages in this pipeline never ran."""
 
     by_stage: dict[str, list[str]] = field(default_factory=dict)
     oldest: datetime | None = None
     other: list[UnderSettings] = field(default_factory=list)
     embed_modes: dict[str, dict[str, str]] = field(default_factory=dict)
+    unrun: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def items(self) -> int:
-        return sum(len(docs) for docs in self.by_stage.values()) + sum(
-            len(group.doc_ids) for group in self.other
+        return (
+            sum(len(docs) for docs in self.by_stage.values())
+            + sum(len(group.doc_ids) for group in self.other)
+            + sum(len(docs) for docs in self.unrun.values())
         )
 
 
@@ -104,7 +111,35 @@ def select_failed(
         for (group_stage, settings), docs in sorted(others.items())
         if group_stage == stage
     ]
-    return Sweep(ordered, oldest, other, _embed_modes(conn, ordered, params))
+    unrun = _unrun(conn, stages, params, taken=taken, already=set(first_stage))
+    return Sweep(ordered, oldest, other, _embed_modes(conn, ordered, params), unrun)
+
+
+def _unrun(
+    conn: Connection,
+    stages: Sequence[str],
+    params: Mapping[str, Any],
+    *,
+    taken: int,
+    already: set[str],
+) -> dict[str, list[str]]:
+    """Per stage, in pipeline order, the documents handed over there whose later stages never
+    ran in this pipeline, within what is left of ``max_items``; a document the failed
+    selection holds is left to it."""
+    room = int(params["limit"]) - taken
+    if room < 1:
+        return {}
+    rows = fetch_all(conn, "plan/sweep_unrun_items", {**params, "limit": room})
+    conn.commit()
+    found: dict[str, list[str]] = {}
+    seen = set(already)
+    for row in rows:  # oldest first
+        if len(seen) - len(already) == room:
+            break
+        if row["doc_id"] not in seen:
+            seen.add(row["doc_id"])
+            found.setdefault(row["stage"], []).append(row["doc_id"])
+    return {stage: sorted(found[stage]) for stage in stages if stage in found}
 
 
 def _embed_modes(
@@ -157,6 +192,18 @@ def rerun_requests(sweep: Sweep, *, sweep_run_id: str, max_attempts: int) -> lis
                 conf["embed_mode"] = mode
                 run_id = f"sweep__{stage}__{mode}__{sweep_run_id}"
             requests.append({"trigger_run_id": run_id, "conf": conf})
+    for stage, doc_ids in sweep.unrun.items():
+        # Done in ``stage`` by another pipeline: re-run from there, the rest of the pipeline
+        # plans what is missing.
+        requests.append(
+            {
+                "trigger_run_id": f"sweep__{stage}__unrun__{sweep_run_id}",
+                "conf": {
+                    "rerun": {"stage": stage, "status": ["done"], "doc_ids": doc_ids},
+                    "max_attempts": max_attempts,
+                },
+            }
+        )
     for group in sweep.other:
         # The run's own settings and cap, if higher; its id names the settings' digest.
         digest = sha256_bytes(json.dumps(group.settings, sort_keys=True).encode())[:12]

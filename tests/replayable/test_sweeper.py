@@ -398,3 +398,83 @@ def test_an_item_a_batch_mode_run_left_is_rerun_in_batch_mode(conn):
             },
         },
     ]
+
+
+def hand_over(database, n: int, *, left_by: str, taken_by: str) -> None:
+    """Document ``n``'s shared extract item: failed by a run of ``left_by``, then claimed and
+    finished by a run of ``taken_by`` (a pipeline that shares the stage and its spec)."""
+    key = f"extract-{n}-sx"
+    for dag_id, outcome in ((left_by, "failed"), (taken_by, "done")):
+        ledger = Ledger(
+            database, "extract", "1.0", "c", "sx", RunContext(f"w-{dag_id}", dag_id, f"r-{dag_id}")
+        )
+        ledger.claim([(key, doc(n))])
+        error = Classified("http_503", ErrorKind.RETRYABLE, "try again")
+        result = Outcome(key, outcome, error if outcome == "failed" else None)
+        database.transaction(lambda c, ledger=ledger, result=result: ledger.finish(c, [result]))
+
+
+def test_a_document_another_pipeline_finished_a_shared_stage_of_is_swept_into_the_rest(conn, dsn):
+    """Finding 13: this pipeline's run left extract failed, another pipeline that shares the
+    stage finished it, and nothing was left failed for this pipeline's sweep, while its later
+    stages never ran for the document. The sweep re-runs it from the stage handed over."""
+    rows(
+        conn,
+        "INSERT INTO replayable.documents (doc_id, uri, size_bytes) VALUES (%s, '/d/1.pdf', 1),"
+        " (%s, '/d/2.pdf', 1)",
+        doc(1),
+        doc(2),
+    )
+    database = db.Database(dsn)
+    try:
+        hand_over(database, 1, left_by=PIPELINE, taken_by="keyword_pipeline")
+        hand_over(database, 2, left_by="keyword_pipeline", taken_by=PIPELINE)
+    finally:
+        database.close()
+    elapse(conn, "2 hours")
+    found = select(conn)
+    assert found.by_stage == {}
+    assert found.unrun == {"extract": [doc(1)]}
+    assert select(conn, dag_id="keyword_pipeline").unrun == {"extract": [doc(2)]}
+    assert sweeper.rerun_requests(found, sweep_run_id="s1", max_attempts=3) == [
+        {
+            "trigger_run_id": "sweep__extract__unrun__s1",
+            "conf": {
+                "rerun": {"stage": "extract", "status": ["done"], "doc_ids": [doc(1)]},
+                "max_attempts": 3,
+            },
+        }
+    ]
+    # Once this pipeline's later stages hold rows for it, there is nothing left to finish.
+    for stage in ("chunk", "embed", "summarize"):
+        add_item(conn, 1, stage, status="done", age_s=0)
+    assert select(conn).unrun == {}
+
+
+def test_the_sweeps_rerun_of_a_handed_over_document_runs_its_later_stages(
+    run_in_process, conn, tmp_path
+):
+    """The whole loop for finding 13: the sweep's conf is one a run accepts, and it runs the
+    stages the handover left unrun, buying nothing for the stage already done."""
+    from checks import subset
+
+    first = run_in_process({"source": str(subset(tmp_path, 1)), "stages": ["extract"]})
+    assert first["stages"]["extract"]["done"] == 1, first["_tasks"]
+    # As a handover leaves it: another pipeline's run finished the item this one's left.
+    rows(
+        conn,
+        "UPDATE replayable.stage_runs SET dag_id = 'keyword_pipeline', left_by = %s,"
+        " updated_at = now() - interval '2 hours' WHERE stage = 'extract'",
+        [PIPELINE],
+    )
+    ((spec,),) = rows(conn, "SELECT spec_hash FROM replayable.stage_runs WHERE stage = 'extract'")
+    found = select(
+        conn, stages=["extract", "chunk", "embed"], spec_hashes={**HASHES, "extract": spec}
+    )
+    (request,) = sweeper.rerun_requests(found, sweep_run_id="s", max_attempts=3)
+    again = run_in_process(request["conf"])
+    assert not again["_failed"], again["_tasks"]
+    assert again["stages"]["chunk"]["done"] == 1 and again["stages"]["embed"]["done"] == 1
+    assert rows(
+        conn, "SELECT status, attempts FROM replayable.stage_runs WHERE stage = 'extract'"
+    ) == [("done", 1)]

@@ -107,6 +107,11 @@ WITH takeable AS (
                              WHEN d.killed THEN NULL ELSE s.lease_expires END,
         spec_hash = %(spec_hash)s,
         dag_id = CASE WHEN d.claim THEN %(dag_id)s ELSE s.dag_id END,
+        -- a run of another pipeline takes over what this one's left: that pipeline's sweep
+        -- finishes its own later stages once this stage is done (ADR 0135)
+        left_by = CASE WHEN d.claim AND s.dag_id <> %(dag_id)s
+                            AND NOT s.dag_id = ANY(coalesce(s.left_by, '{}'))
+                       THEN array_append(s.left_by, s.dag_id) ELSE s.left_by END,
         run_id = CASE WHEN d.claim THEN %(run_id)s ELSE s.run_id END,
         map_index = CASE WHEN d.claim THEN %(map_index)s ELSE s.map_index END,
         try_number = CASE WHEN d.claim THEN %(try_number)s ELSE s.try_number END,
