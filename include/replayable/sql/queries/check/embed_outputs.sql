@@ -25,9 +25,12 @@ WITH sizes AS (
 ), missing AS MATERIALIZED (
     -- Chunks without a vector under a model and dimensions stored (few: those of documents
     -- not embedded yet under them), by one hash anti-join of the chunks with the vectors.
+    -- The sets are unnested here, not read from the `sizes` CTE: a CTE scan would keep
+    -- this join, the query's largest, from running in parallel.
     SELECT dc.doc_id, dc.extractor_version, dc.chunker_key, z.config_hash
     FROM replayable.doc_chunks dc
-    CROSS JOIN sizes z
+    CROSS JOIN unnest(%(config_hashes)s::text[], %(models)s::text[], %(dimensions)s::int[])
+        AS z (config_hash, model, dimensions)
     LEFT JOIN replayable.embeddings e
         ON e.chunk_id = dc.chunk_id AND e.model = z.model AND e.dimensions = z.dimensions
     WHERE e.chunk_id IS NULL
