@@ -257,6 +257,7 @@ def run(chunks: int = CHUNKS, queries: int = QUERIES) -> tuple[list[Row], dict[s
                 params = {
                     "vector": vector_literal([float(x) for x in vector]),
                     "model": MODEL,
+                    "dimensions": 0,  # loaded without dimensions: the model's own size
                     "config_hash": SCOPE.config_hash,
                     "extractor_version": SCOPE.extractor_version,
                     "chunker_key": SCOPE.chunker_key,

@@ -49,7 +49,7 @@ DUPLICATE_KEYS = {
     "doc_chunks": """SELECT count(*) FROM (SELECT 1 FROM replayable.doc_chunks
         GROUP BY doc_id, extractor_version, chunker_key, ordinal HAVING count(*) > 1) d""",
     "embeddings": """SELECT count(*) FROM (SELECT 1 FROM replayable.embeddings
-        GROUP BY chunk_id, model HAVING count(*) > 1) d""",
+        GROUP BY chunk_id, model, dimensions HAVING count(*) > 1) d""",
     "open dead letters": """SELECT count(*) FROM (SELECT 1 FROM replayable.dead_letters
         WHERE status = 'open' GROUP BY stage, item_key HAVING count(*) > 1) d""",
     "current stage rows": """SELECT count(*) FROM (SELECT 1 FROM replayable.stage_runs

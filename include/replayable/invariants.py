@@ -11,7 +11,7 @@ settings (the engine; size and overlap; model and dimensions), its ``spec_hash``
 it read (the extractor; the chunker). A hash cannot be read backwards, so every value the
 ledger's outputs can carry is hashed forwards, as the stages hash theirs (:class:`Lineages`):
 the engines, the code versions of current rows, the (extractor, chunker) pairs of the
-stored chunks, the models and vector sizes of the stored vectors. A config hash that
+stored chunks, the models and dimensions of the stored vectors (ADR 0151). A config hash that
 matches none names outputs stored nowhere; a spec hash that matches none was written by an
 older release, and its row gets a weaker check: some output under its code version.
 
@@ -32,7 +32,7 @@ import psycopg2.extensions
 from replayable.db import Connection, execute, fetch_all
 from replayable.keys import config_hash
 from replayable.runner import spec_hash_of
-from replayable.stages import extract
+from replayable.stages import embed, extract
 from replayable.stages.chunk.chunker import ChunkConfig
 from replayable.stages.lineage import chunk_lineage, embed_lineage
 
@@ -255,7 +255,7 @@ class Lineages:
     engines: dict[str, str] = field(default_factory=dict)  # config hash -> engine policy
     shapes: dict[str, str] = field(default_factory=dict)  # config hash -> "s800-o100"
     chunk_reads: dict[str, str] = field(default_factory=dict)  # spec hash -> extractor
-    sizes: dict[str, tuple[str, int | None]] = field(default_factory=dict)  # -> model, dims
+    sizes: dict[str, tuple[str, int]] = field(default_factory=dict)  # -> model, dimensions
     embed_reads: dict[str, tuple[str, str]] = field(default_factory=dict)  # -> extractor, chunker
     stages: list[str] = field(default_factory=list)  # every stage with current rows
 
@@ -267,7 +267,7 @@ class Lineages:
             if row["kind"] == "version":
                 versions.setdefault(row["a"], set()).add(row["b"])
             else:
-                models.add((row["a"], int(row["dim"])))
+                models.add((row["a"], int(row["dimensions"])))
         chunkings = [
             (row["extractor_version"], row["chunker_key"])
             for row in fetch_all(conn, "check/chunkings")
@@ -283,7 +283,8 @@ class Lineages:
         chunkings: Iterable[tuple[str, str]],
         models: Iterable[tuple[str, int]],
     ) -> Lineages:
-        """Hash every combination of the parts found, as the stages do (stages.lineage)."""
+        """Hash every combination of the parts found, as the stages do (stages.lineage);
+        ``models`` are (model, dimensions) as stored, 0 for the model's own size."""
         found = cls()
         found.engines = {config_hash({"engine": e}): e for e in extract.ENGINES}
         pairs = sorted(set(chunkings))
@@ -301,12 +302,13 @@ class Lineages:
                 continue
             lineage = chunk_lineage(shape, extractor)
             found.chunk_reads[spec_hash_of("chunk", parts["version"], lineage)] = extractor
-        sizes = [(model, dims) for model, dim in sorted(set(models)) for dims in (None, dim)]
-        for model, dims in sizes:
-            found.sizes[config_hash({"model": model, "dimensions": dims})] = (model, dims)
+        # An identity stored names the dimensions its items asked for (ADR 0151).
+        sizes = [(model, stored, stored or None) for model, stored in sorted(set(models))]
+        for model, stored, dims in sizes:
+            found.sizes[config_hash(embed.key_config(model, dims))] = (model, stored)
         for version in versions.get("embed", ()):
             for extractor, chunker in pairs:
-                for model, dims in sizes:
+                for model, _, dims in sizes:
                     lineage = embed_lineage(model, dims, chunker, extractor)
                     key = spec_hash_of("embed", version, lineage)
                     found.embed_reads[key] = (extractor, chunker)
@@ -325,10 +327,7 @@ class Lineages:
 
     def embed_params(self) -> dict[str, Any]:
         sizes, reads = list(self.sizes.values()), list(self.embed_reads.values())
-        stored = Counter(model for model, dims in sizes if dims is not None)
         return {
-            "needed_models": sorted(stored),
-            "several_sizes": sorted(model for model, n in stored.items() if n > 1),
             "config_hashes": list(self.sizes),
             "models": [model for model, _ in sizes],
             "dimensions": [dims for _, dims in sizes],

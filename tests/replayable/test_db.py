@@ -71,6 +71,96 @@ def test_the_metrics_migration_counts_what_was_there_before_it(conn):
         conn.commit()
 
 
+def _before_dimensions(cur) -> None:
+    """The embeddings and batch claims as they were before 0026: keyed without dimensions."""
+    cur.execute(
+        "ALTER TABLE replayable.embeddings DROP CONSTRAINT embeddings_pkey;"
+        "ALTER TABLE replayable.embeddings DROP COLUMN dimensions;"
+        "ALTER TABLE replayable.embeddings ADD PRIMARY KEY (chunk_id, model);"
+        "CREATE INDEX embeddings_model_idx ON replayable.embeddings (model, dim);"
+        "ALTER TABLE replayable.provider_batches DROP COLUMN dimensions;"
+        "ALTER TABLE replayable.provider_batch_chunks DROP CONSTRAINT provider_batch_chunks_pkey;"
+        "ALTER TABLE replayable.provider_batch_chunks DROP COLUMN dimensions;"
+        "ALTER TABLE replayable.provider_batch_chunks ADD PRIMARY KEY (model, chunk_id);"
+    )
+
+
+def test_the_dimensions_migration_labels_each_vector_by_what_its_items_asked(conn):
+    """0026 labels the vectors stored before it (ADR 0151): a length items asked for
+    explicitly is theirs, the model's own size is 0, and the own size that items also asked
+    for by number is kept under both; a live submission takes the dimensions its lines'
+    custom_id was made with, and its claims with it. Applied twice, it changes nothing."""
+    from replayable.keys import config_hash
+    from replayable.stages.embed import key_config
+    from replayable.stages.embed.store import request_key
+
+    sized = {  # model: (lengths stored, dimensions its embed items were keyed by)
+        "own-only": ((4,), (None,)),
+        "asked": ((2,), (2,)),
+        "both": ((8, 2), (None, 2, 8)),
+    }
+    with conn.cursor() as cur:
+        _before_dimensions(cur)
+        cur.execute(
+            "INSERT INTO replayable.documents (doc_id, uri, size_bytes) VALUES ('d', '/d', 1)"
+        )
+        for model, (lengths, asked) in sized.items():
+            for dim in lengths:
+                chunk = f"{model}-{dim}"
+                cur.execute(
+                    "INSERT INTO replayable.chunks (chunk_id, text) VALUES (%s, 'x')", (chunk,)
+                )
+                cur.execute(
+                    "INSERT INTO replayable.embeddings (chunk_id, model, dim, embedding)"
+                    " VALUES (%s, %s, %s, %s::vector)",
+                    (chunk, model, dim, "[" + ",".join(["1"] * dim) + "]"),
+                )
+            for n, dims in enumerate(asked):
+                cur.execute(
+                    "INSERT INTO replayable.stage_runs (stage, item_key, doc_id, status,"
+                    " attempts, code_version, config_hash, spec_hash)"
+                    " VALUES ('embed', %s, 'd', 'done', 1, '1.0', %s, 's')",
+                    (f"{model}-{n}", config_hash(key_config(model, dims))),
+                )
+        for submission, dims in (("at-2", 2), ("at-own", None)):
+            chunks = [f"{submission}-b", f"{submission}-a"]
+            cur.execute(
+                "INSERT INTO replayable.provider_batches (submission, provider, model, status,"
+                " lines, inputs) VALUES (%s, 'p', 'asked', 'waiting', 1, 2)",
+                (submission,),
+            )
+            cur.execute(
+                "INSERT INTO replayable.provider_batch_lines (submission, custom_id, chunk_ids)"
+                " VALUES (%s, %s, %s)",
+                (submission, request_key("asked", dims, chunks), chunks),
+            )
+            cur.executemany(
+                "INSERT INTO replayable.provider_batch_chunks (model, chunk_id, submission)"
+                " VALUES ('asked', %s, %s)",
+                [(chunk, submission) for chunk in chunks],
+            )
+    conn.commit()
+    (text,) = [text for name, text in db._migrations() if name == "0026_embedding_dimensions"]
+    for _ in range(2):
+        with conn.cursor() as cur:
+            cur.execute(text)
+            cur.execute("SELECT model, dim, dimensions FROM replayable.embeddings ORDER BY 1, 2, 3")
+            assert cur.fetchall() == [
+                ("asked", 2, 2),
+                ("both", 2, 2),
+                ("both", 8, 0),
+                ("both", 8, 8),
+                ("own-only", 4, 0),
+            ]
+            cur.execute(
+                "SELECT b.submission, b.dimensions, array_agg(DISTINCT c.dimensions)"
+                " FROM replayable.provider_batches b JOIN replayable.provider_batch_chunks c"
+                " USING (submission) GROUP BY 1, 2 ORDER BY 1"
+            )
+            assert cur.fetchall() == [("at-2", 2, [2]), ("at-own", 0, [0])]
+        conn.commit()
+
+
 @pytest.fixture
 def fresh_dsn(dsn):
     """The libpq string of a new, empty database, dropped again afterwards."""

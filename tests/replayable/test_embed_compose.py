@@ -177,6 +177,41 @@ def test_a_sync_run_never_buys_chunks_a_live_batch_holds_and_collects_them_when_
     assert count(conn, "SELECT count(*) FROM replayable.provider_batch_chunks") == 0
 
 
+def at_dimensions(spec, dimensions):
+    """``spec`` asking its model for ``dimensions`` (None: the model's own size)."""
+    spec.dimensions = spec.provider.dimensions = dimensions
+    return spec
+
+
+def test_a_live_batch_holds_its_chunks_at_its_own_dimensions_only(conn, dsn, model):
+    """A model at two sizes is two purchases (ADR 0151): a batch embedding the chunks at 16
+    dimensions keeps a sync run at 16 waiting for it, and no sync run at the model's own
+    size, which buys every chunk itself, once, while the batch still runs."""
+    docs = seed_documents(conn, 2, shared=BOILERPLATE, tag="d")
+    run(ChunkSpec(config=CHUNKS, connect=connect_to(dsn)), dsn, docs)
+    chunks = count(conn, "SELECT count(DISTINCT chunk_id) FROM replayable.doc_chunks")
+    model.set_faults(batch_delay_s=30)
+    submitter = at_dimensions(embed_spec(model.base_url, dsn, per_call=8), 16)
+    submitter.mode, submitter.batches = "batch", batch_api(model)
+    first = run(submitter, dsn, docs, owner="batch")
+    assert first.systemic is not None and first.systemic.error_class == "batch_waiting"
+    assert count(conn, "SELECT count(*) FROM replayable.provider_batch_chunks") == chunks
+
+    same = run(at_dimensions(embed_spec(model.base_url, dsn, per_call=8), 16), dsn, docs)
+    assert same.systemic is not None and same.systemic.error_class == "batch_waiting"
+    assert model.stats()["charged"] == 0
+
+    own = run(embed_spec(model.base_url, dsn, per_call=8), dsn, docs, owner="own")
+    assert own.systemic is None and sorted(own.done) == docs
+    stats = model.stats()
+    assert stats["inputs_embedded"] == chunks
+    assert set(stats["input_success_counts"].values()) == {1}
+    assert rows(
+        conn, "SELECT dimensions, count(*) FROM replayable.embeddings GROUP BY dimensions"
+    ) == [(0, chunks)]
+    assert count(conn, "SELECT count(*) FROM replayable.provider_batch_chunks") == chunks
+
+
 def test_a_batch_never_claims_a_chunk_a_sync_request_is_buying(conn, dsn, model):
     """A submission claims its chunks under the locks a sync request holds while it buys
     them: it waits for the request, and leaves out the chunks that request stored."""
@@ -188,7 +223,7 @@ def test_a_batch_never_claims_a_chunk_a_sync_request_is_buying(conn, dsn, model)
     peer = db.connect(dsn)  # a sync request in flight: it holds the chunk's lock
     with peer.cursor() as cur:
         cur.execute(
-            "SELECT pg_advisory_xact_lock(hashtextextended(%s || '/' || %s, 0))",
+            "SELECT pg_advisory_xact_lock(hashtextextended(%s || '/' || %s || '/0', 0))",
             (bought_by_sync, "m"),
         )
     model.set_faults(batch_delay_s=1)

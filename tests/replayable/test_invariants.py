@@ -112,6 +112,20 @@ def test_an_embed_item_done_at_dimensions_no_vector_has_is_found(ledger):
     assert "no stored vector has" in violation.detail  # the vectors have 3 dimensions
 
 
+def test_an_embed_item_done_at_explicit_dimensions_is_not_served_by_own_size_vectors(ledger):
+    """A's vectors were asked at the model's own size (3 long); an item done at an explicit
+    ``dimensions`` of 3 is another purchase (ADR 0151), and those vectors are not its own."""
+    run_sql(
+        ledger,
+        "UPDATE replayable.stage_runs SET config_hash = %s, spec_hash = %s"
+        " WHERE item_key = 'embed-a'",
+        config_hash({"model": MODEL, "dimensions": 3}),
+        embed_hash(MODEL, 3, CONFIG),
+    )
+    [violation] = invariants.check_ledger(ledger)
+    assert (violation.invariant, violation.doc_id) == ("done_without_output", A)
+
+
 def test_an_embed_item_of_an_older_lineage_needs_a_vector_under_its_model(ledger):
     run_sql(ledger, "UPDATE replayable.stage_runs SET spec_hash = 'older' WHERE stage = 'embed'")
     assert found(ledger) == []

@@ -446,7 +446,8 @@ def test_waiting_round_after_round_for_a_peers_chunk_opens_no_new_connections(co
     peer = db.connect(dsn)  # a peer in the middle of a request that holds the shared chunk
     with peer.cursor() as cur:
         cur.execute(
-            "SELECT pg_advisory_xact_lock(hashtextextended(%s || '/' || %s, 0))", (shared, "m")
+            "SELECT pg_advisory_xact_lock(hashtextextended(%s || '/' || %s || '/0', 0))",
+            (shared, "m"),
         )
     before = _backends(dsn)
     peak = [before]

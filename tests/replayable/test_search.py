@@ -91,6 +91,7 @@ def test_the_first_search_builds_the_index_and_the_next_ones_read_through_it(
     params = {
         "vector": vector_literal(vector),
         "model": MODEL,
+        "dimensions": 0,
         "config_hash": scope.config_hash,
         "extractor_version": scope.extractor_version,
         "chunker_key": scope.chunker_key,
@@ -172,7 +173,7 @@ def test_a_model_without_vectors_is_refused_before_the_provider_is_paid(topics, 
     with pytest.raises(
         SearchError,
         match=f"model: the ledger has no vectors for 'mistyped'; it has vectors of '{MODEL}' "
-        f"\\({DIM} dimensions\\)",
+        f"at its own size \\({DIM} dimensions\\)",
     ):
         answer(conn, QUESTION, dsn=dsn, model="mistyped")
     assert model.stats()["charged"] == 0
@@ -190,12 +191,18 @@ def test_a_search_that_names_no_model_reads_the_model_that_holds_the_vectors(top
 
 
 def test_a_question_of_another_dimension_is_refused_naming_the_dimensions_held(topics, conn, dsn):
-    """Vectors of 256 dimensions, a question of 64: no comparison across dimensions (which
-    Postgres refuses), but a refusal that names what the ledger holds."""
+    """Vectors at the model's own size (256), a search at 64 dimensions: no comparison across
+    dimensions (which Postgres refuses), but a refusal that blames the dimensions and names
+    what the ledger holds; and a question whose length is not the vectors' is refused too."""
     scope, vector = _query_vector(conn, dsn)
+    at_64, _ = scope_of(MODEL, dimensions=64)
     with pytest.raises(
-        SearchError, match=f"'{MODEL}' at 64 dimensions; it has vectors of '{MODEL}' \\(256"
+        SearchError,
+        match=f"dimensions: the ledger has no vectors for '{MODEL}' at 64 dimensions; it has "
+        f"vectors of '{MODEL}' at its own size \\(256 dimensions\\)",
     ):
+        search(conn, vector[:64], at_64, query=QUESTION)
+    with pytest.raises(SearchError, match=f"'{MODEL}' at its own size \\(64 dimensions\\)"):
         search(conn, vector[:64], scope, query=QUESTION)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from checks import TOPICS, topic_pdfs
+from checks import TOPICS, rows, scalar, topic_pdfs
 from replayable.search import SearchError, answer, searched
 
 MODEL = "local-wordllama-256"
@@ -112,3 +112,57 @@ def test_a_run_that_does_not_exist_is_refused_naming_it(run_in_process, conn, ds
     _run(run_in_process, {"source": str(folder), "model": MODEL})
     with pytest.raises(SearchError, match="run: document_pipeline has no finished run 'nope'"):
         answer(conn, QUESTION, dsn=dsn, run_id="nope")
+
+
+def _hit_scores(conn, found, dimensions: int) -> list[float]:
+    """The similarity of each hit's vector of ``MODEL`` at ``dimensions`` (0: its own size)
+    with the question's vector cached at the same dimensions."""
+    with conn.cursor() as cur:
+        cur.execute(
+            "SELECT 1 - (e.embedding <=> q.embedding)"
+            " FROM unnest(%s::text[]) WITH ORDINALITY AS h (chunk_id, n)"
+            " JOIN replayable.embeddings e ON e.chunk_id = h.chunk_id AND e.model = %s"
+            "  AND e.dimensions = %s"
+            " JOIN replayable.query_vectors q ON q.model = e.model AND q.dimensions = e.dimensions"
+            " ORDER BY h.n",
+            ([hit.chunk_id for hit in found.hits], MODEL, dimensions),
+        )
+        scores = [row[0] for row in cur.fetchall()]
+    conn.rollback()
+    return scores
+
+
+def test_a_run_at_other_dimensions_embeds_again_and_search_reads_both(
+    run_in_process, conn, dsn, folder, model
+):
+    """The model's own size, then 64 dimensions: the second run buys every chunk again at
+    64 (each once), the ledger keeps both sets, a search of the current settings reads the
+    64-d vectors and one that names the dimensions (0: the model's own) the others; a third
+    run at 64 buys nothing."""
+    first = _run(run_in_process, {"source": str(folder), "model": MODEL})
+    chunks = scalar(conn, "SELECT count(DISTINCT chunk_id) FROM replayable.doc_chunks")
+    model.reset_stats()
+
+    second = _run(run_in_process, {"source": str(folder), "model": MODEL, "dimensions": 64})
+    stats = model.stats()
+    assert stats["inputs_embedded"] == chunks, stats
+    assert set(stats["input_success_counts"].values()) == {1}
+    assert rows(
+        conn, "SELECT dim, count(*) FROM replayable.embeddings GROUP BY dim ORDER BY dim"
+    ) == [(64, chunks), (256, chunks)]
+
+    current = answer(conn, QUESTION, dsn=dsn, mode="vector", k=len(TOPICS) * 4)
+    assert (current.run_id, current.dimensions) == (second, 64)
+    assert _documents(current) == set(TOPICS)
+    assert [h.score for h in current.hits] == pytest.approx(_hit_scores(conn, current, 64))
+
+    own = answer(conn, QUESTION, dsn=dsn, mode="vector", k=len(TOPICS) * 4, dimensions=0)
+    assert (own.run_id, own.dimensions) == (second, None)
+    assert _documents(own) == set(TOPICS)
+    assert [h.score for h in own.hits] == pytest.approx(_hit_scores(conn, own, 0))
+    assert own.coverage is not None and own.coverage.documents == len(TOPICS)
+    assert answer(conn, QUESTION, dsn=dsn, run_id=first, mode="vector").dimensions is None
+
+    model.reset_stats()
+    _run(run_in_process, {"source": str(folder), "model": MODEL, "dimensions": 64})
+    assert model.stats()["charged"] == 0

@@ -59,6 +59,8 @@ PROFILES: tuple[dict[str, Any], ...] = (
     {},
     {"chunk_size": 400},
     {"model": "sim-alt-embed", "dimensions": 16, "chunk_size": 400, "extractor": "pypdf"},
+    # The default model at another size: one model's vectors at two sizes (ADR 0151).
+    {"dimensions": 16},
 )
 # Every run's own limits: short leases, so a killed worker's items are taken over in seconds.
 BASE_CONF: dict[str, Any] = {

@@ -107,3 +107,14 @@ def positive(kind: Callable[[str], float]) -> Callable[[str], Any]:
 
     convert.__name__ = kind.__name__  # argparse names the type in its messages
     return convert
+
+
+def dimensions(value: str) -> int:
+    """A search's dimensions: as a run asks the model, or 0 for its own size (ADR 0151)."""
+    from replayable.search.model import SearchError, check_dimensions, dimensions_refused
+
+    try:
+        return check_dimensions(int(value))
+    except ValueError as error:
+        message = str(error) if isinstance(error, SearchError) else dimensions_refused(value)
+        raise argparse.ArgumentTypeError(message.removeprefix("dimensions: ")) from None

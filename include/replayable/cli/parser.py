@@ -167,6 +167,13 @@ def _add_search(sub: Commands, common: argparse.ArgumentParser) -> None:
         help="search under the settings this run of the pipeline used (default: those of "
         "its most recent complete run)",
     )
+    command.add_argument(
+        "--dimensions",
+        type=arguments.dimensions,
+        metavar="N",
+        help="search the vectors asked of the model at N dimensions, 0 for its own size "
+        "(default: those of the settings searched)",
+    )
     command.set_defaults(handler=search.run)
 
 

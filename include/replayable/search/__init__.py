@@ -8,11 +8,13 @@ document is searched when an embed item of it is done for that model and dimensi
 its chunks under that chunker and extractor, whichever run did it; the answer says how many
 documents that covered and why the others were left out.
 
-Vectors are found through an HNSW index per model and dimension, built the first time that
-model and dimension are searched and kept current by Postgres as vectors are written (ADR
-0119). The index gives the nearest vectors of the model; those of current documents are kept,
-and when fewer than asked are left (a narrow ``source``, many stale vectors) the search is
-made again exactly, so a hit the index would miss is still found.
+Vectors are found through an HNSW index per model, dimensions and length, built the first
+time they are searched and kept current by Postgres as vectors are written (ADR 0119). The
+dimensions a vector was asked at are part of its identity (ADR 0151): a search reads the
+vectors asked at its settings' dimensions (0: the model's own size), never another size's.
+The index gives the nearest vectors of the set; those of current documents are kept, and
+when fewer than asked are left (a narrow ``source``, many stale vectors) the search is made
+again exactly, so a hit the index would miss is still found.
 """
 
 from __future__ import annotations
@@ -37,8 +39,10 @@ from replayable.search.model import (
     RunSettings,
     Scope,
     SearchError,
+    check_dimensions,
     check_k,
     check_query,
+    dimensions_refused,
     searched,
 )
 from replayable.search.question import STAGE, embed_query, vector_for
@@ -61,6 +65,7 @@ from replayable.search.vectors import (
     search,
     vector_sets,
 )
+from replayable.stages.embed import stored_dimensions
 from replayable.vocabulary import MODEL_CONN_ID, PIPELINE_DAG_ID
 
 __all__ = [
@@ -79,6 +84,7 @@ __all__ = [
     "TooManySearches",
     "admit",
     "answer",
+    "check_dimensions",
     "check_k",
     "check_mode",
     "check_query",
@@ -86,6 +92,7 @@ __all__ = [
     "coverage",
     "current_model",
     "described",
+    "dimensions_refused",
     "embed_query",
     "ensure_index",
     "fuse",
@@ -118,6 +125,7 @@ def answer(
     mode: str = DEFAULT_MODE,
     run_id: str | None = None,
     searched_by: str | None = None,
+    dimensions: int | None = None,
 ) -> Answer:
     """Search for ``query`` in ``mode``: embed it (not in text mode), build the indexes it
     reads on first use, and read the ``k`` best chunks on ``conn``. ``dsn`` is the ledger's,
@@ -129,7 +137,9 @@ def answer(
     text = check_query(query)
     check_k(k)
     check_mode(mode)
-    scope, choice = resolve(conn, model, dag_id=dag_id, conn_id=conn_id, run_id=run_id)
+    scope, choice = resolve(
+        conn, model, dag_id=dag_id, conn_id=conn_id, run_id=run_id, dimensions=dimensions
+    )
     if searched_by is not None:
         admit(dsn, searched_by, None)
     vector = prepare(text, scope, choice, dsn, mode=mode, conn_id=conn_id, searched_by=searched_by)
@@ -144,22 +154,29 @@ def resolve(
     dag_id: str = PIPELINE_DAG_ID,
     conn_id: str = MODEL_CONN_ID,
     run_id: str | None = None,
+    dimensions: int | None = None,
     scope_for: Callable[..., tuple[Scope, Any]] = scope_of,
 ) -> tuple[Scope, Any]:
     """What a search reads, and the model choice that embeds its question (ADR 0152): the
     settings of ``run_id``, else of the pipeline's most recent complete run, else the
     defaults; ``model`` when named (checked for vectors first, so a name mistyped costs no
     model call and builds no index), else the run's, else the one that holds the current
-    vectors (:func:`current_model`). ``scope_for`` builds a scope from (model, dag_id,
-    conn_id, run): the UI's answers its refusals as HTTP errors."""
+    vectors (:func:`current_model`); ``dimensions`` when named (0: the model's own size,
+    ADR 0151; checked for vectors first too), else the run's. ``scope_for`` builds a scope
+    from (model, dag_id, conn_id, run, dimensions): the UI's answers its refusals as HTTP
+    errors."""
     run = run_settings(conn, dag_id, run_id)
     if model is not None and not has_vectors(conn, model):
         raise no_vectors(model, vector_sets(conn))
-    scope, choice = scope_for(model, dag_id, conn_id, run)
+    scope, choice = scope_for(model, dag_id, conn_id, run, dimensions)
     if model is None and (run is None or run.settings.get("model") is None):
         chosen = current_model(conn, choice.model)
         if chosen != choice.model:
-            scope, choice = scope_for(chosen, dag_id, conn_id, run)
+            scope, choice = scope_for(chosen, dag_id, conn_id, run, dimensions)
+    if (model is not None or dimensions is not None) and not has_vectors(
+        conn, scope.model, stored_dimensions(scope.dimensions)
+    ):
+        raise no_vectors(scope.model, vector_sets(conn), stored_dimensions(scope.dimensions))
     return scope, choice
 
 

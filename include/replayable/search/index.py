@@ -1,5 +1,5 @@
-"""The search indexes: one HNSW index per model and dimension, built on first use by one
-search at a time, never waited for (ADR 0119, 0120, 0137)."""
+"""The search indexes: one HNSW index per model, dimensions and vector length, built on first
+use by one search at a time, never waited for (ADR 0119, 0120, 0137, 0151)."""
 
 from __future__ import annotations
 
@@ -42,14 +42,16 @@ def build_memory_mb(vectors: int, dim: int) -> int:
     return min(BUILD_MEMORY_MAX_MB, max(BUILD_MEMORY_MIN_MB, needed))
 
 
-def index_name(model: str, dim: int) -> str:
-    """The name of the search index of ``model`` at ``dim`` dimensions."""
-    return "embeddings_hnsw_" + sha256_bytes(f"{model}\x00{dim}".encode())[:16]
+def index_name(model: str, dim: int, *, dimensions: int = 0) -> str:
+    """The name of the search index of ``model``'s vectors of length ``dim`` asked at
+    ``dimensions`` (as stored: 0 for the model's own size, ADR 0151)."""
+    return "embeddings_hnsw_" + sha256_bytes(f"{model}\x00{dimensions}\x00{dim}".encode())[:16]
 
 
-def ensure_index(database: Database, model: str, dim: int) -> bool:
-    """Build the HNSW index of ``model`` at ``dim`` dimensions unless it exists and is
-    valid; return whether this call built it.
+def ensure_index(database: Database, model: str, dim: int, *, dimensions: int = 0) -> bool:
+    """Build the HNSW index of ``model``'s vectors of length ``dim`` asked at ``dimensions``
+    (0: the model's own size) unless it exists and is valid; return whether this call
+    built it. It is partial on the three, so a search of one set never reads another's.
 
     It is built concurrently (writers go on) on ``database``, which must be in autocommit,
     by one builder at a time. No search waits for it (ADR 0137): while another builds it,
@@ -59,21 +61,24 @@ def ensure_index(database: Database, model: str, dim: int) -> bool:
     """
 
     def memory(conn: Connection) -> int:
-        vectors = fetch_all(conn, "search/vectors_of", {"model": model, "dim": dim})
+        params = {"model": model, "dimensions": dimensions, "dim": dim}
+        vectors = fetch_all(conn, "search/vectors_of", params)
         return build_memory_mb(int(vectors[0]["vectors"]), dim)
 
-    name = index_name(model, dim)
+    name = index_name(model, dim, dimensions=dimensions)
     create = sql.SQL(
         "CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} ON replayable.embeddings"
         " USING hnsw ((embedding::vector({dim})) vector_cosine_ops)"
-        " WITH (m = {m}) WHERE model = {model} AND dim = {dim}"
+        " WITH (m = {m}) WHERE model = {model} AND dimensions = {dimensions} AND dim = {dim}"
     ).format(
         name=sql.Identifier(name),
         dim=sql.Literal(dim),
         m=sql.Literal(HNSW_M),
         model=sql.Literal(model),
+        dimensions=sql.Literal(dimensions),
     )
-    return _ensure(database, name, create, memory, f"{model} at {dim} dimensions")
+    asked = f"asked at {dimensions}" if dimensions else "its own size"
+    return _ensure(database, name, create, memory, f"{model} at {dim} dimensions ({asked})")
 
 
 def ensure_text_index(database: Database) -> bool:

@@ -7,8 +7,12 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from replayable.settings import BOUNDS
+
 SNIPPET_CHARS = 300
 MAX_K = 100
+# The dimensions a search may name: those a run may ask for, or 0 (the model's own size).
+DIMENSIONS = BOUNDS["dimensions"]
 
 # Why a document is left out of a search, as a sentence says it.
 LEFT_OUT_REASONS = {
@@ -158,6 +162,23 @@ def check_k(k: int) -> int:
     if not 1 <= k <= MAX_K:
         raise SearchError(f"k: ask for between 1 and {MAX_K} chunks, not {k}")
     return k
+
+
+def check_dimensions(dimensions: int) -> int:
+    """A search's ``dimensions``: as a run asks the model (ADR 0151), or 0 for its own size."""
+    low, high = DIMENSIONS
+    if not (dimensions == 0 or low <= dimensions <= high):
+        raise SearchError(dimensions_refused(dimensions))
+    return dimensions
+
+
+def dimensions_refused(value: object) -> str:
+    """The sentence that refuses ``value`` as a search's ``dimensions``."""
+    low, high = DIMENSIONS
+    return (
+        f"dimensions: a whole number from {low:g} to {high:g}, or 0 for the model's own size, "
+        f"not {value!r}"
+    )
 
 
 def finite(score: float) -> float:

@@ -10,6 +10,7 @@ from replayable.db import Database, fetch_all
 from replayable.keys import sha256_bytes
 from replayable.search.index import ensure_index
 from replayable.search.model import Scope
+from replayable.stages.embed import stored_dimensions
 from replayable.stages.embed.store import vector_literal
 from replayable.vocabulary import MODEL_CONN_ID
 
@@ -32,7 +33,7 @@ def embed_query(
     (ADR 0153) and stored."""
     cached = {
         "model": choice.model,
-        "dimensions": choice.dimensions or 0,
+        "dimensions": stored_dimensions(choice.dimensions),
         "query_hash": sha256_bytes(query.encode()),
     }
     database = Database(dsn)
@@ -62,7 +63,10 @@ def _paid_query_vector(
     from replayable.stages.model_calls import correct_tokens, record_calls
     from replayable.stages.model_http import CallRecord
 
-    key = "replayable-search-" + sha256_bytes(f"{choice.model}\x00{query}".encode())[:40]
+    # The dimensions are in the key: a provider that remembers keys would answer the same
+    # question at another size with the vector it gave first (ADR 0151).
+    dims = stored_dimensions(choice.dimensions)
+    key = "replayable-search-" + sha256_bytes(f"{choice.model}\x00{dims}\x00{query}".encode())[:40]
     estimate = estimate_tokens(len(query.encode()))
     budget = RequestBudget(
         choice.provider.base_url,
@@ -76,6 +80,8 @@ def _paid_query_vector(
     client: HttpEmbeddingClient = EmbeddingsHook(conn_id).get_client(
         model=choice.model, dimensions=choice.dimensions, max_in_flight=1
     )
+    # Exactly the choice's: None is the model's own size, whatever the connection's default.
+    client.dimensions = choice.dimensions
     try:
         vector = client.embed(
             [query],
@@ -113,12 +119,13 @@ def vector_for(
     conn_id: str = MODEL_CONN_ID,
     searched_by: str | None = None,
 ) -> list[float]:
-    """The question's vector (:func:`embed_query`), with the index of its model and
-    dimension built if this is their first search; writes through ``dsn`` only."""
+    """The question's vector (:func:`embed_query`), with the index of its model, dimensions
+    and length built if this is their first search; writes through ``dsn`` only."""
     vector = embed_query(query, choice, dsn, conn_id, searched_by)
     builder = Database(dsn, autocommit=True)
     try:
-        ensure_index(builder, scope.model, len(vector))
+        dimensions = stored_dimensions(scope.dimensions)
+        ensure_index(builder, scope.model, len(vector), dimensions=dimensions)
     finally:
         builder.close()
     return vector

@@ -28,6 +28,7 @@ from replayable.search.model import (
     SearchError,
     check_k,
 )
+from replayable.stages.embed import stored_dimensions
 from replayable.stages.embed.store import vector_literal
 from replayable.vocabulary import MODEL_CONN_ID, PIPELINE_DAG_ID
 
@@ -57,12 +58,16 @@ def search(
     source: str | None = None,
 ) -> Answer:
     """The ``k`` chunks nearest ``vector`` in ``scope``, best first; ``source`` keeps only
-    documents whose URI starts with it. Through the index of the model and dimension when
-    it has one; exactly when it has none or its candidates fall short."""
+    documents whose URI starts with it. Only vectors of the scope's model asked at its
+    dimensions, of the question's length, are read (ADR 0151): through their index when it
+    exists; exactly when it does not or its candidates fall short. With none stored, a
+    refusal naming the sets the ledger holds."""
     check_k(k)
+    dimensions = stored_dimensions(scope.dimensions)
     params: dict[str, Any] = {
         "vector": vector_literal(vector),
         "model": scope.model,
+        "dimensions": dimensions,
         "config_hash": scope.config_hash,
         "extractor_version": scope.extractor_version,
         "chunker_key": scope.chunker_key,
@@ -73,9 +78,8 @@ def search(
     }
     dim = len(vector)
     rows: list[dict[str, Any]] | None = None
-    if fetch_all(conn, "search/index_of", {"name": index_name(scope.model, dim)}) == [
-        {"valid": True}
-    ]:
+    name = index_name(scope.model, dim, dimensions=dimensions)
+    if fetch_all(conn, "search/index_of", {"name": name}) == [{"valid": True}]:
         pool = min(MAX_POOL, max(MIN_POOL, k * POOL_PER_HIT))
         # One string, so one transaction even in autocommit: the setting is the query's.
         nearest = sql.SQL("SELECT set_config('hnsw.ef_search', {pool}, true);\n{query}").format(
@@ -93,8 +97,8 @@ def search(
         rows = fetch_all(conn, "search/best_chunks", params)
     if not rows:
         held = vector_sets(conn)
-        if (scope.model, dim) not in held:
-            raise no_vectors(scope.model, held, dim)
+        if (scope.model, dimensions, dim) not in held:
+            raise no_vectors(scope.model, held, dimensions, dim)
     hits = [Hit.of(row) for row in rows]
     return Answer(query=query, model=scope.model, hits=hits, exact=exact)
 
@@ -104,11 +108,13 @@ def scope_of(
     dag_id: str = PIPELINE_DAG_ID,
     conn_id: str = MODEL_CONN_ID,
     run: RunSettings | None = None,
+    dimensions: int | None = None,
 ) -> tuple[Scope, Any]:
     """What a run of ``dag_id`` with ``run``'s settings (the defaults when None) embeds,
     with ``model`` when one is named, and the model choice it makes on the model
     connection ``conn_id``. A model other than the run's drops the run's ``dimensions``:
-    they were asked of that model."""
+    they were asked of that model. ``dimensions``, when named, wins over both the run's and
+    the connection's: 0 is the model's own size (ADR 0151)."""
     # Imported here: the hook loads Airflow's task SDK, which only a search needs.
     from replayable.hooks import EmbeddingsHook, model_choice
     from replayable.settings import PipelineSettings
@@ -120,6 +126,8 @@ def scope_of(
         params.update(model=model, dimensions=None)
     settings = PipelineSettings.from_params(params)
     choice = model_choice(settings, EmbeddingsHook(conn_id))
+    if dimensions is not None:
+        choice = dataclasses.replace(choice, dimensions=dimensions or None)
     scope = Scope(
         model=choice.model,
         config_hash=config_hash(key_config(choice.model, choice.dimensions)),
@@ -198,30 +206,59 @@ def coverage(conn: Connection, scope: Scope, dsn: str | None = None) -> Coverage
         writer.close()
 
 
-def has_vectors(conn: Connection, model: str) -> bool:
-    """Whether the ledger holds any vector of ``model``: a search asks before it pays the
-    provider for the question's vector, and before it builds that model's index."""
-    return bool(fetch_all(conn, "search/has_model", {"model": model})[0]["found"])
+def has_vectors(conn: Connection, model: str, dimensions: int | None = None) -> bool:
+    """Whether the ledger holds any vector of ``model`` (asked at ``dimensions`` as stored,
+    0 for its own size; any when None): a search asks before it pays the provider for the
+    question's vector, and before it builds that model's index."""
+    params = {"model": model, "dimensions": dimensions}
+    return bool(fetch_all(conn, "search/has_model", params)[0]["found"])
 
 
-def vector_sets(conn: Connection) -> list[tuple[str, int]]:
-    """The models and dimensions the ledger holds vectors of, in order."""
-    return [(row["model"], int(row["dim"])) for row in fetch_all(conn, "search/vector_sets")]
+def vector_sets(conn: Connection) -> list[tuple[str, int, int]]:
+    """The sets of vectors the ledger holds, in order: (model, dimensions as stored, 0 for
+    the model's own size; the vectors' length)."""
+    return [
+        (row["model"], int(row["dimensions"]), int(row["dim"]))
+        for row in fetch_all(conn, "search/vector_sets")
+    ]
 
 
-def no_vectors(model: str, held: Sequence[tuple[str, int]], dim: int | None = None) -> SearchError:
-    """The refusal of a model (at ``dim`` dimensions) the ledger has no vectors of, naming
-    the models and dimensions it has."""
-    asked = repr(model) if dim is None else f"{model!r} at {dim} dimensions"
+def _described(model: str, dimensions: int | None, dim: int | None = None) -> str:
+    """A set of vectors as a sentence names it: ``'m' at 64 dimensions``, or ``'m' at its
+    own size (256 dimensions)``; ``dimensions`` None names the model alone."""
+    if dimensions is None:
+        return repr(model)
+    if dimensions:
+        return f"{model!r} at {dimensions} dimensions"
+    return f"{model!r} at its own size" + (f" ({dim} dimensions)" if dim else "")
+
+
+def no_vectors(
+    model: str,
+    held: Sequence[tuple[str, int, int]],
+    dimensions: int | None = None,
+    dim: int | None = None,
+) -> SearchError:
+    """The refusal of a model (asked at ``dimensions`` as stored, for vectors of length
+    ``dim``, when given) the ledger has no vectors of, naming the sets it has (ADR 0151).
+    It blames ``dimensions`` when the model has vectors at other ones, else ``model``."""
+    asked = _described(model, dimensions, dim)
+    field = "dimensions" if any(m == model for m, _, _ in held) else "model"
     if not held:
         return SearchError(
-            f"model: the ledger has no vectors for {asked}; it holds no vectors yet: run the "
-            "pipeline's embed stage first"
+            f"{field}: the ledger has no vectors for {asked}; it holds no vectors yet: run "
+            "the pipeline's embed stage first"
         )
-    have = ", ".join(f"{m!r} ({d} dimensions)" for m, d in held)
+    have = ", ".join(_described(m, d, n) for m, d, n in held)
+    if field == "model":
+        then = f"search one of those, or embed documents with {model!r} first"
+    else:
+        then = (
+            "search one of those (dimensions 0 is a model's own size), or embed documents "
+            f"with {asked} first"
+        )
     return SearchError(
-        f"model: the ledger has no vectors for {asked}; it has vectors of {have}: search "
-        f"one of those, or embed documents with {model!r} first"
+        f"{field}: the ledger has no vectors for {asked}; it has vectors of {have}: {then}"
     )
 
 
@@ -230,7 +267,7 @@ def current_model(conn: Connection, default: str) -> str:
     where its vectors are still held; else ``default`` (the model connection's) when it has
     vectors, or the only model that has; else a refusal naming them."""
     held = vector_sets(conn)
-    models = list(dict.fromkeys(model for model, _ in held))
+    models = list(dict.fromkeys(model for model, _, _ in held))
     latest = fetch_all(conn, "search/latest_embed_model", {"stage": "embed"})
     if latest and latest[0]["model"] in models:
         return str(latest[0]["model"])

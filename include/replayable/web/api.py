@@ -31,6 +31,7 @@ from replayable.web.models import (
 from replayable.web.reads import dead_letter, dead_letters, failed_items, letters_per_hour, summary
 from replayable.web.search import (
     DEFAULT_K,
+    Dimensions,
     Hits,
     Mode,
     ModelName,
@@ -97,14 +98,17 @@ async def search_api(
     model: ModelName = None,
     mode: Mode = "hybrid",
     run: ModelName = None,
+    dimensions: Dimensions = None,
 ) -> SearchAnswer:
     """The ``k`` chunks best for the question ``q``, as JSON: of the documents whose URI
     starts with ``source``, among the vectors of ``model`` (default: the model that holds
     the current vectors), by ``mode``: ``vector``, ``text`` (shared words) or ``hybrid``
     (both, fused by reciprocal rank); under the settings of the run ``run`` (default: the
-    pipeline's most recent complete run). The answer says what it covered. At most
+    pipeline's most recent complete run), at ``dimensions`` (default: the settings'; 0: the
+    model's own size, ADR 0151). The answer says what it covered. At most
     ``[replayable] searches_per_user_per_minute`` a minute per user (429, ADR 0153)."""
-    return await find(request, search_input(q, k, source, model, mode, run), user.get_name())
+    asked = search_input(q, k, source, model, mode, run, dimensions)
+    return await find(request, asked, user.get_name())
 
 
 Quiescent = Annotated[bool, Query(description="no run, sweep or redrive is in progress")]

@@ -104,6 +104,7 @@ async def search_page(
     model: str = "",
     mode: str = "",
     run: str = "",
+    dimensions: str = "",
 ) -> HTMLResponse:
     """The search box and the chunks nearest its question; without a question, the box.
 
@@ -118,11 +119,13 @@ async def search_page(
         "model": model,
         "mode": mode,
         "run": run,
+        "dimensions": dimensions,
     }
     if not q.strip():
         return page("search.html", shown=shown, found=None, error=None)
     try:
-        found = await find(request, search_input(q, k, source, model, mode, run), user.get_name())
+        asked = search_input(q, k, source, model, mode, run, dimensions)
+        found = await find(request, asked, user.get_name())
     except HTTPException as refused:
         answer = page(
             "search.html", shown=shown, found=None, error=refused.detail, status=refused.status_code

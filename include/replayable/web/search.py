@@ -14,7 +14,8 @@ connection ``replayable_db``, since the UI's role may write none of it.
 
 A refusal names what to fix and never an address or a key:
 
-* 400: the input; the message starts with the parameter (``q``, ``k``, ``source``, ``model``);
+* 400: the input; the message starts with the parameter (``q``, ``k``, ``source``, ``model``,
+  ``mode``, ``run``, ``dimensions``);
 * 429: the user's searches this minute reached the limit (named, with its setting), with
   Retry-After the seconds to the next minute;
 * 502: the model provider failed or could not be reached (its error class);
@@ -50,15 +51,18 @@ from replayable.search import (
     SearchError,
     TooManySearches,
     admit,
+    check_dimensions,
     check_k,
     check_mode,
     check_query,
     described,
+    dimensions_refused,
     prepare,
     ranked,
     resolve,
     scope_of,
 )
+from replayable.search.model import DIMENSIONS
 from replayable.vocabulary import LEDGER_CONN_ID, MODEL_CONN_ID
 from replayable.web.database import pooled, unavailable
 from replayable.web.models import SearchAnswer
@@ -90,11 +94,14 @@ Hits = Annotated[int, Query(ge=1, le=MAX_K)]
 Source = Annotated[str | None, Query(max_length=MAX_SOURCE_CHARS, pattern=NAME_PATTERN)]
 ModelName = Annotated[str | None, Query(max_length=MAX_MODEL_CHARS, pattern=NAME_PATTERN)]
 Mode = Annotated[Literal["vector", "text", "hybrid"], Query()]
+# As a run asks the model for them, or 0: the model's own size (ADR 0151).
+Dimensions = Annotated[int | None, Query(ge=0, le=int(DIMENSIONS[1]))]
 
 
 @dataclass(frozen=True)
 class SearchInput:
-    """A search as asked, checked: the question, how many chunks, a URI prefix, a model."""
+    """A search as asked, checked: the question, how many chunks, a URI prefix, a model, a
+    ranking, whose settings and which dimensions."""
 
     q: str
     k: int = DEFAULT_K
@@ -102,6 +109,7 @@ class SearchInput:
     model: str | None = None
     mode: str = DEFAULT_MODE
     run: str | None = None
+    dimensions: int | None = None
 
 
 def _refused(detail: str) -> HTTPException:
@@ -129,12 +137,14 @@ def search_input(
     model: str | None = None,
     mode: str | None = None,
     run: str | None = None,
+    dimensions: int | str | None = None,
 ) -> SearchInput:
     """The search asked for, checked; 400 naming the parameter when it cannot be made.
 
-    ``k`` may come as the page's text (blank: :data:`DEFAULT_K`); a blank ``source`` or
-    ``model`` means none (the model connection's model), a blank ``mode`` the default, a
-    blank ``run`` the pipeline's most recent complete run (ADR 0152).
+    ``k`` and ``dimensions`` may come as the page's text (blank: :data:`DEFAULT_K`, and the
+    settings' dimensions); a blank ``source`` or ``model`` means none (the model
+    connection's model), a blank ``mode`` the default, a blank ``run`` the pipeline's most
+    recent complete run (ADR 0152). ``dimensions`` 0 is the model's own size (ADR 0151).
     """
     _text("q", q, MAX_QUERY_CHARS, QUESTION_PATTERN)
     if k is None or (isinstance(k, str) and not k.strip()):
@@ -146,6 +156,12 @@ def search_input(
     source = _text("source", source, MAX_SOURCE_CHARS, NAME_PATTERN) if source else None
     model = _text("model", model.strip(), MAX_MODEL_CHARS, NAME_PATTERN) if model else None
     run = _text("run", run.strip(), MAX_MODEL_CHARS, NAME_PATTERN) if run else None
+    if isinstance(dimensions, str):
+        dimensions = dimensions.strip() or None
+    try:
+        size = None if dimensions is None else int(dimensions)
+    except ValueError:
+        raise _refused(dimensions_refused(dimensions)) from None
     try:
         return SearchInput(
             check_query(q),
@@ -154,6 +170,7 @@ def search_input(
             model or None,
             check_mode(mode.strip() if mode and mode.strip() else DEFAULT_MODE),
             run or None,
+            None if size is None else check_dimensions(size),
         )
     except SearchError as error:
         raise _refused(_named(error)) from None
@@ -183,7 +200,9 @@ def _search(
     as ``user``'s once it is resolved, before it writes or pays for anything (ADR 0153)."""
     with pooled(pool, readonly=True) as conn:
         try:
-            scope, choice = resolve(conn, asked.model, run_id=asked.run, scope_for=_scope)
+            scope, choice = resolve(
+                conn, asked.model, run_id=asked.run, dimensions=asked.dimensions, scope_for=_scope
+            )
         except SearchError as error:
             raise _refused(_named(error)) from None
     dsn = _ledger_dsn(ledger_dsn_provider)
@@ -228,12 +247,16 @@ def _admit(dsn: str, user: str) -> None:
 
 
 def _scope(
-    model: str | None, dag_id: str, conn_id: str, run: RunSettings | None
+    model: str | None,
+    dag_id: str,
+    conn_id: str,
+    run: RunSettings | None,
+    dimensions: int | None = None,
 ) -> tuple[Scope, ModelChoice]:
     """What the search reads and the model choice that embeds the question; 503 naming the
     model connection when it is not defined or its fields cannot be read."""
     try:
-        return scope_of(model, dag_id, conn_id, run)
+        return scope_of(model, dag_id, conn_id, run, dimensions)
     except AirflowNotFoundException:
         raise HTTPException(
             HTTPStatus.SERVICE_UNAVAILABLE,

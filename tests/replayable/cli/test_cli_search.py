@@ -74,3 +74,32 @@ def test_cli_searches_count_under_the_os_user_and_are_not_rated(
     assert counted == [(user, 3, 1)]
     paid = rows(conn, "SELECT searched_by FROM replayable.model_calls WHERE stage = 'search'")
     assert paid == [(user,)]
+
+
+def test_dimensions_names_the_vectors_of_another_size_and_a_size_without_any_is_refused(
+    run_in_process, conn, dsn, model, tmp_path, capsys
+):
+    """After runs at the model's own size and at 64 dimensions, a search reads the last
+    run's 64; ``--dimensions 0`` the own size's; a size with no vectors is refused naming
+    those the ledger holds (ADR 0151)."""
+    folder = topic_pdfs(tmp_path / "topics", TOPICS)
+    for dimensions in (None, 64):
+        conf = {"source": str(folder), "model": MODEL, "dimensions": dimensions}
+        assert not run_in_process(conf)["_failed"]
+    question = "when do you collect honey from a hive"
+    code, found = _search(capsys, dsn, question, "--mode", "vector")
+    assert code == 0 and found["dimensions"] == 64, found
+    code, own = _search(capsys, dsn, question, "--mode", "vector", "--dimensions", "0")
+    assert code == 0 and own["dimensions"] is None, own
+    assert own["hits"][0]["uri"].endswith("bees.pdf")
+    assert {h["score"] for h in own["hits"]}.isdisjoint(h["score"] for h in found["hits"])
+
+    code, error = _search(capsys, dsn, question, "--dimensions", "32")
+    assert code == 2
+    assert (
+        f"dimensions: the ledger has no vectors for '{MODEL}' at 32 dimensions; it has vectors "
+        f"of '{MODEL}' at its own size (256 dimensions), '{MODEL}' at 64 dimensions" in error
+    )
+    with pytest.raises(SystemExit):
+        main(["--dsn", dsn, "search", question, "--dimensions", "-1"])
+    assert "--dimensions: a whole number from 1 to 8192, or 0" in capsys.readouterr().err

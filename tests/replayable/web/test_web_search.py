@@ -150,6 +150,16 @@ def test_without_a_question_the_page_shows_the_box_and_the_api_names_q(
         ({"q": "x", "source": "/data/\x00"}, 422, "source: no control characters"),
         ({"q": "x", "model": "a\x1bb"}, 422, "model: no control characters"),
         (
+            {"q": "x", "dimensions": "many"},
+            422,
+            "dimensions: a whole number from 1 to 8192, or 0 for the model's own size, not 'many'",
+        ),
+        (
+            {"q": "x", "dimensions": "-1"},
+            422,
+            "dimensions: a whole number from 1 to 8192, or 0 for the model's own size, not -1",
+        ),
+        (
             {"q": "x", "model": "<b>no-such-model</b>"},
             400,
             "model: the ledger has no vectors for '<b>no-such-model</b>'",
@@ -176,6 +186,33 @@ def test_bad_input_is_refused_naming_the_parameter(
     else:
         [error] = api.json()["detail"]
         assert error["loc"] == ["query", message.split(":")[0]]
+
+
+def test_dimensions_names_the_vectors_searched_and_a_size_without_any_is_a_400(
+    client: TestClient, topics: Path, run_in_process: Any
+) -> None:
+    """After a run at 64 dimensions beside the topics' run at the model's own size, a search
+    reads the 64-d vectors, ``dimensions=0`` the own size's, and a size with no vectors is a
+    400 that names the sizes held (ADR 0151); the page keeps the value in its box."""
+    conf = {"source": str(topics), "model": MODEL, "dimensions": 64}
+    assert not run_in_process(conf)["_failed"]
+    params = {"q": "when do you collect honey from a hive", "mode": "vector"}
+    current = client.get("/replayable/api/search", params=params)
+    assert current.status_code == 200 and current.json()["dimensions"] == 64, current.text
+    own = client.get("/replayable/api/search", params={**params, "dimensions": 0})
+    assert own.status_code == 200 and own.json()["dimensions"] is None, own.text
+    assert own.json()["hits"][0]["uri"].endswith("bees.pdf")
+
+    none = client.get("/replayable/api/search", params={**params, "dimensions": 32})
+    assert none.status_code == 400
+    assert none.json()["detail"].startswith(
+        f"dimensions: the ledger has no vectors for '{MODEL}' at 32 dimensions; it has vectors"
+        f" of '{MODEL}' at its own size (256 dimensions), '{MODEL}' at 64 dimensions"
+    )
+    page = client.get("/replayable/search", params={**params, "dimensions": "0"})
+    assert page.status_code == 200
+    assert 'name="dimensions" value="0"' in page.text
+    assert f"Searched {MODEL} under" in page.text
 
 
 def test_without_the_model_connection_a_search_is_503_naming_it(

@@ -28,6 +28,7 @@ def run(conn: db.Connection, args: argparse.Namespace, console: Console, as_json
             mode=args.mode,
             run_id=args.run,
             searched_by=cli_user(),
+            dimensions=args.dimensions,
         )
     except SearchError as err:
         raise UsageError(str(err)) from None

@@ -106,6 +106,8 @@ class Collector:
         if not rows or rows[0]["status"] != "waiting":
             return {}  # another worker collects it, or has
         run_id = rows[0]["run_id"]
+        # The vectors are the submission's: its model at the dimensions it asked for.
+        model, dimensions = rows[0]["model"], rows[0]["dimensions"]
         if rows[0]["input_file_id"]:
             self.inputs.append(rows[0]["input_file_id"])
         lines = {
@@ -139,9 +141,9 @@ class Collector:
                     )
                     outcome[custom_id] = LineEnd(line_status, error, chunk_ids)
                     if len(vectors.chunk_ids) >= SLICE_INPUTS:
-                        store_vectors(conn, self.spec.model, vectors.chunk_ids, vectors.vectors)
+                        store_vectors(conn, model, dimensions, vectors.chunk_ids, vectors.vectors)
                         vectors = _Vectors([], [])
-        store_vectors(conn, self.spec.model, vectors.chunk_ids, vectors.vectors)
+        store_vectors(conn, model, dimensions, vectors.chunk_ids, vectors.vectors)
         unrun = sorted(cid for cid in lines if cid not in outcome)
         if unrun and job.status in ("expired", "cancelled"):
             self.tries = {

@@ -2,7 +2,8 @@
 
 One pass over a batch of items, run each time the task runs or wakes:
 
-1. **Check.** The chunks of the items that have no vector under the model are missing;
+1. **Check.** The chunks of the items that have no vector under the model and dimensions
+   (ADR 0151) are missing;
    the rest cost nothing, as in sync mode.
 2. **Collect.** Every submission not collected yet that holds a missing chunk is read at
    the provider. One that has ended is collected once (:mod:`.batch_collect`): vectors
@@ -164,7 +165,7 @@ class BatchModeEmbed:
                 lambda conn: fetch_all(
                     conn,
                     "batches/held_chunks",
-                    {"model": self.spec.model, "chunk_ids": missing},
+                    {**self._size(), "chunk_ids": missing},
                 ),
                 describe="embed: held chunks",
             )
@@ -175,6 +176,10 @@ class BatchModeEmbed:
             live = self._live(missing)
         return {sub["batch_id"] or f"submission:{sub['submission']}" for sub in live}
 
+    def _size(self) -> dict[str, Any]:
+        """The model and dimensions (as stored) every query of the pass is scoped by."""
+        return {"model": self.spec.model, "dimensions": self.spec.stored_dimensions}
+
     def _failed(self, chunk_id: str) -> bool:
         return all(item.item_key in self.errors for item in self.users[chunk_id])
 
@@ -183,7 +188,7 @@ class BatchModeEmbed:
         others to be sent alone; return the chunks still to buy (ADR 0146)."""
         if not chunk_ids:
             return []
-        params = {"model": self.spec.model, "chunk_ids": sorted(chunk_ids)}
+        params = {**self._size(), "chunk_ids": sorted(chunk_ids)}
         for row in self.db.transaction(
             lambda conn: fetch_all(conn, "batches/refused_chunks", params),
             describe="embed: refused chunks",
@@ -208,7 +213,7 @@ class BatchModeEmbed:
     def _query_missing(self, chunk_ids: list[str], *, with_text: bool) -> list[dict[str, Any]]:
         if not chunk_ids:
             return []
-        params = {"chunk_ids": sorted(chunk_ids), "model": self.spec.model, "with_text": with_text}
+        params = {**self._size(), "chunk_ids": sorted(chunk_ids), "with_text": with_text}
         return self.db.transaction(
             lambda conn: fetch_all(conn, "stages/chunks_missing_embedding", params),
             describe="embed: check",
@@ -224,7 +229,7 @@ class BatchModeEmbed:
     def _live(self, chunk_ids: list[str]) -> list[dict[str, Any]]:
         if not chunk_ids:
             return []
-        params = {"model": self.spec.model, "chunk_ids": sorted(chunk_ids)}
+        params = {**self._size(), "chunk_ids": sorted(chunk_ids)}
         return self.db.transaction(
             lambda conn: fetch_all(conn, "batches/live_submissions", params),
             describe="embed: live batches",
@@ -314,7 +319,7 @@ class BatchModeEmbed:
         spec = self.spec
         wanted = set(chunk_ids)
         lines: list[_Line] = []
-        params = {"chunk_ids": sorted(wanted)}
+        params = {**self._size(), "chunk_ids": sorted(wanted)}
         for row in self.db.transaction(
             lambda conn: fetch_all(conn, "batches/missing_lines", params),
             describe="embed: missing lines",
@@ -389,6 +394,7 @@ class BatchModeEmbed:
                     "submission": submission,
                     "provider": self.api.base_url,
                     "model": spec.model,
+                    "dimensions": spec.stored_dimensions,
                     "lines": len(lines),
                     "inputs": sum(len(line.chunk_ids) for line in lines),
                     "dag_id": spec.dag_id,
@@ -402,7 +408,7 @@ class BatchModeEmbed:
                 for row in fetch_all(
                     conn,
                     "batches/reserve_chunks",
-                    {"model": spec.model, "chunk_ids": ids, "submission": submission},
+                    {**self._size(), "chunk_ids": ids, "submission": submission},
                 )
             }
             mine = [line for line in lines if set(line.chunk_ids) <= taken]

@@ -1,10 +1,10 @@
 """The embed stage as a :class:`~replayable.runner.StageSpec`: keys, input and output.
 
 An item is one document's chunks, keyed by the document and its chunk ids plus the embedder
-version, model and dimensions; its outputs are ``embeddings`` rows, one per chunk and model,
-shared by every document with that chunk, and a ``model_calls`` row per billable request.
-A batch packs the chunks no document has embedded yet into requests and sends them through
-:class:`~replayable.stages.embed.client.HttpEmbeddingClient` (or any
+version, model and dimensions; its outputs are ``embeddings`` rows, one per chunk, model and
+dimensions (ADR 0151), shared by every document with that chunk, and a ``model_calls`` row
+per billable request. A batch packs the chunks no document has embedded yet into requests
+and sends them through :class:`~replayable.stages.embed.client.HttpEmbeddingClient` (or any
 :class:`~replayable.stages.embed.client.EmbeddingProvider`).
 """
 
@@ -144,6 +144,11 @@ class EmbedSpec(StageSpec):
         return embed.key_config(self.model, self.dimensions)
 
     @property
+    def stored_dimensions(self) -> int:
+        """The dimensions its vectors and claims are stored under (0: the model's own)."""
+        return embed.stored_dimensions(self.dimensions)
+
+    @property
     def request_tokens(self) -> int:
         """The most estimated tokens one request carries.
 
@@ -171,6 +176,7 @@ class EmbedSpec(StageSpec):
                 "extractor_version": self.extractor_version,
                 "chunker_key": self.chunker_key,
                 "model": self.model,
+                "dimensions": self.stored_dimensions,
             },
         )
         by_doc: dict[str, list[str]] = defaultdict(list)
@@ -216,6 +222,7 @@ class EmbedSpec(StageSpec):
                     "batches/live_submissions",
                     {
                         "model": self.model,
+                        "dimensions": self.stored_dimensions,
                         "chunk_ids": sorted({c for i in items for c in i.payload}),
                     },
                 ),
@@ -296,7 +303,12 @@ class _EmbedBatch:
             lambda conn: fetch_all(
                 conn,
                 "stages/chunks_missing_embedding",
-                {"chunk_ids": sorted(self.users), "model": spec.model, "with_text": False},
+                {
+                    "chunk_ids": sorted(self.users),
+                    "model": spec.model,
+                    "dimensions": spec.stored_dimensions,
+                    "with_text": False,
+                },
             ),
             describe="embed: check",
         )
@@ -380,7 +392,11 @@ class _EmbedBatch:
         bought once already, never again, in this mode as in batch mode (ADR 0146)."""
         if not chunk_ids:
             return
-        params = {"model": self.spec.model, "chunk_ids": chunk_ids}
+        params = {
+            "model": self.spec.model,
+            "dimensions": self.spec.stored_dimensions,
+            "chunk_ids": chunk_ids,
+        }
         rows = self.sessions.get().transaction(
             lambda conn: fetch_all(conn, "batches/refused_chunks", params),
             describe="embed: lost lines",
@@ -406,7 +422,11 @@ class _EmbedBatch:
         """Which of ``chunk_ids`` a provider batch not collected yet holds."""
         if not chunk_ids:
             return set()
-        params = {"model": self.spec.model, "chunk_ids": sorted(chunk_ids)}
+        params = {
+            "model": self.spec.model,
+            "dimensions": self.spec.stored_dimensions,
+            "chunk_ids": sorted(chunk_ids),
+        }
         rows = self.sessions.get().transaction(
             lambda conn: fetch_all(conn, "batches/held_chunks", params),
             describe="embed: held by batches",
@@ -416,7 +436,12 @@ class _EmbedBatch:
     def _still_missing(self, chunk_ids: list[str]) -> list[str]:
         if not chunk_ids:
             return []
-        params = {"chunk_ids": sorted(chunk_ids), "model": self.spec.model, "with_text": False}
+        params = {
+            "chunk_ids": sorted(chunk_ids),
+            "model": self.spec.model,
+            "dimensions": self.spec.stored_dimensions,
+            "with_text": False,
+        }
         rows = self.sessions.get().transaction(
             lambda conn: fetch_all(conn, "stages/chunks_missing_embedding", params),
             describe="embed: recheck",
@@ -510,7 +535,11 @@ class _EmbedBatch:
                 for row in fetch_all(
                     conn,
                     "stages/lock_free_chunks",
-                    {"chunk_ids": request.chunk_ids, "model": spec.model},
+                    {
+                        "chunk_ids": request.chunk_ids,
+                        "model": spec.model,
+                        "dimensions": spec.stored_dimensions,
+                    },
                 )
             }
             request.busy = [cid for cid in request.chunk_ids if cid not in locked]
@@ -521,7 +550,11 @@ class _EmbedBatch:
                 for row in fetch_all(
                     conn,
                     "batches/held_chunks",
-                    {"model": spec.model, "chunk_ids": sorted(locked)},
+                    {
+                        "model": spec.model,
+                        "dimensions": spec.stored_dimensions,
+                        "chunk_ids": sorted(locked),
+                    },
                 )
             ]
             todo = fetch_all(
@@ -530,6 +563,7 @@ class _EmbedBatch:
                 {
                     "chunk_ids": sorted(locked.difference(request.in_batch)),
                     "model": spec.model,
+                    "dimensions": spec.stored_dimensions,
                     "with_text": True,
                 },
             )
@@ -572,7 +606,7 @@ class _EmbedBatch:
             request.chunk_ids = ids
         result, calls = answered
         ids = request.chunk_ids if len(request.chunk_ids) == len(result.vectors) else []
-        store_vectors(conn, spec.model, ids, result.vectors)
+        store_vectors(conn, spec.model, spec.stored_dimensions, ids, result.vectors)
         self._record(conn, ids, calls)
         request.stored = ids
         self._answered.pop(key, None)

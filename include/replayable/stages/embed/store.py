@@ -41,17 +41,23 @@ def too_long(tokens: Mapping[str, int], limit: int) -> dict[str, ItemError]:
 
 
 def store_vectors(
-    conn: Connection, model: str, chunk_ids: Sequence[str], vectors: Sequence[Sequence[float]]
+    conn: Connection,
+    model: str,
+    dimensions: int,
+    chunk_ids: Sequence[str],
+    vectors: Sequence[Sequence[float]],
 ) -> None:
-    """Insert each chunk's vector under ``model``; a chunk stored already keeps its own."""
+    """Insert each chunk's vector under ``model`` at ``dimensions`` (as stored: 0 for the
+    model's own size, :func:`~replayable.stages.embed.stored_dimensions`); a chunk stored
+    already under both keeps its own."""
     execute_values(
         conn,
         "stages/insert_embeddings",
         [
-            (cid, model, len(vec), vector_literal(vec))
+            (cid, model, dimensions, len(vec), vector_literal(vec))
             for cid, vec in zip(chunk_ids, vectors, strict=True)
         ],
-        template="(%s, %s, %s, %s::vector)",
+        template="(%s, %s, %s, %s, %s::vector)",
     )
 
 

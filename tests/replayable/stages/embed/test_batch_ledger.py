@@ -145,9 +145,9 @@ def test_a_collect_streams_the_result_file_and_stores_it_in_bounded_slices(
     stored = []
     store_vectors = batch_collect.store_vectors
 
-    def store_slice(conn, model, chunk_ids, vectors):
+    def store_slice(conn, model, dimensions, chunk_ids, vectors):
         stored.append(len(chunk_ids))
-        return store_vectors(conn, model, chunk_ids, vectors)
+        return store_vectors(conn, model, dimensions, chunk_ids, vectors)
 
     monkeypatch.setattr(batch_collect, "store_vectors", store_slice)
     _try(spec, connect, sorted(ids.values()), 1)

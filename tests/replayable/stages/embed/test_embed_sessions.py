@@ -128,7 +128,7 @@ class LockProbe:
         with self._lock, self.conn.cursor() as cur:
             cur.execute(
                 "SELECT c.chunk_id FROM replayable.chunks c WHERE c.text = ANY(%s)"
-                " AND pg_try_advisory_lock(hashtextextended(c.chunk_id || '/' || %s, 0))",
+                " AND pg_try_advisory_lock(hashtextextended(c.chunk_id || '/' || %s || '/0', 0))",
                 (list(texts), self.model),
             )
             free = [row[0] for row in cur.fetchall()]

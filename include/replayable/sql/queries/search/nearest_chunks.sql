@@ -1,15 +1,15 @@
 -- The chunks nearest a query vector (cosine) among the embeddings of current documents
 -- (not retracted, ADR 0138) under the settings searched, as best_chunks.sql scopes them
--- (ADR 0152), through the HNSW index of the model and dimension
--- (ADR 0119): the index gives the %(pool)s nearest vectors of the model, and of those the
--- current ones are kept. The caller searches exactly when fewer than it asked for are
--- left. {dim} is the vectors' dimension, an integer the caller formats in: pgvector
+-- (ADR 0152), through the HNSW index of the model, dimensions and length (ADR 0119, 0151):
+-- the index gives the %(pool)s nearest vectors of the model at those dimensions, and of
+-- those the current ones are kept. The caller searches exactly when fewer than it asked
+-- for are left. {dim} is the vectors' length, an integer the caller formats in: pgvector
 -- indexes a typed dimension only.
 WITH nearest AS MATERIALIZED (
     SELECT e.chunk_id,
            e.embedding::vector({dim}) <=> %(vector)s::vector({dim}) AS distance
     FROM replayable.embeddings e
-    WHERE e.model = %(model)s AND e.dim = {dim}
+    WHERE e.model = %(model)s AND e.dimensions = %(dimensions)s AND e.dim = {dim}
     ORDER BY e.embedding::vector({dim}) <=> %(vector)s::vector({dim})
     LIMIT %(pool)s
 )

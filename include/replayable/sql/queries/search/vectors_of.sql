@@ -1,5 +1,5 @@
--- How many vectors the index of a model and dimension will hold: its build's memory is
--- sized from it (ADR 0120). An index-only scan of embeddings (model, dim).
+-- How many vectors the index of a model, dimensions and length will hold: its build's
+-- memory is sized from it (ADR 0120). An index-only scan of embeddings_size_idx.
 SELECT count(*) AS vectors
 FROM replayable.embeddings
-WHERE model = %(model)s AND dim = %(dim)s
+WHERE model = %(model)s AND dimensions = %(dimensions)s AND dim = %(dim)s

@@ -1,2 +1,2 @@
-INSERT INTO replayable.embeddings (chunk_id, model, dim, embedding) VALUES %s
-ON CONFLICT (chunk_id, model) DO NOTHING
+INSERT INTO replayable.embeddings (chunk_id, model, dimensions, dim, embedding) VALUES %s
+ON CONFLICT (chunk_id, model, dimensions) DO NOTHING
