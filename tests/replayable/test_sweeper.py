@@ -182,7 +182,9 @@ def test_the_selection_reads_current_rows_through_an_index(conn):
         plan = "\n".join(row[0] for row in cur.fetchall())
     conn.rollback()
     assert "Seq Scan on stage_runs" not in plan, plan
-    assert re.search(r"stage_runs_current_(failed|status)_idx", plan), plan
+    # Any of the partial indexes of current rows (failed, status, version), whichever the
+    # tiny table's statistics favour: a column added to stage_runs moved it to version's.
+    assert re.search(r"stage_runs_current_(failed|status|version)_idx", plan), plan
 
 
 # -- what the sweep used to leave failed forever, or take too early (ADR 0135) --------------
