@@ -99,15 +99,21 @@ def test_a_done_chunk_item_without_its_chunks_is_found_and_so_is_its_embed_item(
     ]
 
 
-def test_an_embed_item_done_at_dimensions_no_vector_has_is_found(ledger):
+def done_at_dimensions(ledger, dimensions: int):
+    """Re-key A's done embed item as asked at ``dimensions``; return the one violation found."""
     run_sql(
         ledger,
         "UPDATE replayable.stage_runs SET config_hash = %s, spec_hash = %s"
         " WHERE item_key = 'embed-a'",
-        config_hash({"model": MODEL, "dimensions": 8}),
-        embed_hash(MODEL, 8, CONFIG),
+        config_hash({"model": MODEL, "dimensions": dimensions}),
+        embed_hash(MODEL, dimensions, CONFIG),
     )
     [violation] = invariants.check_ledger(ledger)
+    return violation
+
+
+def test_an_embed_item_done_at_dimensions_no_vector_has_is_found(ledger):
+    violation = done_at_dimensions(ledger, 8)
     assert (violation.invariant, violation.doc_id) == ("done_without_output", A)
     assert "no stored vector has" in violation.detail  # the vectors have 3 dimensions
 
@@ -115,14 +121,7 @@ def test_an_embed_item_done_at_dimensions_no_vector_has_is_found(ledger):
 def test_an_embed_item_done_at_explicit_dimensions_is_not_served_by_own_size_vectors(ledger):
     """A's vectors were asked at the model's own size (3 long); an item done at an explicit
     ``dimensions`` of 3 is another purchase (ADR 0151), and those vectors are not its own."""
-    run_sql(
-        ledger,
-        "UPDATE replayable.stage_runs SET config_hash = %s, spec_hash = %s"
-        " WHERE item_key = 'embed-a'",
-        config_hash({"model": MODEL, "dimensions": 3}),
-        embed_hash(MODEL, 3, CONFIG),
-    )
-    [violation] = invariants.check_ledger(ledger)
+    violation = done_at_dimensions(ledger, 3)
     assert (violation.invariant, violation.doc_id) == ("done_without_output", A)
 
 
