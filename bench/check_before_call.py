@@ -31,11 +31,11 @@ from harness import (
 
 from replayable.budget import RequestBudget
 from replayable.ledger import RunContext
+from replayable.models.embeddings import HttpEmbeddingClient
 from replayable.runner import BatchResult, StageSpec, run_batch
 from replayable.settings import DEFAULT_MAX_IN_FLIGHT, DEFAULT_MODEL, PipelineSettings
 from replayable.stages import extract
 from replayable.stages.chunk.spec import ChunkSpec
-from replayable.stages.embed.client import HttpEmbeddingClient
 from replayable.stages.embed.spec import EmbedSpec
 
 MODEL = DEFAULT_MODEL

@@ -29,11 +29,11 @@ from harness import (
 
 from replayable.budget import RequestBudget
 from replayable.ledger import RunContext
+from replayable.models.embeddings import HttpEmbeddingClient
 from replayable.runner import run_batch
 from replayable.settings import PipelineSettings
 from replayable.stages import extract
 from replayable.stages.chunk.spec import ChunkSpec
-from replayable.stages.embed.client import HttpEmbeddingClient
 from replayable.stages.embed.spec import EmbedSpec
 
 C = 4

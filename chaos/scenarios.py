@@ -954,8 +954,8 @@ def webhook_outage(ctx: Context, result: ScenarioResult) -> None:
     backlog is empty.
     """
     from replayable import db
+    from replayable.airflow.sinks import WebhookSink, webhook_settings
     from replayable.outbox import PublishLimits, publish
-    from replayable.sinks import WebhookSink, webhook_settings
 
     folder = ctx.env.source_root / "j"
     corpus = documents.write_pool(

@@ -4,15 +4,15 @@ The sensor waits for more than `max_new` new dead letters within `window_minutes
 fires, `alert` fails the run with the numbers, and its failure callback posts them to the
 webhook of the Airflow connection `replayable_alerts`. A quiet interval ends with the
 sensor skipped and the run green; a watch that cannot read the ledger fails the sensor and
-posts that instead. See `replayable.sensors` and `replayable.notifications`.
+posts that instead. See `replayable.airflow.sensors` and `replayable.airflow.notifications`.
 """
 
 from __future__ import annotations
 
 from airflow.sdk import Param, dag, task
 
-from replayable.notifications import WebhookNotifier
-from replayable.sensors import DeadLetterGrowthSensor, alert
+from replayable.airflow.notifications import WebhookNotifier
+from replayable.airflow.sensors import DeadLetterGrowthSensor, alert
 from replayable.vocabulary import DEAD_LETTER_WATCH_DAG_ID, STAGE_NAME_PATTERN, STAGES
 
 INTERVAL_S = 15 * 60

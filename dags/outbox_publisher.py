@@ -2,7 +2,7 @@
 
 Each run of document_pipeline publishes at its end; this DAG picks up what is left: events
 whose delivery failed and is due again, and events of runs whose publish task did not run.
-See `replayable.publisher` and ADR 0041.
+See `replayable.airflow.publisher` and ADR 0041.
 """
 
 from __future__ import annotations

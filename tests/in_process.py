@@ -25,11 +25,12 @@ from checks import SAMPLES
 from replayable import (
     IdempotentStageOperator,
     PublishEventsOperator,
-    dag_tasks,
     pipeline_params,
     sources,
 )
-from replayable.stage import Pipeline, pipeline_of, register
+from replayable.airflow import tasks as dag_tasks
+from replayable.pipelines import pipeline_of, register
+from replayable.stage import Pipeline
 from replayable.vocabulary import PIPELINE_DAG_ID
 
 # The DAG's own settings (dags/document_pipeline.py): four retries per batch task.
@@ -190,7 +191,7 @@ class PipelineInProcess:
     def _saved_report(dag_id: str, run_id: str) -> dict[str, Any]:
         """The report the failed report task saved before it failed the run."""
         from replayable import db
-        from replayable.hooks import connection_dsn
+        from replayable.airflow.hooks import connection_dsn
         from replayable.vocabulary import LEDGER_CONN_ID
 
         conn = db.connect(connection_dsn(LEDGER_CONN_ID))

@@ -8,9 +8,9 @@ import signal
 from typing import Any
 
 from replayable import db
+from replayable.airflow.sinks import WebhookSettings, WebhookSink
 from replayable.outbox import Event, PublishLimits, publish
 from replayable.retry import CallRetry
-from replayable.sinks import WebhookSettings, WebhookSink
 
 KILL_AFTER = 5  # deliveries: the killed publisher's first claimed group
 

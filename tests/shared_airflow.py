@@ -55,7 +55,7 @@ ALL_DAGS = (
     OUTBOX_PUBLISHER_DAG_ID,
     KEYWORD_PIPELINE,
     WORDCOUNT_PIPELINE,
-    # Each pipeline's own sweeper (replayable.dag_factory.sweeper_dag).
+    # Each pipeline's own sweeper (replayable.airflow.dag_factory.sweeper_dag).
     f"{KEYWORD_PIPELINE}_sweeper",
     f"{WORDCOUNT_PIPELINE}_sweeper",
 )

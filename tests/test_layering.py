@@ -19,12 +19,12 @@ from conftest import ROOT
 INCLUDE = ROOT / "include"
 PACKAGE = INCLUDE / "replayable"
 
-OPERATORS = "replayable.operators"
+OPERATORS = "replayable.airflow.operators"
 # Only DAG files reach the operator module, through the package's lazy exports; a helper a
 # product module needs lives with the concept it belongs to (ADR 0090).
 OPERATOR_IMPORTERS = {
     "replayable": "exports IdempotentStageOperator to DAG files, loaded lazily",
-    "replayable.dag_factory": "pipeline_dag builds a DAG of stage operators",
+    "replayable.airflow.dag_factory": "pipeline_dag builds a DAG of stage operators",
 }
 
 # The development tooling lives in devtools/, outside the package the wheel ships: it
@@ -84,8 +84,10 @@ def _product_modules() -> dict[str, Path]:
 def test_the_walk_sees_the_package_and_its_imports():
     """The walk itself finds modules and resolves imports, so an empty result means clean."""
     modules = _package_modules()
-    assert {"replayable", OPERATORS, "replayable.hooks", "replayable.web.app"} <= set(modules)
-    assert _imports(modules["replayable.dag_tasks"], "replayable.dag_tasks", "replayable.db")
+    expected = {"replayable", OPERATORS, "replayable.airflow.hooks", "replayable.web.app"}
+    assert expected <= set(modules)
+    tasks = "replayable.airflow.tasks"
+    assert _imports(modules[tasks], tasks, "replayable.db")
     assert _imports(modules["replayable"], "replayable", OPERATORS)
 
 

@@ -11,15 +11,15 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from replayable.dag_factory import pipeline_dag
-    from replayable.operators import IdempotentStageOperator
-    from replayable.params import pipeline_params
-    from replayable.publisher import (
+    from replayable.airflow.dag_factory import pipeline_dag
+    from replayable.airflow.operators import IdempotentStageOperator
+    from replayable.airflow.params import pipeline_params
+    from replayable.airflow.publisher import (
         DOCUMENTS_READY,
         DOCUMENTS_RETRACTED,
         PublishEventsOperator,
     )
-    from replayable.sensors import DeadLetterGrowthSensor
+    from replayable.airflow.sensors import DeadLetterGrowthSensor
     from replayable.settings import TASK_TIMEOUTS, PipelineSettings
     from replayable.stage import BuildContext, Models, Pipeline, Stage
     from replayable.stages.artifact import ArtifactStage, Document
@@ -49,15 +49,15 @@ _HOMES = {
     "Models": "replayable.stage",
     "Pipeline": "replayable.stage",
     "Stage": "replayable.stage",
-    "pipeline_dag": "replayable.dag_factory",
-    "DOCUMENTS_READY": "replayable.publisher",
-    "DOCUMENTS_RETRACTED": "replayable.publisher",
-    "DeadLetterGrowthSensor": "replayable.sensors",
-    "IdempotentStageOperator": "replayable.operators",
+    "pipeline_dag": "replayable.airflow.dag_factory",
+    "DOCUMENTS_READY": "replayable.airflow.publisher",
+    "DOCUMENTS_RETRACTED": "replayable.airflow.publisher",
+    "DeadLetterGrowthSensor": "replayable.airflow.sensors",
+    "IdempotentStageOperator": "replayable.airflow.operators",
     "PipelineSettings": "replayable.settings",
     "TASK_TIMEOUTS": "replayable.settings",
-    "PublishEventsOperator": "replayable.publisher",
-    "pipeline_params": "replayable.params",
+    "PublishEventsOperator": "replayable.airflow.publisher",
+    "pipeline_params": "replayable.airflow.params",
 }
 
 

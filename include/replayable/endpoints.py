@@ -1,9 +1,9 @@
 """HTTP endpoints named by a connection's fields: one way from fields to a URL.
 
-The events sink (:mod:`replayable.sinks`), the alerts notifier
-(:mod:`replayable.notifications`) and the model endpoint
-(:mod:`replayable.stages.embed.endpoint`) build their URLs here. Nothing here imports
-Airflow: :func:`replayable.hooks.webhook.connection_fields` reads the fields from a
+The events sink (:mod:`replayable.airflow.sinks`), the alerts notifier
+(:mod:`replayable.airflow.notifications`) and the model endpoint
+(:mod:`replayable.models.endpoint`) build their URLs here. Nothing here imports
+Airflow: :func:`replayable.airflow.hooks.webhook.connection_fields` reads the fields from a
 connection; the stages get them handed in.
 """
 

@@ -20,8 +20,9 @@ from typing import Any
 from replayable import config, mirror, sources, views
 from replayable.db import Connection, execute, fetch_all
 from replayable.keys import sha256_bytes, sha256_file
+from replayable.pipelines import pipeline_of
 from replayable.settings import AUTO, BOUNDS, PipelineSettings
-from replayable.stage import STAGE_BUILD, Pipeline, pipeline_of
+from replayable.stage import STAGE_BUILD, Pipeline
 from replayable.vocabulary import DEFAULT_STAGES, STAGES
 
 log = logging.getLogger(__name__)

@@ -12,6 +12,9 @@ from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
 from typing import Any
 
+from replayable.knobs import DEFAULT_MAX_IN_FLIGHT as DEFAULT_MAX_IN_FLIGHT
+from replayable.knobs import DEFAULT_MODEL as DEFAULT_MODEL
+from replayable.knobs import EMBED_MODES as EMBED_MODES
 from replayable.stages import extract
 from replayable.stages.chunk.chunker import ChunkConfig
 from replayable.stages.summarize.config import DEFAULT_PROMPT, SummaryConfig
@@ -20,10 +23,8 @@ from replayable.vocabulary import ITEM_LEASE_S, ITEM_MAX_ATTEMPTS, is_stage_name
 # Re-exported: the CLI, the UI, the operator, bench and many tests import it from here.
 from replayable.vocabulary import STAGES as STAGES
 
-DEFAULT_MODEL = "text-embedding-3-small"
 # batch_size's automatic value: sized by pipeline.plan_batches (ADR 0104).
 AUTO = "auto"
-DEFAULT_MAX_IN_FLIGHT = 4
 
 # Every numeric setting's documented range (the DAG's params use the same numbers), so
 # that whoever triggers a run cannot switch a guard off for it (ADR 0012).
@@ -74,9 +75,6 @@ TASK_TIMEOUTS: dict[str, timedelta] = {
     "stage": timedelta(seconds=BATCH_DEADLINE_CAP_S + BOUNDS["item_timeout_s"][1]),
 }
 
-
-# How the embed stage reaches the provider: a request at a time, or the Batch API.
-EMBED_MODES = ("sync", "batch")
 
 # The numeric settings that may be None (each says what None means).
 _OPTIONAL = ("dimensions", "max_in_flight", "max_rps", "max_dead_fraction", "confirm_retract")

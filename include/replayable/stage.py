@@ -21,11 +21,13 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from replayable.models.choice import Models
 from replayable.runner.protocol import spec_hash_of
 from replayable.vocabulary import STAGE_NAME_PATTERN
 
 if TYPE_CHECKING:
     from replayable.db import Database
+    from replayable.models.endpoint import ModelSettings
     from replayable.runner import StageSpec
     from replayable.settings import PipelineSettings
 
@@ -57,15 +59,6 @@ class StageBuildError(Exception):
         )
 
 
-@dataclass(frozen=True)
-class Models:
-    """The models a run resolved from its params and the model connection (hooks)."""
-
-    embed: str = ""
-    dimensions: int | None = None
-    chat: str = ""
-
-
 @dataclass
 class BuildContext:
     """What a stage is built from at task time: the run's settings and what it can use.
@@ -84,6 +77,9 @@ class BuildContext:
     spec_hashes: Mapping[str, str]
     model_conn_id: str
     models: Models = field(default_factory=Models)
+    # Reads the model connection ``model_conn_id`` names (the operator hands its hook's in):
+    # a model stage builds its clients from what it answers.
+    model_provider: Callable[[], ModelSettings] | None = None
     # The task the stage runs in (recorded with what it submits to a provider's batches).
     dag_id: str | None = None
     map_index: int | None = None
@@ -104,7 +100,7 @@ class _CodeVersion:
         self._found: dict[type, str] = {}
 
     def __get__(self, instance: object, owner: type | None = None) -> str:
-        from replayable.stage_identity import code_hash
+        from replayable.stage_code import code_hash
 
         cls = owner if owner is not None else type(instance)
         if cls not in self._found:
@@ -304,23 +300,3 @@ class Pipeline:
         for stage in self.stages:
             hashes[stage.name] = stage.spec_hash(settings, models, hashes)
         return hashes
-
-
-_PIPELINES: dict[str, Pipeline] = {}
-
-
-def register(pipeline: Pipeline) -> Pipeline:
-    """Make ``pipeline`` what :func:`pipeline_of` answers for its DAG id (the DAG factory
-    calls this when a DAG file is parsed, in the scheduler's processes and the worker's)."""
-    _PIPELINES[pipeline.dag_id] = pipeline
-    return pipeline
-
-
-def pipeline_of(dag_id: str) -> Pipeline:
-    """The pipeline registered for ``dag_id``; the document pipeline's stages otherwise."""
-    found = _PIPELINES.get(dag_id)
-    if found is not None:
-        return found
-    from replayable.stages.builtin import document_pipeline
-
-    return document_pipeline(dag_id)

@@ -41,7 +41,7 @@ DEAD_LETTER_WATCH_DAG_ID = "dead_letter_watch"
 # The Airflow connections the hooks read.
 LEDGER_CONN_ID = "replayable_db"
 MODEL_CONN_ID = "replayable_model"
-# The webhooks: outbox events (replayable.sinks) and dead-letter alerts (notifications).
+# The webhooks: outbox events (replayable.airflow.sinks) and dead-letter alerts (notifications).
 EVENTS_CONN_ID = "replayable_events"
 ALERTS_CONN_ID = "replayable_alerts"
 

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from conftest import ROOT
 from replayable import db, sources
-from replayable.params import STATUSES, pipeline_params
+from replayable.airflow.params import STATUSES, pipeline_params
 from replayable.pipeline import rerun_params
 from replayable.settings import BOUNDS, STAGES, PipelineSettings, check_conf_keys
 from replayable.stages.builtin import document_pipeline

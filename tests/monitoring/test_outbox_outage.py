@@ -14,9 +14,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from publishers import add_events
 from replayable import db
+from replayable.airflow.sinks import WebhookSettings, WebhookSink
 from replayable.outbox import PublishLimits, publish
 from replayable.retry import CallRetry
-from replayable.sinks import WebhookSettings, WebhookSink
 from replayable.web.metrics import render
 
 pytestmark = pytest.mark.db

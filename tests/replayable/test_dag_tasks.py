@@ -8,8 +8,9 @@ from airflow.sdk.exceptions import AirflowFailException, DownstreamTasksSkipped
 from airflow.sdk.execution_time import xcom
 from test_operators import flaky_connect
 
-from replayable import dag_tasks, db, pipeline
-from replayable.dag_factory import pipeline_dag
+from replayable import db, pipeline
+from replayable.airflow import tasks as dag_tasks
+from replayable.airflow.dag_factory import pipeline_dag
 from replayable.stages.builtin import BUILTIN
 from replayable.vocabulary import STAGES
 

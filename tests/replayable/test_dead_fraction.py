@@ -46,7 +46,8 @@ def test_a_run_just_over_its_threshold_fails_naming_the_fraction_and_the_thresho
 
     from airflow.sdk.exceptions import AirflowFailException
 
-    from replayable import dag_tasks, pipeline
+    from replayable import pipeline
+    from replayable.airflow import tasks as dag_tasks
 
     report = {
         "run_id": "run-1",

@@ -23,9 +23,9 @@ from test_runner import (
 
 from checks import assert_nothing_lost, subset
 from replayable import db
+from replayable.models.batch_api import BatchApi
 from replayable.stages import extract
 from replayable.stages.chunk.spec import ChunkSpec
-from replayable.stages.embed.batch_api import BatchApi
 
 pytestmark = pytest.mark.db
 

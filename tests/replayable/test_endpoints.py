@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from replayable.endpoints import url_from_fields
-from replayable.stages.embed.endpoint import settings_from_fields
+from replayable.models.endpoint import settings_from_fields
 
 
 @pytest.mark.parametrize(

@@ -404,7 +404,7 @@ def test_the_sweeper_task_purges_documents_retracted_longer_ago_than_the_retenti
 ):
     from types import SimpleNamespace
 
-    from replayable import dag_tasks
+    from replayable.airflow import tasks as dag_tasks
 
     folder = subset(tmp_path, 6)
     assert not run_in_process({"source": str(folder)})["_failed"]

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from devtools.model_server import LocalModelServer
-from replayable.notifications import WebhookDeliveryError, WebhookNotifier, WebhookTarget
+from replayable.airflow.notifications import WebhookDeliveryError, WebhookNotifier, WebhookTarget
 
 TOKEN = "alert-token-never-logged"  # noqa: S105 - a test value
 

@@ -7,8 +7,9 @@ import psycopg2
 import pytest
 from airflow.sdk.definitions.retry_policy import RetryAction
 
-from replayable import db, hooks, pipeline
-from replayable.operators import (
+from replayable import db, pipeline
+from replayable.airflow import hooks
+from replayable.airflow.operators import (
     BatchIncompleteError,
     BatchRetryPolicy,
     IdempotentStageOperator,
@@ -159,6 +160,7 @@ def embed_spec_for(settings):
             stack=stack,
             spec_hashes={},
             model_conn_id=MODEL_CONN_ID,
+            model_provider=hooks.ModelHook(MODEL_CONN_ID).get_settings,
         )
         return builtin.EMBED.build(context)
 
@@ -166,15 +168,15 @@ def embed_spec_for(settings):
 def test_a_conf_may_lower_the_connections_limits_but_never_raise_them(monkeypatch):
     """Invariant 15: max_in_flight and max_rps from a run's conf only tighten."""
     model_connection(monkeypatch, max_in_flight=4, max_rps=10)
-    loose = hooks.model_choice(PipelineSettings(max_in_flight=64, max_rps=500), "replayable_model")
+    loose = hooks.choice_of(PipelineSettings(max_in_flight=64, max_rps=500), "replayable_model")
     assert (loose.max_in_flight, loose.max_rps) == (4, 10)
-    tight = hooks.model_choice(PipelineSettings(max_in_flight=2, max_rps=3), "replayable_model")
+    tight = hooks.choice_of(PipelineSettings(max_in_flight=2, max_rps=3), "replayable_model")
     assert (tight.max_in_flight, tight.max_rps) == (2, 3)
 
 
 def test_a_conf_cannot_raise_the_default_in_flight_limit_of_a_connection_without_one(monkeypatch):
     model_connection(monkeypatch)
-    choice = hooks.model_choice(PipelineSettings(max_in_flight=256), "replayable_model")
+    choice = hooks.choice_of(PipelineSettings(max_in_flight=256), "replayable_model")
     assert choice.max_in_flight == DEFAULT_MAX_IN_FLIGHT
 
 

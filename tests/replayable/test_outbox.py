@@ -14,15 +14,15 @@ import pytest
 from checks import seed_extraction
 from publishers import KILL_AFTER, add_events, kill_a_publisher_after_sending
 from replayable import db, outbox
+from replayable.airflow.sinks import WebhookSettings, WebhookSink
 from replayable.keys import sha256_bytes
 from replayable.ledger import Ledger, Outcome, Revival, RunContext
+from replayable.models.embeddings import HttpEmbeddingClient
 from replayable.outbox import Event, PublishLimits, publish
 from replayable.retry import CallRetry, Classified, ErrorKind
 from replayable.runner import Limits, run_batch
-from replayable.sinks import WebhookSettings, WebhookSink
 from replayable.stages.chunk.chunker import ChunkConfig
 from replayable.stages.chunk.spec import ChunkSpec
-from replayable.stages.embed.client import HttpEmbeddingClient
 from replayable.stages.embed.spec import EmbedSpec
 
 pytestmark = pytest.mark.db

@@ -12,7 +12,7 @@ from airflow.sdk import DAG
 from airflow.sdk.exceptions import ParamValidationError
 from airflow.serialization.serialized_objects import DagSerialization
 
-from replayable.params import pipeline_params
+from replayable.airflow.params import pipeline_params
 from replayable.settings import REDRIVE_KEYS, RERUN_KEYS, PipelineSettings, conf_keys
 
 ROOTS = ("/srv/pdfs", "/mnt/scans")

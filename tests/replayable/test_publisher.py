@@ -6,7 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from replayable import DOCUMENTS_READY, DOCUMENTS_RETRACTED, PublishEventsOperator, publisher
+from replayable import DOCUMENTS_READY, DOCUMENTS_RETRACTED, PublishEventsOperator
+from replayable.airflow import publisher
 from replayable.outbox import PublishResult
 
 

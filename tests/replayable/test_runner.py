@@ -12,11 +12,11 @@ from replayable import db
 from replayable.budget import RequestBudget
 from replayable.keys import sha256_bytes
 from replayable.ledger import Ledger, RunContext
+from replayable.models.embeddings import HttpEmbeddingClient
 from replayable.retry import CallRetry
 from replayable.runner import Limits, StageSpec, WorkItem, run_batch
 from replayable.stages.chunk.chunker import ChunkConfig
 from replayable.stages.chunk.spec import ChunkSpec
-from replayable.stages.embed.client import HttpEmbeddingClient
 from replayable.stages.embed.spec import EmbedSpec
 
 pytestmark = pytest.mark.db

@@ -6,7 +6,7 @@ import pytest
 from airflow.sdk.exceptions import AirflowFailException
 
 from devtools import devenv
-from replayable.sensors import DeadLetterGrowth, DeadLetterGrowthSensor, alert
+from replayable.airflow.sensors import DeadLetterGrowth, DeadLetterGrowthSensor, alert
 
 _keys = itertools.count()
 

@@ -2,8 +2,8 @@
 
 import pytest
 
+from replayable.airflow.sinks import WebhookSettings, WebhookSink, redact_url, webhook_settings
 from replayable.retry import CallRetry
-from replayable.sinks import WebhookSettings, WebhookSink, redact_url, webhook_settings
 
 SECRET = "not-a-real-token"  # noqa: S105 - a stand-in value for the test
 

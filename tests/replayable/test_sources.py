@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from replayable.params import source_pattern
+from replayable.airflow.params import source_pattern
 from replayable.retry import ItemError
 from replayable.sources import SourceError, allowed_roots, check_inside, check_source, find_pdfs
 

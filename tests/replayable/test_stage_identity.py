@@ -15,7 +15,8 @@ import pytest
 from checks import rows, scalar, subset
 from in_process import PipelineInProcess
 from replayable import ArtifactStage, Document, Pipeline
-from replayable.stage_identity import Identity, StageIdentityError, class_path, code_hash, record
+from replayable.stage_code import class_path, code_hash
+from replayable.stage_identity import Identity, StageIdentityError, record
 from replayable.stages.builtin import CHUNK, EMBED, EXTRACT, SUMMARIZE
 
 STAGE_FILE = '''

@@ -219,7 +219,7 @@ def test_a_redrive_that_leaves_out_its_stage_closes_nothing(conn, database, docs
 
 def test_the_redrive_note_never_replaces_the_triggering_user(conn, database, docs):
     """``redrive.by`` is a note in the resolution; the actor is who triggered the run."""
-    from replayable.operators import revival_reason
+    from replayable.airflow.operators import revival_reason
 
     dead_in_embed(conn, database, DOCS[:1])
     plan(conn, REDRIVE)

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from devtools.model_server import LocalModelServer
-from replayable.triggers import ProviderBatchTrigger
+from replayable.airflow.triggers import ProviderBatchTrigger
 
 # The most a trigger here is waited for: far above the polls it needs, so that a trigger
 # that never ends fails the test instead of hanging it.

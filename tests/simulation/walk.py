@@ -29,7 +29,7 @@ import corpus
 import in_process
 from devtools.model_server import LocalModelServer
 from in_process import PipelineInProcess
-from replayable import dag_tasks
+from replayable.airflow import tasks as dag_tasks
 from replayable.invariants import Violation, check_ledger, count_violations
 from replayable.retry import CallRetry
 from replayable.runner import processing

@@ -14,7 +14,7 @@ from typing import Any
 
 from replayable.vocabulary import STAGES, is_stage_name
 
-# The same pattern as replayable.params (the CLI tests check that they agree); importing
+# The same pattern as replayable.airflow.params (the CLI tests check that they agree); importing
 # params here would load Airflow, which costs seconds on every command.
 VERSION_PATTERN = r"^[0-9]{1,9}(\.[0-9]{1,9})*$"
 

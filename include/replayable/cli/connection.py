@@ -32,7 +32,7 @@ def resolve_dsn(explicit: str | None) -> str:
         return from_env
     try:
         # Imported here: hooks load Airflow, which only this fallback needs.
-        from replayable.hooks import connection_dsn
+        from replayable.airflow.hooks import connection_dsn
 
         return connection_dsn(LEDGER_CONN_ID)
     # Not found, or no Airflow configured here: a message, not a traceback.

@@ -15,7 +15,7 @@ from replayable.stages.embed.store import vector_literal
 from replayable.vocabulary import MODEL_CONN_ID
 
 if TYPE_CHECKING:
-    from replayable.stages.embed.client import HttpEmbeddingClient
+    from replayable.models.embeddings import HttpEmbeddingClient
 
 STAGE = "search"  # the model_calls rows of query embeddings
 
@@ -58,10 +58,10 @@ def _paid_query_vector(
 ) -> list[float]:
     """The query's vector from the provider, within the shared budget, recorded as a call."""
     from replayable.budget import RequestBudget
-    from replayable.hooks import EmbeddingsHook
+    from replayable.models.clients import embedding_client
+    from replayable.models.http import CallRecord
     from replayable.stages.embed.packing import estimate_tokens
     from replayable.stages.model_calls import correct_tokens, record_calls
-    from replayable.stages.model_http import CallRecord
 
     # The dimensions are in the key: a provider that remembers keys would answer the same
     # question at another size with the vector it gave first (ADR 0151).
@@ -77,8 +77,8 @@ def _paid_query_vector(
     )
     database = Database(dsn)
     calls: list[CallRecord] = []
-    client: HttpEmbeddingClient = EmbeddingsHook(conn_id).get_client(
-        model=choice.model, dimensions=choice.dimensions, max_in_flight=1
+    client: HttpEmbeddingClient = embedding_client(
+        choice.provider, model=choice.model, dimensions=choice.dimensions, max_in_flight=1
     )
     # Exactly the choice's: None is the model's own size, whatever the connection's default.
     client.dimensions = choice.dimensions

@@ -116,7 +116,7 @@ def scope_of(
     they were asked of that model. ``dimensions``, when named, wins over both the run's and
     the connection's: 0 is the model's own size (ADR 0151)."""
     # Imported here: the hook loads Airflow's task SDK, which only a search needs.
-    from replayable.hooks import EmbeddingsHook, model_choice
+    from replayable.airflow.hooks import choice_of
     from replayable.settings import PipelineSettings
     from replayable.stages import extract
     from replayable.stages.embed import key_config
@@ -125,7 +125,7 @@ def scope_of(
     if model is not None and model != params.get("model"):
         params.update(model=model, dimensions=None)
     settings = PipelineSettings.from_params(params)
-    choice = model_choice(settings, EmbeddingsHook(conn_id))
+    choice = choice_of(settings, conn_id)
     if dimensions is not None:
         choice = dataclasses.replace(choice, dimensions=dimensions or None)
     scope = Scope(

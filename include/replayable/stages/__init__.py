@@ -8,7 +8,7 @@ A stage's folder holds its work as plain typed functions without Airflow (``extr
 
 What the stages share: the lineage a spec hash is made of (:mod:`~replayable.stages.lineage`),
 the items of a stage that reads extracted text (:mod:`~replayable.stages.texts`), what every
-model client does (:mod:`~replayable.stages.model_http`: call records, the budget gate, the
+model client does (:mod:`~replayable.models.http`: call records, the budget gate, the
 retried request) and what a stage does around the calls it pays for
 (:mod:`~replayable.stages.model_calls`).
 """

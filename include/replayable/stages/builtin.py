@@ -4,7 +4,7 @@
 ``embed`` reads the chunks. Their spec hashes are the lineage of
 :mod:`replayable.stages.lineage`, so that a ledger written before stages were definitions
 keeps its keys. Each one builds its spec at task time from the run's settings; the model
-stages ask the model connection's hook for their client and share its budget.
+stages build their clients from the model connection the operator reads, and share its budget.
 """
 
 from __future__ import annotations
@@ -13,13 +13,15 @@ import importlib
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from replayable.models import clients
 from replayable.stage import BuildContext, Models, Pipeline, Stage
 from replayable.stages import lineage
 from replayable.vocabulary import DEFAULT_STAGES, PIPELINE_DAG_ID
 
 if TYPE_CHECKING:
     from replayable.budget import RequestBudget
-    from replayable.hooks import EmbeddingsHook, ModelChoice
+    from replayable.models.choice import ModelChoice
+    from replayable.models.endpoint import ModelSettings
     from replayable.runner import StageSpec
     from replayable.settings import PipelineSettings
 
@@ -128,8 +130,9 @@ class EmbedStage(Stage):
         from replayable.stages.extract import extractor_id
 
         settings = ctx.settings
-        hook, choice, budget, retry = model_resources(ctx)
-        client = hook.get_client(
+        provider, choice, budget, retry = model_resources(ctx)
+        client = clients.embedding_client(
+            provider,
             model=choice.model,
             dimensions=choice.dimensions,
             max_in_flight=choice.max_in_flight,
@@ -137,7 +140,7 @@ class EmbedStage(Stage):
         )
         ctx.stack.callback(client.close)
         # Sync mode too: it collects a provider batch that holds its chunks (ADR 0130).
-        batches = hook.get_batch_api(model=choice.model, retry=retry, budget=budget)
+        batches = clients.batch_api(provider, model=choice.model, retry=retry, budget=budget)
         ctx.stack.callback(batches.close)
         return EmbedSpec(
             provider=client,
@@ -177,8 +180,9 @@ class SummarizeStage(Stage):
         from replayable.stages.summarize.spec import SummarizeSpec
 
         settings = ctx.settings
-        hook, choice, budget, retry = model_resources(ctx)
-        chat = hook.get_chat_client(
+        provider, choice, budget, retry = model_resources(ctx)
+        chat = clients.chat_client(
+            provider,
             model=settings.summary_model,
             max_tokens=settings.summary_max_tokens,
             keep_truncated=settings.summary_keep_truncated,
@@ -201,20 +205,25 @@ class SummarizeStage(Stage):
 
 def model_resources(
     ctx: BuildContext,
-) -> tuple[EmbeddingsHook, ModelChoice, RequestBudget, Any]:
-    """The model connection's hook, the run's model choice, the shared budget and the retry
-    bounds of one call, for a stage that calls the model provider.
+) -> tuple[ModelSettings, ModelChoice, RequestBudget, Any]:
+    """The model connection's settings, the run's model choice, the shared budget and the
+    retry bounds of one call, for a stage that calls the model provider.
 
     The slots and the rate every run shares are the connection's (ADR 0086); a run that
     asked for less sends with fewer threads and reserves its own rate as well. Every model
     stage draws on the one budget of the connection's provider.
     """
     from replayable.budget import RequestBudget
-    from replayable.hooks import EmbeddingsHook, model_choice
+    from replayable.models.choice import model_choice
     from replayable.retry import CallRetry
 
-    hook = EmbeddingsHook(ctx.model_conn_id)
-    choice = model_choice(ctx.settings, hook)
+    if ctx.model_provider is None:
+        raise ValueError(
+            f"model_provider: none was handed in to read the model connection "
+            f"{ctx.model_conn_id!r} (the operator hands its hook's in)"
+        )
+    provider = ctx.model_provider()
+    choice = model_choice(ctx.settings, provider)
     own_rps = choice.max_rps if choice.max_rps != choice.shared_rps else None
     budget = RequestBudget(
         choice.provider.base_url,
@@ -226,7 +235,7 @@ def model_resources(
         max_tpm=choice.provider.max_tpm,
     )
     ctx.stack.callback(budget.close)
-    return hook, choice, budget, CallRetry()
+    return provider, choice, budget, CallRetry()
 
 
 def max_call_s(choice: ModelChoice, retries_s: float) -> float:

@@ -22,9 +22,10 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
+from replayable.knobs import DEFAULT_CHAT_MODEL
 from replayable.runner import spec_hash_of
 from replayable.stages import chunk, embed, extract, summarize
-from replayable.stages.summarize.config import DEFAULT_CHAT_MODEL, SummaryConfig
+from replayable.stages.summarize.config import SummaryConfig
 
 if TYPE_CHECKING:
     from replayable.stages.chunk.chunker import ChunkConfig

@@ -17,8 +17,8 @@ from collections.abc import Callable, Mapping, Sequence
 
 from replayable.budget import RequestBudget
 from replayable.db import Connection, Database, execute
+from replayable.models.http import CallRecord
 from replayable.retry import Classified, ErrorKind, classify
-from replayable.stages.model_http import CallRecord
 
 log = logging.getLogger(__name__)
 

@@ -32,10 +32,10 @@ UI_DSN_CONN_ID = "replayable_ui_db"
 
 def default_dsn() -> str:
     """The DSN of ``replayable_ui_db`` (a least-privilege role, see the README), else ours."""
-    # Imported here: replayable.hooks loads the task SDK, which only this path needs.
+    # Imported here: replayable.airflow.hooks loads the task SDK, which only this path needs.
     from airflow.sdk.exceptions import AirflowNotFoundException
 
-    from replayable.hooks import connection_dsn
+    from replayable.airflow.hooks import connection_dsn
 
     try:
         return connection_dsn(UI_DSN_CONN_ID)
@@ -46,7 +46,7 @@ def default_dsn() -> str:
 def ledger_dsn() -> str:
     """The DSN of ``replayable_db``: a search writes there what the UI's role may not (its
     request budget, its model call's record, an index's first build; see :mod:`.search`)."""
-    from replayable.hooks import connection_dsn
+    from replayable.airflow.hooks import connection_dsn
 
     return connection_dsn(LEDGER_CONN_ID)
 

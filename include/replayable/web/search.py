@@ -69,7 +69,7 @@ from replayable.web.models import SearchAnswer
 from replayable.web.pool import RETRY_AFTER_S, ConnectionPool
 
 if TYPE_CHECKING:
-    from replayable.hooks import ModelChoice
+    from replayable.models.choice import ModelChoice
 
 log = logging.getLogger(__name__)
 

@@ -10,8 +10,8 @@ from cli_ledger import A, B, fill_ledger, run_json
 
 from fake_airflow import PASSWORD, TOKEN, USERNAME, FakeAirflow
 from replayable import config
+from replayable.airflow.params import pipeline_params
 from replayable.cli import main
-from replayable.params import pipeline_params
 from replayable.pipeline import select_documents
 from replayable.settings import PipelineSettings
 

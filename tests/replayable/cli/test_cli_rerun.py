@@ -9,8 +9,8 @@ import pytest
 from cli_ledger import A, fill_ledger, run_json
 
 from replayable import db
+from replayable.airflow.params import STATUSES, pipeline_params
 from replayable.cli import arguments, main
-from replayable.params import STATUSES, pipeline_params
 from replayable.pipeline import select_documents
 from replayable.settings import PipelineSettings
 from replayable.vocabulary import ITEM_STATUSES

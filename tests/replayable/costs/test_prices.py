@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from replayable.stages.embed.endpoint import prices_from_extra, settings_from_fields
-from replayable.stages.model_http import Price
-from replayable.stages.summarize.client import parse_answer
+from replayable.models.chat import parse_answer
+from replayable.models.endpoint import prices_from_extra, settings_from_fields
+from replayable.models.http import Price
 
 
 def test_prices_are_read_per_model_with_output_defaulting_to_free():

@@ -1,4 +1,4 @@
-"""EmbeddingsHook against the real local model server on loopback, and as Airflow sees it."""
+"""ModelHook against the real local model server on loopback, and as Airflow sees it."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import pytest
 
 from conftest import ROOT
 from devtools.model_server import LocalModelServer
-from replayable.get_provider_info import get_provider_info
-from replayable.hooks import EmbeddingsHook, model_choice
+from replayable.airflow.get_provider_info import get_provider_info
+from replayable.airflow.hooks import ModelHook, choice_of
 from replayable.settings import DEFAULT_MODEL, PipelineSettings
 
 SECRET = "sk-test-secret-key"  # noqa: S105 - a test value
@@ -30,7 +30,7 @@ def use_connection(monkeypatch: pytest.MonkeyPatch, conn_id: str, **fields: Any)
 
 def test_test_connection_makes_one_tiny_call(model: LocalModelServer, monkeypatch) -> None:
     use_connection(monkeypatch, "emb_ok", host=model.base_url, extra={"model": "m-small"})
-    ok, message = EmbeddingsHook("emb_ok").test_connection()
+    ok, message = ModelHook("emb_ok").test_connection()
     assert ok, message
     assert "m-small" in message and "32 dimensions" in message
     assert model.stats()["requests"] == 1
@@ -39,32 +39,32 @@ def test_test_connection_makes_one_tiny_call(model: LocalModelServer, monkeypatc
 def test_a_refused_key_fails_without_showing_the_key(monkeypatch) -> None:
     with LocalModelServer(dim=8, api_key=SECRET) as server:
         use_connection(monkeypatch, "emb_wrong", host=server.base_url, password=SECRET + "-wrong")
-        ok, message = EmbeddingsHook("emb_wrong").test_connection()
+        ok, message = ModelHook("emb_wrong").test_connection()
         assert not ok
         assert message.startswith("http_401")
         assert SECRET not in message
         use_connection(monkeypatch, "emb_right", host=server.base_url, password=SECRET)
-        assert EmbeddingsHook("emb_right").test_connection()[0]
+        assert ModelHook("emb_right").test_connection()[0]
 
 
 def test_a_failing_provider_is_reported_after_one_request(model, monkeypatch) -> None:
     model.set_faults(status_always=503)
     use_connection(monkeypatch, "emb_down", host=model.base_url)
-    ok, message = EmbeddingsHook("emb_down").test_connection()
+    ok, message = ModelHook("emb_down").test_connection()
     assert (ok, message.split(":")[0]) == (False, "http_503")
     assert model.stats()["requests"] == 1  # no retries: the button answers at once
 
 
 def test_a_connection_without_host_is_reported_naming_the_field(monkeypatch) -> None:
     use_connection(monkeypatch, "emb_nohost", password=SECRET)
-    ok, message = EmbeddingsHook("emb_nohost").test_connection()
+    ok, message = ModelHook("emb_nohost").test_connection()
     assert not ok and "no host" in message and SECRET not in message
 
 
 def test_the_client_takes_the_connection_defaults_and_arguments_win(monkeypatch) -> None:
     extra = {"model": "m1", "dimensions": 16, "timeout_s": 7, "max_in_flight": 3}
     use_connection(monkeypatch, "emb_defaults", host="http://127.0.0.1:9/v1", extra=extra)
-    hook = EmbeddingsHook("emb_defaults")
+    hook = ModelHook("emb_defaults")
     client = hook.get_conn()
     try:
         assert (client.model, client.dimensions, client.timeout_s) == ("m1", 16, 7.0)
@@ -81,10 +81,10 @@ def test_the_operator_resolves_its_model_through_the_hook(monkeypatch) -> None:
     use_connection(
         monkeypatch, "emb_choice", host="http://127.0.0.1:9/v1", extra={"model": "m-conn"}
     )
-    choice = model_choice(PipelineSettings.from_params({}), "emb_choice")
+    choice = choice_of(PipelineSettings.from_params({}), "emb_choice")
     assert (choice.model, choice.provider.base_url) == ("m-conn", "http://127.0.0.1:9/v1")
     params = PipelineSettings.from_params({"model": "m-param", "max_in_flight": 2})
-    choice = model_choice(params, EmbeddingsHook("emb_choice"))
+    choice = choice_of(params, ModelHook("emb_choice"))
     assert (choice.model, choice.max_in_flight) == ("m-param", 2)
 
 
@@ -92,8 +92,8 @@ def test_the_operator_resolves_its_model_through_the_hook(monkeypatch) -> None:
 def test_the_plan_and_the_client_resolve_the_same_model(monkeypatch, extra) -> None:
     """The embed keys come from model_choice, the requests from the client: they agree."""
     use_connection(monkeypatch, "emb_same", host="http://127.0.0.1:9/v1", extra=extra)
-    hook = EmbeddingsHook("emb_same")
-    choice = model_choice(PipelineSettings.from_params({}), hook)
+    hook = ModelHook("emb_same")
+    choice = choice_of(PipelineSettings.from_params({}), hook)
     client = hook.get_conn()
     try:
         assert (client.model, client.dimensions) == (choice.model, choice.dimensions)
@@ -103,11 +103,11 @@ def test_the_plan_and_the_client_resolve_the_same_model(monkeypatch, extra) -> N
 
 
 def test_the_hook_has_the_providers_hook_shape() -> None:
-    assert EmbeddingsHook.default_conn_name == "replayable_model"
-    assert EmbeddingsHook().embeddings_conn_id == "replayable_model"
-    assert getattr(EmbeddingsHook(), EmbeddingsHook.conn_name_attr) == "replayable_model"
+    assert ModelHook.default_conn_name == "replayable_model"
+    assert ModelHook().embeddings_conn_id == "replayable_model"
+    assert getattr(ModelHook(), ModelHook.conn_name_attr) == "replayable_model"
     schema = json.loads((AIRFLOW / "customized_form_field_behaviours.schema.json").read_text())
-    jsonschema.validate(EmbeddingsHook.get_ui_field_behaviour(), schema)
+    jsonschema.validate(ModelHook.get_ui_field_behaviour(), schema)
 
 
 def test_the_provider_info_is_valid_for_airflow() -> None:
@@ -127,7 +127,7 @@ def test_an_installed_entry_point_registers_the_connection_form(tmp_path: Path) 
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: replayable\nVersion: 0.1.0\n")
     (dist / "entry_points.txt").write_text(
         "[apache_airflow_provider]\n"
-        "provider_info = replayable.get_provider_info:get_provider_info\n"
+        "provider_info = replayable.airflow.get_provider_info:get_provider_info\n"
     )
     probe = (
         "import json\n"
@@ -139,7 +139,7 @@ def test_an_installed_entry_point_registers_the_connection_form(tmp_path: Path) 
         "print(json.dumps({'hook': info.hook_class_name, 'name': info.hook_name,\n"
         "    'testable': info.connection_testable, 'widgets': widgets,\n"
         "    'behaviour': pm.field_behaviours['replayable_embeddings'],\n"
-        "    'notifier': 'replayable.notifications.WebhookNotifier' in pm.notification}))\n"
+        "    'notifier': 'replayable.airflow.notifications.WebhookNotifier' in pm.notification}))\n"
     )
     pm_env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT / "include")])}
     done = subprocess.run(
@@ -147,8 +147,8 @@ def test_an_installed_entry_point_registers_the_connection_form(tmp_path: Path) 
     )
     assert done.returncode == 0, done.stderr[-3000:]
     seen = json.loads(done.stdout.strip().splitlines()[-1])
-    assert seen["hook"] == "replayable.hooks.EmbeddingsHook"
-    assert seen["name"] == EmbeddingsHook.hook_name
+    assert seen["hook"] == "replayable.airflow.hooks.ModelHook"
+    assert seen["name"] == ModelHook.hook_name
     assert seen["testable"]
     assert seen["widgets"] == [
         f"extra__replayable_embeddings__{f}"
@@ -163,9 +163,9 @@ def test_a_poll_interval_below_the_connections_floor_is_refused_naming_both(monk
     naming the param and the connection's floor (ADR 0149); at the floor it is accepted."""
     use_connection(monkeypatch, "emb_poll", host="http://127.0.0.1:9/v1")
     with pytest.raises(ValueError, match=r"batch_poll_s: 0.1 s .* \(10 s, its extra min_batch"):
-        model_choice(PipelineSettings(batch_poll_s=0.1), "emb_poll")
-    assert model_choice(PipelineSettings(batch_poll_s=10), "emb_poll").model
+        choice_of(PipelineSettings(batch_poll_s=0.1), "emb_poll")
+    assert choice_of(PipelineSettings(batch_poll_s=10), "emb_poll").model
     use_connection(
         monkeypatch, "emb_fast", host="http://127.0.0.1:9/v1", extra={"min_batch_poll_s": 0.1}
     )
-    assert model_choice(PipelineSettings(batch_poll_s=0.1), "emb_fast").model
+    assert choice_of(PipelineSettings(batch_poll_s=0.1), "emb_fast").model

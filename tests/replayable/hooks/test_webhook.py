@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
+from replayable.airflow.hooks.webhook import ConnectionFields, connection_fields
 from replayable.endpoints import url_from_fields
-from replayable.hooks.webhook import ConnectionFields, connection_fields
 
 
 def test_a_webhook_connections_fields_are_read_through_the_hook(monkeypatch):

@@ -26,12 +26,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from replayable.db import Connection, execute, fetch_all
+from replayable.models.batch_api import BatchJob
+from replayable.models.embeddings import _parse
+from replayable.models.http import CallRecord
 from replayable.retry import ErrorKind, ItemError, classify_status
-from replayable.stages.embed.batch_api import BatchJob
-from replayable.stages.embed.client import _parse
 from replayable.stages.embed.store import store_vectors
 from replayable.stages.model_calls import record_calls
-from replayable.stages.model_http import CallRecord
 
 if TYPE_CHECKING:
     from replayable.stages.embed.batch_mode import BatchModeEmbed

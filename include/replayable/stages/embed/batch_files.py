@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 
 from replayable.db import Connection, execute, fetch_all
-from replayable.stages.embed.batch_api import BatchApi, submission_of
+from replayable.models.batch_api import BatchApi, submission_of
 
 # How long a finished submission's lines are kept: what they say (a line refused or lost,
 # the windows a line missed) holds for this long (ADR 0146).

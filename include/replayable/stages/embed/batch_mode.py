@@ -39,15 +39,15 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from replayable.db import Connection, Database, execute, execute_values, fetch_all
-from replayable.retry import Classified, ErrorKind, ItemError, classify
-from replayable.runner import BatchIO, WorkItem
-from replayable.stages.embed.batch_api import (
+from replayable.models.batch_api import (
     ENDPOINT,
     MAX_BATCH_BYTES,
     MAX_BATCH_INPUTS,
     MAX_BATCH_REQUESTS,
     BatchApi,
 )
+from replayable.retry import Classified, ErrorKind, ItemError, classify
+from replayable.runner import BatchIO, WorkItem
 from replayable.stages.embed.batch_collect import Collector
 from replayable.stages.embed.packing import estimate_tokens, pack
 from replayable.stages.embed.store import request_key, too_long

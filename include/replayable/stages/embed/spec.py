@@ -4,8 +4,8 @@ An item is one document's chunks, keyed by the document and its chunk ids plus t
 version, model and dimensions; its outputs are ``embeddings`` rows, one per chunk, model and
 dimensions (ADR 0151), shared by every document with that chunk, and a ``model_calls`` row
 per billable request. A batch packs the chunks no document has embedded yet into requests
-and sends them through :class:`~replayable.stages.embed.client.HttpEmbeddingClient` (or any
-:class:`~replayable.stages.embed.client.EmbeddingProvider`).
+and sends them through :class:`~replayable.models.embeddings.HttpEmbeddingClient` (or any
+:class:`~replayable.models.embeddings.EmbeddingProvider`).
 """
 
 from __future__ import annotations
@@ -24,18 +24,18 @@ import psycopg2
 from replayable.budget import RequestBudget
 from replayable.db import Connection, Database, fetch_all
 from replayable.keys import item_key
+from replayable.knobs import EMBED_MODES
+from replayable.models.batch_api import BatchApi
+from replayable.models.embeddings import CallRecord, EmbeddingProvider, EmbeddingResult
 from replayable.retry import Classified, ErrorKind, ItemError, classify
 from replayable.runner import BatchIO, StageSpec, WorkItem
-from replayable.settings import EMBED_MODES
 from replayable.stages import embed, extract
-from replayable.stages.embed.batch_api import BatchApi
 from replayable.stages.embed.batch_mode import (
     BATCH_WAITING,
     BatchLimits,
     BatchModeEmbed,
     line_verdict,
 )
-from replayable.stages.embed.client import CallRecord, EmbeddingProvider, EmbeddingResult
 from replayable.stages.embed.packing import (
     MAX_TOKENS_PER_INPUT,
     MAX_TOKENS_PER_REQUEST,

@@ -9,8 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-# The chat model when neither a run's conf nor the connection's extra "chat_model" names one.
-DEFAULT_CHAT_MODEL = "gpt-4o-mini"
 DEFAULT_PROMPT = (
     "Summarise the following document in at most three sentences, for a reader deciding "
     "whether to open it. Answer with the summary only."

@@ -19,6 +19,8 @@ from typing import Any, Protocol
 
 from replayable.budget import RequestBudget
 from replayable.db import Connection, Database, fetch_all
+from replayable.models.chat import ChatResult
+from replayable.models.http import CallRecord, Gate
 from replayable.retry import ErrorKind, ItemError
 from replayable.runner import BatchIO, StageSpec, WorkItem
 from replayable.stages import extract, summarize
@@ -26,8 +28,6 @@ from replayable.stages.artifact import TEXT_STAGE, ArtifactBatch, ArtifactSpec, 
 from replayable.stages.embed.packing import estimate_tokens
 from replayable.stages.lineage import summary_lineage
 from replayable.stages.model_calls import correct_tokens, record_calls
-from replayable.stages.model_http import CallRecord, Gate
-from replayable.stages.summarize.client import ChatResult
 from replayable.stages.summarize.config import SummaryConfig
 
 

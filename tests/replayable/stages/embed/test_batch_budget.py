@@ -12,7 +12,7 @@ import pytest
 import in_process
 from checks import subset
 from replayable.budget import RequestBudget
-from replayable.stages.embed.batch_api import BatchApi
+from replayable.models.batch_api import BatchApi
 
 
 @pytest.fixture(autouse=True)

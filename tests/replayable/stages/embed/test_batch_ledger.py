@@ -95,7 +95,7 @@ def test_the_sweep_deletes_the_files_of_finished_batches_that_a_collect_could_no
     """A collect deletes a batch's input, output and error files; those it could not delete
     (the provider down a moment) are the sweep's: every file of a finished submission goes,
     and the files of a batch still running stay."""
-    from replayable.stages.embed.batch_api import BatchApi
+    from replayable.models.batch_api import BatchApi
     from replayable.stages.embed.batch_files import sweep_orphan_files
 
     poisoned = _body("alpha", poison="POISON-400.")
@@ -128,8 +128,8 @@ def test_a_collect_streams_the_result_file_and_stores_it_in_bounded_slices(
 ):
     """A result file is read as it arrives, never whole, and its vectors are stored a
     bounded slice at a time, in the collect's one transaction."""
+    from replayable.models.batch_api import BatchApi
     from replayable.stages.embed import batch_collect
-    from replayable.stages.embed.batch_api import BatchApi
 
     ids = _seed(conn, dsn, {"x": _body("alpha") + " The end of x.", "y": _body("gamma")})
     model.set_faults(batch_delay_s=0)

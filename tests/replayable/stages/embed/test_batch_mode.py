@@ -151,7 +151,7 @@ def test_a_line_that_keeps_failing_is_sent_again_in_the_next_batch_until_the_cap
 
 def _first_batch_only(monkeypatch, model, **faults):
     """Run the first batch created under ``faults``, the later ones under none."""
-    from replayable.stages.embed.batch_api import BatchApi
+    from replayable.models.batch_api import BatchApi
 
     created = BatchApi.create
     model.set_faults(**faults)
@@ -202,7 +202,7 @@ def test_an_expired_batch_keeps_its_done_lines_and_sends_only_the_rest_again(
 def test_a_cancelled_batch_keeps_its_done_lines_and_sends_only_the_rest_again(
     run_in_process, conn, model, tmp_path, monkeypatch
 ):
-    from replayable.stages.embed.batch_api import BatchApi
+    from replayable.models.batch_api import BatchApi
 
     _first_batch_only(monkeypatch, model, batch_delay_s=0.4, batch_cancel_after_fraction=0.5)
     created = BatchApi.create
@@ -236,9 +236,9 @@ class Killed(Exception):
 def _batch_spec(dsn, model, **overrides):
     from replayable import db
     from replayable.budget import RequestBudget
+    from replayable.models.batch_api import BatchApi
+    from replayable.models.embeddings import HttpEmbeddingClient
     from replayable.retry import CallRetry
-    from replayable.stages.embed.batch_api import BatchApi
-    from replayable.stages.embed.client import HttpEmbeddingClient
     from replayable.stages.embed.spec import EmbedSpec
 
     retry = CallRetry(max_attempts=4, base_s=0.01, cap_s=0.05, max_total_s=10)
@@ -320,8 +320,8 @@ def test_a_task_retried_while_its_batch_runs_waits_on_the_same_batch(conn, dsn, 
 def test_a_worker_killed_before_the_batch_id_is_recorded_pays_for_no_line_twice(
     conn, dsn, model, monkeypatch, killed_at
 ):
+    from replayable.models.batch_api import BatchApi
     from replayable.stages.embed import batch_mode
-    from replayable.stages.embed.batch_api import BatchApi
 
     doc_ids = _chunked(conn, dsn, 3)
     model.set_faults(batch_delay_s=0.3)
@@ -445,8 +445,8 @@ def test_a_batch_another_task_collected_first_is_not_read_again(conn, dsn, model
 def test_a_refusal_of_the_batch_api_itself_is_no_documents_fault(model):
     """A Files or Batch API call carries no document's input: its 4xx is retryable (within
     the items' attempts), never a dead letter at once."""
+    from replayable.models.batch_api import BatchApi
     from replayable.retry import ErrorKind, ItemError, classify
-    from replayable.stages.embed.batch_api import BatchApi
 
     api = BatchApi(base_url=model.base_url, model="m")
     try:
@@ -478,7 +478,7 @@ def test_lines_past_the_providers_per_batch_limits_are_split_into_several_batche
 def test_a_provider_without_the_batch_api_stops_the_batch_without_spending_attempts(
     conn, dsn, model
 ):
-    from replayable.stages.embed.batch_api import BatchApi
+    from replayable.models.batch_api import BatchApi
 
     doc_ids = _chunked(conn, dsn, 2)
     spec, connect = _batch_spec(dsn, model)

@@ -150,7 +150,7 @@ def test_a_line_a_completed_batch_does_not_return_is_never_sent_again(
     import contextlib
     import json
 
-    from replayable.stages.embed.batch_api import BatchApi
+    from replayable.models.batch_api import BatchApi
 
     texts = {"x": _body("alpha") + " The end of x.", "y": _body("gamma") + " The end of y."}
     ids = _seed(conn, dsn, texts)

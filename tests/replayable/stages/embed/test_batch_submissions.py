@@ -50,7 +50,7 @@ def _until_ended(conn, spec, connect, doc_ids, first, passes=16):
 def test_a_submission_that_cannot_be_advanced_is_abandoned_and_fails_only_its_documents(
     conn, dsn, model, monkeypatch, cause
 ):
-    from replayable.stages.embed.batch_api import BatchApi
+    from replayable.models.batch_api import BatchApi
 
     texts = {"x": _body("alpha") + " The end of x.", "y": _body("gamma") + " The end of y."}
     ids = _seed(conn, dsn, texts)
@@ -132,7 +132,7 @@ def test_a_run_whose_batch_the_provider_forgot_ends_done_through_the_trigger(
 
     import in_process
     from checks import subset
-    from replayable.stages.embed.batch_api import BatchApi
+    from replayable.models.batch_api import BatchApi
 
     created, forgotten = BatchApi.create, []
 

@@ -9,8 +9,8 @@ import httpx
 import pytest
 
 from devtools.model_server import LocalModelServer
+from replayable.models.embeddings import CallRecord, HttpEmbeddingClient
 from replayable.retry import CallRetry, ErrorKind, ItemError
-from replayable.stages.embed.client import CallRecord, HttpEmbeddingClient
 
 FAST = CallRetry(max_attempts=6, base_s=0.01, cap_s=0.05, max_total_s=30)
 

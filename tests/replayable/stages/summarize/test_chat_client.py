@@ -6,9 +6,9 @@ import httpx
 import pytest
 
 from devtools.model_server import LocalModelServer
+from replayable.models.chat import HttpChatClient, parse_answer
+from replayable.models.http import CallRecord
 from replayable.retry import CallRetry, ErrorKind, ItemError
-from replayable.stages.model_http import CallRecord
-from replayable.stages.summarize.client import HttpChatClient, parse_answer
 
 FAST = CallRetry(max_attempts=6, base_s=0.01, cap_s=0.05, max_total_s=30)
 TEXT = "Invoices are due in thirty days. Late payments accrue interest. Disputes go to Bern."

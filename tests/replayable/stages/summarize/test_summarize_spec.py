@@ -11,9 +11,9 @@ from checks import rows, seed_extraction
 from replayable import db
 from replayable.budget import RequestBudget
 from replayable.ledger import RunContext
+from replayable.models.chat import HttpChatClient
 from replayable.retry import CallRetry
 from replayable.runner import Limits, run_batch
-from replayable.stages.summarize.client import HttpChatClient
 from replayable.stages.summarize.config import SummaryConfig
 from replayable.stages.summarize.spec import SummarizeSpec
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from checks import rows, subset
+from replayable.models.chat import parse_answer
 from replayable.retry import ErrorKind, ItemError
 from replayable.settings import PipelineSettings
-from replayable.stages.summarize.client import parse_answer
 from replayable.stages.summarize.config import SummaryConfig
 
 STAGES = ["extract", "summarize"]
@@ -60,7 +60,7 @@ def test_a_filtered_answer_is_never_a_summary_even_with_partial_content():
 def test_the_answer_is_checked_without_assert_so_python_o_checks_it_too():
     code = (
         "from replayable.retry import ItemError\n"
-        "from replayable.stages.summarize.client import parse_answer\n"
+        "from replayable.models.chat import parse_answer\n"
         "for payload in ({'choices': [{'message': 'text'}]}, [],"
         " {'choices': [{'message': {'content': 5}}]}):\n"
         "    try:\n"

@@ -14,10 +14,11 @@ from airflow.sdk import TaskGroup, get_current_context
 from airflow.sdk.exceptions import AirflowFailException, DownstreamTasksSkipped
 
 from replayable import config, db, mirror, pipeline, sources, stage_identity
-from replayable.context import triggered_by
-from replayable.hooks import connection_dsn, run_models
+from replayable.airflow.context import triggered_by
+from replayable.airflow.hooks import ModelHook, connection_dsn
+from replayable.models.choice import run_models
+from replayable.pipelines import pipeline_of
 from replayable.settings import PipelineSettings, check_conf_keys
-from replayable.stage import pipeline_of
 from replayable.vocabulary import LEDGER_CONN_ID, MODEL_CONN_ID, PIPELINE_DAG_ID
 
 log = logging.getLogger(__name__)
@@ -66,7 +67,9 @@ def plan(
     except ValueError as error:
         raise AirflowFailException(str(error)) from None
     try:
-        models = run_models(settings, model_conn_id, stages.effective_stages(settings))
+        models = run_models(
+            settings, ModelHook(model_conn_id).get_settings, stages.effective_stages(settings)
+        )
     except ValueError as error:  # a setting the model connection does not allow
         raise AirflowFailException(str(error)) from None
     hashes = stages.spec_hashes(settings, models)
@@ -210,11 +213,10 @@ def _sweep_provider_files(conn: Any, model_conn_id: str, dsn: str) -> None:
     best effort: a provider without the Files API, or one that is down, is left alone. Each
     call is paced by the connection's shared rate (ADR 0149)."""
     from replayable.budget import RequestBudget
-    from replayable.hooks import EmbeddingsHook
     from replayable.stages.embed.batch_files import sweep_orphan_files
 
     try:
-        hook = EmbeddingsHook(model_conn_id)
+        hook = ModelHook(model_conn_id)
         provider = hook.get_settings()
         # Its rate only: these calls take no slot (RequestBudget.paced).
         budget = RequestBudget(
@@ -267,7 +269,9 @@ def sweep(
     max_attempts = int(params["max_attempts"])
     swept = pipeline_of(pipeline_dag_id)
     settings = PipelineSettings(max_attempts=max_attempts, stages=swept.names)
-    hashes = swept.spec_hashes(settings, run_models(settings, model_conn_id, swept.names))
+    hashes = swept.spec_hashes(
+        settings, run_models(settings, ModelHook(model_conn_id).get_settings, swept.names)
+    )
     dsn = connection_dsn(postgres_conn_id)
     conn = db.connect(dsn)
     try:

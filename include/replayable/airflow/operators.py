@@ -15,13 +15,15 @@ from airflow.sdk.definitions.retry_policy import RetryDecision, RetryPolicy
 from airflow.sdk.exceptions import AirflowSkipException
 
 from replayable import db
-from replayable.context import triggered_by
-from replayable.hooks import connection_dsn, run_models
+from replayable.airflow.context import triggered_by
+from replayable.airflow.hooks import ModelHook, connection_dsn
 from replayable.ledger import Revival, RunContext
+from replayable.models.choice import run_models
+from replayable.pipelines import pipeline_of
 from replayable.retry import Classified, ErrorKind, classify
 from replayable.runner import DEADLINE, BatchResult, Limits, run_batch
 from replayable.settings import PipelineSettings
-from replayable.stage import BuildContext, Pipeline, StageBuildError, pipeline_of
+from replayable.stage import BuildContext, Pipeline, StageBuildError
 from replayable.stages.embed.batch_mode import BATCH_WAITING
 from replayable.vocabulary import LEDGER_CONN_ID, MODEL_CONN_ID, STAGES
 
@@ -230,7 +232,9 @@ class IdempotentStageOperator(BaseOperator):
         def connect() -> db.Database:
             return db.Database(dsn)
 
-        models = run_models(settings, self.model_conn_id, stages)
+        # Read once, and only when a stage asks: a run of extract alone needs no model connection.
+        model_hook = ModelHook(self.model_conn_id)
+        models = run_models(settings, model_hook.get_settings, stages)
         with ExitStack() as stack:
             build = BuildContext(
                 settings=settings,
@@ -240,6 +244,7 @@ class IdempotentStageOperator(BaseOperator):
                 stack=stack,
                 spec_hashes=pipeline.spec_hashes(settings, models),
                 model_conn_id=self.model_conn_id,
+                model_provider=model_hook.get_settings,
                 models=models,
                 dag_id=ti.dag_id,
                 map_index=ti.map_index,
@@ -290,7 +295,7 @@ class IdempotentStageOperator(BaseOperator):
     ) -> None:
         """Defer the task to the triggerer until one of the provider batches its items wait
         for has ended; the task then runs again and collects it (ADR 0117)."""
-        from replayable.triggers import ProviderBatchTrigger
+        from replayable.airflow.triggers import ProviderBatchTrigger
 
         emit_stats(result, None)
         batch_ids = [b for b in waiting_on if not b.startswith("submission:")]

@@ -35,8 +35,8 @@ from urllib.parse import urlsplit
 
 from airflow.sdk import BaseNotifier, Context
 
+from replayable.airflow.hooks.webhook import connection_fields
 from replayable.endpoints import url_from_fields
-from replayable.hooks.webhook import connection_fields
 from replayable.vocabulary import ALERTS_CONN_ID
 
 if TYPE_CHECKING:

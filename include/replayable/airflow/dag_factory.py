@@ -3,8 +3,9 @@
 Every pipeline has the same shape: ``plan`` (discover, or a re-run's selection, then the
 batches with work left), one mapped task group per batch with a task per stage (each after
 the stage it reads, ``none_failed``, so a stage a run skips lets its readers run), then
-``report`` and the ``publish`` teardown. The pipeline is registered under its DAG id, so each
-task finds its stages again when the worker parses the file (:func:`replayable.stage.pipeline_of`).
+``report`` and the ``publish`` teardown. The pipeline is registered under its DAG id, so
+each task finds its stages again when the worker parses the file
+(:func:`replayable.pipelines.pipeline_of`).
 
 Beside it, in the same file, the pipeline gets its sweeper DAG (ADR 0042, 0109), so the
 sweep's task finds the same stages when its worker parses that file.
@@ -19,12 +20,14 @@ from typing import Any
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
 from airflow.sdk import DAG, Param, dag, task, task_group
 
-from replayable import config, dag_tasks, sources
-from replayable.operators import IdempotentStageOperator
-from replayable.params import pipeline_params
-from replayable.publisher import PublishEventsOperator
+from replayable import config, sources
+from replayable.airflow import tasks
+from replayable.airflow.operators import IdempotentStageOperator
+from replayable.airflow.params import pipeline_params
+from replayable.airflow.publisher import PublishEventsOperator
+from replayable.pipelines import register
 from replayable.settings import TASK_TIMEOUTS, PipelineSettings
-from replayable.stage import Pipeline, Stage, register
+from replayable.stage import Pipeline, Stage
 
 LABEL = "{{ task.batch['label'] }}"
 
@@ -79,9 +82,7 @@ def pipeline_dag(
         **dag_args,
     )
     def build() -> None:
-        batches = task(task_id="plan", execution_timeout=TASK_TIMEOUTS["plan"])(
-            dag_tasks.plan_task
-        )()
+        batches = task(task_id="plan", execution_timeout=TASK_TIMEOUTS["plan"])(tasks.plan_task)()
 
         @task_group(group_id="batch")
         def process(batch: dict[str, object]) -> None:
@@ -102,7 +103,7 @@ def pipeline_dag(
 
         done = process.expand(batch=batches)
         report = task(trigger_rule="all_done", execution_timeout=TASK_TIMEOUTS["report"])(
-            dag_tasks.report
+            tasks.report
         )()
         # A teardown runs however the run went, and the run's state stays the report's verdict.
         (
@@ -153,7 +154,7 @@ def sweeper_dag(pipeline: Pipeline, dag_id: str) -> DAG:
         doc_md=SWEEPER_DOC.format(pipeline=pipeline.dag_id),
     )
     def build() -> None:
-        reruns = task(dag_tasks.sweep)(pipeline.dag_id)
+        reruns = task(tasks.sweep)(pipeline.dag_id)
         TriggerDagRunOperator.partial(
             task_id="trigger_rerun",
             trigger_dag_id=pipeline.dag_id,

@@ -26,8 +26,8 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
+from replayable.models.batch_api import FINISHED
 from replayable.retry import RETRYABLE_STATUS
-from replayable.stages.embed.batch_api import FINISHED
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ class ProviderBatchTrigger(BaseTrigger):
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
-            "replayable.triggers.ProviderBatchTrigger",
+            "replayable.airflow.triggers.ProviderBatchTrigger",
             {"conn_id": self.conn_id, "batch_ids": self.batch_ids, "poll_s": self.poll_s},
         )
 
@@ -83,7 +83,7 @@ class ProviderBatchTrigger(BaseTrigger):
     async def _endpoint(self) -> tuple[str, dict[str, str]]:
         from airflow.sdk import BaseHook
 
-        from replayable.stages.embed.endpoint import settings_from_fields
+        from replayable.models.endpoint import settings_from_fields
 
         conn = await BaseHook.aget_connection(self.conn_id)
         settings = settings_from_fields(

@@ -30,8 +30,8 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from replayable.airflow.hooks.webhook import connection_fields
 from replayable.endpoints import url_from_fields
-from replayable.hooks.webhook import connection_fields
 from replayable.outbox import Event
 from replayable.retry import CallRetry, call_with_retries
 

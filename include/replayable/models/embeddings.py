@@ -1,7 +1,7 @@
 """Embed chunk texts through an OpenAI-compatible ``/v1/embeddings`` endpoint.
 
 The provider is a small Protocol; :class:`HttpEmbeddingClient` implements it over httpx.
-Which endpoint and key are used is decided in one place, ``replayable.stages.embed.endpoint``.
+Which endpoint and key are used is decided in one place, ``replayable.models.endpoint``.
 Every HTTP request is reported to ``on_call`` so that billable calls are counted.
 """
 
@@ -12,8 +12,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from replayable.models.http import CallRecord, Gate, HttpModelClient, Request
 from replayable.retry import ErrorKind, ItemError
-from replayable.stages.model_http import CallRecord, Gate, HttpModelClient, Request
 
 __all__ = ["CallRecord", "EmbeddingProvider", "EmbeddingResult", "Gate", "HttpEmbeddingClient"]
 
@@ -66,7 +66,7 @@ class HttpEmbeddingClient(HttpModelClient):
     """OpenAI-compatible embeddings over httpx, with classified, bounded retries.
 
     ``dimensions``: optional output size, for models that accept it; the other parameters
-    are :class:`~replayable.stages.model_http.HttpModelClient`'s (as keywords).
+    are :class:`~replayable.models.http.HttpModelClient`'s (as keywords).
     """
 
     def __init__(self, *, dimensions: int | None = None, **client: Any) -> None:

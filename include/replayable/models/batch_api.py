@@ -21,8 +21,8 @@ from typing import Any
 
 import httpx
 
+from replayable.models.http import Gate, HttpModelClient, parse_json, read_within
 from replayable.retry import ErrorKind, ItemError
-from replayable.stages.model_http import Gate, HttpModelClient, parse_json, read_within
 
 # What one batch may hold, at OpenAI: requests, embedding inputs across them, file bytes.
 MAX_BATCH_REQUESTS = 50_000

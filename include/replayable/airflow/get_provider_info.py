@@ -1,8 +1,9 @@
 """Replayable as an Airflow provider: its connection type, form fields and notifier.
 
 Airflow finds this through the ``apache_airflow_provider`` entry point of an installed
-distribution (``provider_info = "replayable.get_provider_info:get_provider_info"``); with it,
-the connection form offers "Replayable embeddings" with its own fields. Without the
+distribution
+(``provider_info = "replayable.airflow.get_provider_info:get_provider_info"``); with it, the
+connection form offers "Replayable embeddings" with its own fields. Without the
 entry point (``include/`` on PYTHONPATH only) everything works except that form.
 
 It imports nothing: Airflow loads it while discovering providers, which may happen in the
@@ -62,11 +63,11 @@ def get_provider_info() -> dict[str, Any]:
         "connection-types": [
             {
                 "connection-type": CONN_TYPE,
-                "hook-class-name": "replayable.hooks.EmbeddingsHook",
+                "hook-class-name": "replayable.airflow.hooks.ModelHook",
                 "hook-name": HOOK_NAME,
                 "conn-fields": CONNECTION_FIELDS,
                 "ui-field-behaviour": UI_FIELD_BEHAVIOUR,
             }
         ],
-        "notifications": ["replayable.notifications.WebhookNotifier"],
+        "notifications": ["replayable.airflow.notifications.WebhookNotifier"],
     }

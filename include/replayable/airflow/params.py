@@ -9,6 +9,7 @@ from typing import Any
 from airflow.sdk import Param
 
 from replayable.config import SOURCE_ROOTS_ENV
+from replayable.knobs import DEFAULT_CHAT_MODEL
 from replayable.settings import (
     AUTO,
     BOUNDS,
@@ -21,7 +22,6 @@ from replayable.settings import (
     PipelineSettings,
 )
 from replayable.stages import extract
-from replayable.stages.summarize.config import DEFAULT_CHAT_MODEL
 from replayable.vocabulary import DEFAULT_STAGES, ITEM_STATUSES
 
 _DEFAULTS = PipelineSettings()

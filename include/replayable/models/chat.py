@@ -17,8 +17,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from replayable.models.http import CallRecord, Gate, HttpModelClient, Request
 from replayable.retry import ErrorKind, ItemError
-from replayable.stages.model_http import CallRecord, Gate, HttpModelClient, Request
 
 # Why an answer ended when it was cut off at max_tokens (OpenAI says length; some
 # compatible servers say max_tokens), and when the provider's filter stopped it.
@@ -52,7 +52,7 @@ class HttpChatClient(HttpModelClient):
     ``max_tokens``: the answer's length limit, or None for the provider's default;
     ``keep_truncated``: return an answer cut off at it (marked) instead of failing with
     ``truncated``; the other parameters are
-    :class:`~replayable.stages.model_http.HttpModelClient`'s.
+    :class:`~replayable.models.http.HttpModelClient`'s.
     """
 
     def __init__(

@@ -24,7 +24,7 @@ from airflow.sdk import Asset, BaseOperator, Context
 from airflow.sdk.exceptions import AirflowFailException
 
 from replayable import db
-from replayable.hooks import connection_dsn, connection_fields
+from replayable.airflow.hooks import connection_dsn, connection_fields
 from replayable.outbox import PublishLimits, publication_counts, publish
 from replayable.vocabulary import EVENTS_CONN_ID, LEDGER_CONN_ID
 
@@ -45,7 +45,7 @@ class PublishEventsOperator(BaseOperator):
     outbox (``status = 'dead'`` with their error), and the task succeeds.
 
     :param postgres_conn_id: Airflow connection of the replayable database.
-    :param events_conn_id: Airflow connection of the webhook (see ``replayable.sinks``);
+    :param events_conn_id: Airflow connection of the webhook (see ``replayable.airflow.sinks``);
         None publishes to the asset only, marking events published as they are claimed.
     :param max_events: events claimed at most by one run of the task.
     :param batch_size: events claimed per round trip (``PublishLimits.claim_size``).
@@ -127,7 +127,7 @@ class PublishEventsOperator(BaseOperator):
         return True
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from replayable.sinks import WebhookSink, webhook_settings_from_connection
+        from replayable.airflow.sinks import WebhookSink, webhook_settings_from_connection
 
         ti = context["ti"]
         publication = f"{ti.dag_id}/{ti.run_id}/{ti.task_id}"

@@ -1,6 +1,6 @@
 """Which embedding endpoint is used: decided here, from the Airflow connection's fields.
 
-:class:`replayable.hooks.EmbeddingsHook` reads the connection (default id
+:class:`replayable.airflow.hooks.ModelHook` reads the connection (default id
 ``replayable_model``) and hands its fields to :func:`settings_from_fields`. It holds the
 endpoint and the secret:
 
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from replayable.endpoints import url_from_fields
-from replayable.stages.model_http import Price
+from replayable.models.http import Price
 
 
 @dataclass(frozen=True)
