@@ -92,6 +92,7 @@ lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	MYPYPATH=include $(VENV)/bin/mypy
+	PYTHONPATH=include:. $(VENV)/bin/lint-imports --no-cache
 
 # Every figure at full size (about 25 minutes on 2 cores); results in bench/results/.
 bench: install

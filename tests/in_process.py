@@ -29,7 +29,8 @@ from replayable import (
     sources,
 )
 from replayable.airflow import tasks as dag_tasks
-from replayable.pipelines import pipeline_of, register
+from replayable.airflow.tasks import common as task_common
+from replayable.pipeline.registry import pipeline_of, register
 from replayable.stage import Pipeline
 from replayable.vocabulary import PIPELINE_DAG_ID
 
@@ -122,7 +123,7 @@ class PipelineInProcess:
 
         failed = False
         current = context("plan")
-        self.monkeypatch.setattr(dag_tasks, "get_current_context", lambda: current)
+        self.monkeypatch.setattr(task_common, "get_current_context", lambda: current)
         try:
             batches = dag_tasks.plan()
         except AirflowFailException as error:

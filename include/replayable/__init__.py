@@ -46,7 +46,7 @@ _HOMES = {
     "ArtifactStage": "replayable.stages.artifact",
     "BuildContext": "replayable.stage",
     "Document": "replayable.stages.artifact",
-    "Models": "replayable.stage",
+    "Models": "replayable.models.choice",
     "Pipeline": "replayable.stage",
     "Stage": "replayable.stage",
     "pipeline_dag": "replayable.airflow.dag_factory",

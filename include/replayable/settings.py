@@ -12,54 +12,19 @@ from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
 from typing import Any
 
+from replayable.knobs import AUTO as AUTO
+from replayable.knobs import BOUNDS as BOUNDS
 from replayable.knobs import DEFAULT_MAX_IN_FLIGHT as DEFAULT_MAX_IN_FLIGHT
 from replayable.knobs import DEFAULT_MODEL as DEFAULT_MODEL
+from replayable.knobs import DEFAULTS, OPTIONAL
 from replayable.knobs import EMBED_MODES as EMBED_MODES
 from replayable.stages import extract
 from replayable.stages.chunk.chunker import ChunkConfig
-from replayable.stages.summarize.config import DEFAULT_PROMPT, SummaryConfig
-from replayable.vocabulary import ITEM_LEASE_S, ITEM_MAX_ATTEMPTS, is_stage_name
+from replayable.stages.summarize.config import SummaryConfig
 
 # Re-exported: the CLI, the UI, the operator, bench and many tests import it from here.
 from replayable.vocabulary import STAGES as STAGES
-
-# batch_size's automatic value: sized by pipeline.plan_batches (ADR 0104).
-AUTO = "auto"
-
-# Every numeric setting's documented range (the DAG's params use the same numbers), so
-# that whoever triggers a run cannot switch a guard off for it (ADR 0012).
-BOUNDS: dict[str, tuple[float, float]] = {
-    "batch_size": (1, 10_000),
-    "dimensions": (1, 8192),
-    "chunk_size": (50, 100_000),
-    "chunk_overlap": (0, 50_000),
-    "embed_inputs_per_call": (1, 2048),
-    "max_in_flight": (1, 256),
-    "max_rps": (0.01, 100_000),
-    "max_bytes": (1, 2**30),
-    # Text past this is a poison document, dead-lettered as oversize_text (ADR 0077). At most
-    # 250 M characters: even at 4 UTF-8 bytes each that fits a Postgres field (1 GiB).
-    "max_text_chars": (1, 250_000_000),
-    # A document cut into more chunks is dead-lettered too. The top fits the longest text
-    # above in default chunks (about 357,000) and keeps one document within a million rows.
-    "max_chunks_per_doc": (1, 1_000_000),
-    "item_timeout_s": (0.1, 3600),
-    "memory_mb": (64, 16_384),
-    "max_attempts": (1, 20),
-    "lease_s": (1, 86_400),
-    "max_retry_after_s": (0, 3600),
-    # A summary reads at most this much of a document's text (a long book's first pages).
-    "summary_input_chars": (100, 1_000_000),
-    "summary_max_tokens": (1, 16_384),
-    # How often a task in batch mode reads its provider batches while it waits (ADR 0117).
-    "batch_poll_s": (0.1, 3600),
-    # A share of the documents a run had work for (ADR 0116).
-    "max_dead_fraction": (0, 1),
-    # A share of the documents a source's last listing held (ADR 0138): 0.2 at most, so a
-    # run's conf can only lower it; confirm_retract is the override for a larger removal.
-    "max_retract_fraction": (0, 0.2),
-    "confirm_retract": (1, 1_000_000_000),
-}
+from replayable.vocabulary import is_stage_name
 
 # Airflow fixes a task's execution_timeout when it parses the DAG, before any run's params
 # are known, so each one is a backstop derived from the params' maxima; a stage task also
@@ -76,60 +41,56 @@ TASK_TIMEOUTS: dict[str, timedelta] = {
 }
 
 
-# The numeric settings that may be None (each says what None means).
-_OPTIONAL = ("dimensions", "max_in_flight", "max_rps", "max_dead_fraction", "confirm_retract")
-
-
 @dataclass(frozen=True)
 class PipelineSettings:
     """Everything one run of the pipeline needs to know, validated."""
 
     source: str = ""
     # Documents per mapped batch, or "auto": a few batches per parallel slot (ADR 0104).
-    batch_size: int | str = AUTO
+    batch_size: int | str = DEFAULTS["batch_size"]
     # None: the pipeline's default stages, and for a re-run or a redrive its own stage too
     # (stage.Pipeline.effective_stages, ADR 0107).
     stages: tuple[str, ...] | None = None
     model: str | None = None  # None: the connection's extra "model", else DEFAULT_MODEL
     dimensions: int | None = None
-    chunk_size: int = 800
-    chunk_overlap: int = 100
-    embed_inputs_per_call: int = 32
+    chunk_size: int = DEFAULTS["chunk_size"]
+    chunk_overlap: int = DEFAULTS["chunk_overlap"]
+    embed_inputs_per_call: int = DEFAULTS["embed_inputs_per_call"]
     # "sync" (each request answered at once) or "batch": the provider's Batch API, at half
     # the price, collected within 24 h while the task waits on the triggerer (ADR 0117).
-    embed_mode: str = "sync"
-    batch_poll_s: float = 60.0
+    embed_mode: str = DEFAULTS["embed_mode"]
+    batch_poll_s: float = DEFAULTS["batch_poll_s"]
     max_in_flight: int | None = None  # None: the connection's extra, else DEFAULT_MAX_IN_FLIGHT
     max_rps: float | None = None  # None: the connection's extra, else no rate limit
-    max_bytes: int = 20 * 2**20
+    max_bytes: int = DEFAULTS["max_bytes"]
     # The engine policy: pdfium, pypdf, or auto (PDFium, then pypdf); ADR 0103.
-    extractor: str = extract.DEFAULT_ENGINE
+    extractor: str = DEFAULTS["extractor"]
     # A 1,000-page book at 20,000 characters a page: four times a dense page of print, and
     # at most 80 MB as a Python str, well inside the default memory_mb (ADR 0077).
-    max_text_chars: int = 20_000_000
+    max_text_chars: int = DEFAULTS["max_text_chars"]
     # The longest text above in default chunks (800, overlap 100) is about 28,600 of them.
-    max_chunks_per_doc: int = 50_000
-    item_timeout_s: float = 60.0
-    memory_mb: int = 1024
-    max_attempts: int = ITEM_MAX_ATTEMPTS
-    lease_s: float = ITEM_LEASE_S
-    max_retry_after_s: float = 300.0
+    max_chunks_per_doc: int = DEFAULTS["max_chunks_per_doc"]
+    item_timeout_s: float = DEFAULTS["item_timeout_s"]
+    memory_mb: int = DEFAULTS["memory_mb"]
+    max_attempts: int = DEFAULTS["max_attempts"]
+    lease_s: float = DEFAULTS["lease_s"]
+    max_retry_after_s: float = DEFAULTS["max_retry_after_s"]
     # The summarize stage (ADR 0107): its chat model (None: the connection's extra
     # "chat_model", else DEFAULT_CHAT_MODEL), its instruction, how much text it reads, and
     # the answer's length limit. All four are in its key: editing one redoes the summaries.
     summary_model: str | None = None
-    summary_prompt: str = DEFAULT_PROMPT
-    summary_input_chars: int = 12_000
-    summary_max_tokens: int = 200
+    summary_prompt: str = DEFAULTS["summary_prompt"]
+    summary_input_chars: int = DEFAULTS["summary_input_chars"]
+    summary_max_tokens: int = DEFAULTS["summary_max_tokens"]
     # Keep an answer cut off at summary_max_tokens (marked truncated) instead of failing its
     # document as truncated (ADR 0134); part of the key when set.
-    summary_keep_truncated: bool = False
+    summary_keep_truncated: bool = DEFAULTS["summary_keep_truncated"]
     # The run fails when the documents it dead-lettered are more than this share of those it
     # had work for; None: dead letters never fail a run (ADR 0116).
     max_dead_fraction: float | None = None
     # A run over a whole source retracts what its listing lost only up to this share of the
     # documents the last listing held, or exactly confirm_retract documents (ADR 0138).
-    max_retract_fraction: float = 0.2
+    max_retract_fraction: float = DEFAULTS["max_retract_fraction"]
     confirm_retract: int | None = None
     rerun: Mapping[str, Any] | None = None
     redrive: Mapping[str, Any] | None = None
@@ -143,7 +104,7 @@ class PipelineSettings:
                         f"batch_size: must be {AUTO!r} or a number from {low:g} to {high:g}, "
                         f"got {value!r}"
                     )
-            elif value is not None or name not in _OPTIONAL:
+            elif value is not None or name not in OPTIONAL:
                 _within(name, value, low, high)
         extract.extractor_id(self.extractor)  # refuses an unknown engine, naming the field
         if self.embed_mode not in EMBED_MODES:

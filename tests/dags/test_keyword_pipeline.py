@@ -8,7 +8,7 @@ from checks import rows, subset
 from conftest import ROOT
 from in_process import PipelineInProcess
 from replayable import DOCUMENTS_READY
-from replayable.pipelines import pipeline_of
+from replayable.pipeline.registry import pipeline_of
 
 
 def test_keyword_pipeline_announces_each_document_it_finishes(

@@ -11,6 +11,7 @@ from test_operators import flaky_connect
 from replayable import db, pipeline
 from replayable.airflow import tasks as dag_tasks
 from replayable.airflow.dag_factory import pipeline_dag
+from replayable.airflow.tasks import common, planning
 from replayable.stages.builtin import BUILTIN
 from replayable.vocabulary import STAGES
 
@@ -26,8 +27,8 @@ REPORT = {
 @pytest.fixture
 def in_a_task(monkeypatch):
     ti = SimpleNamespace(dag_id="document_pipeline", run_id="run-1")
-    monkeypatch.setattr(dag_tasks, "get_current_context", lambda: {"ti": ti, "params": {}})
-    monkeypatch.setattr(dag_tasks, "connection_dsn", lambda conn_id: "dsn")
+    monkeypatch.setattr(common, "get_current_context", lambda: {"ti": ti, "params": {}})
+    monkeypatch.setattr(common, "connection_dsn", lambda conn_id: "dsn")
 
 
 def test_the_report_that_starts_during_a_database_restart_waits_for_it(monkeypatch, in_a_task):
@@ -51,10 +52,10 @@ def test_plan_refuses_an_unknown_conf_key_before_it_reads_any_source(monkeypatch
     """Airflow lets any extra key into a run's conf; plan stops the run instead of ignoring it."""
     ti = SimpleNamespace(dag_id="document_pipeline", run_id="run-1")
     context = {"ti": ti, "params": {**conf}, "dag_run": SimpleNamespace(conf=conf)}
-    monkeypatch.setattr(dag_tasks, "get_current_context", lambda: context)
+    monkeypatch.setattr(common, "get_current_context", lambda: context)
     reached: list[str] = []
-    monkeypatch.setattr(dag_tasks, "run_models", lambda *a: reached.append("model") or None)
-    monkeypatch.setattr(dag_tasks, "_on_database", lambda *a: reached.append("database") or None)
+    monkeypatch.setattr(planning, "run_models", lambda *a: reached.append("model") or None)
+    monkeypatch.setattr(common, "on_database", lambda *a: reached.append("database") or None)
     with pytest.raises(AirflowFailException, match=re.escape(named)):
         dag_tasks.plan()
     assert reached == []
@@ -67,8 +68,8 @@ def test_a_plan_with_no_batch_skips_the_batch_tasks_itself(monkeypatch, batches)
     dag = pipeline_dag("plan_skip_probe", BUILTIN, source="/tmp", sweeper=False)
     plan = dag.get_task("plan")
     ti = SimpleNamespace(dag_id=dag.dag_id, run_id="run-1", task_id="plan", map_index=-1)
-    monkeypatch.setattr(dag_tasks, "get_current_context", lambda: {"ti": ti, "task": plan})
-    monkeypatch.setattr(dag_tasks, "plan", lambda *args: batches)
+    monkeypatch.setattr(common, "get_current_context", lambda: {"ti": ti, "task": plan})
+    monkeypatch.setattr(planning, "plan", lambda *args: batches)
     pushed: list[tuple[str, object, dict]] = []
     monkeypatch.setattr(
         xcom.XCom, "set", lambda key, value, **where: pushed.append((key, value, where))

@@ -48,6 +48,7 @@ def test_a_run_just_over_its_threshold_fails_naming_the_fraction_and_the_thresho
 
     from replayable import pipeline
     from replayable.airflow import tasks as dag_tasks
+    from replayable.airflow.tasks import common
 
     report = {
         "run_id": "run-1",
@@ -59,8 +60,8 @@ def test_a_run_just_over_its_threshold_fails_naming_the_fraction_and_the_thresho
     }
     ti = SimpleNamespace(dag_id="document_pipeline", run_id="run-1")
     params = {"max_dead_fraction": 0.09}
-    monkeypatch.setattr(dag_tasks, "get_current_context", lambda: {"ti": ti, "params": params})
-    monkeypatch.setattr(dag_tasks, "_on_database", lambda *a: report)
+    monkeypatch.setattr(common, "get_current_context", lambda: {"ti": ti, "params": params})
+    monkeypatch.setattr(common, "on_database", lambda *a: report)
     with pytest.raises(AirflowFailException) as failed:
         dag_tasks.report()
     message = str(failed.value)

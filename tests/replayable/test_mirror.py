@@ -375,20 +375,20 @@ def test_a_plan_that_runs_again_retracts_nothing_twice_and_reports_its_first_try
 def test_a_file_that_cannot_be_read_keeps_the_document_its_path_held(conn, tmp_path, monkeypatch):
     """Unread is not changed: a file whose stat changed and that cannot be hashed any more
     (its permissions, say) supersedes nothing."""
-    from replayable import pipeline
+    from replayable.pipeline import discovery
 
     folder = _small_source(tmp_path, 10)
     _discover(conn, folder, "r1")
     locked = folder / "f3.pdf"
     os.utime(locked, ns=(1, 1))  # the stat differs from the cache: it is hashed again
-    real = pipeline.sha256_file
+    real = discovery.sha256_file
 
     def sha256_file(path: str) -> str:
         if path == str(locked):
             raise PermissionError(13, "Permission denied", path)
         return real(path)
 
-    monkeypatch.setattr(pipeline, "sha256_file", sha256_file)
+    monkeypatch.setattr(discovery, "sha256_file", sha256_file)
     _discover(conn, folder, "r2")
     assert mirror.run_counts(conn, dag_id="d", run_id="r2") == {
         "retracted": 0,
@@ -405,6 +405,7 @@ def test_the_sweeper_task_purges_documents_retracted_longer_ago_than_the_retenti
     from types import SimpleNamespace
 
     from replayable.airflow import tasks as dag_tasks
+    from replayable.airflow.tasks import common
 
     folder = subset(tmp_path, 6)
     assert not run_in_process({"source": str(folder)})["_failed"]
@@ -414,7 +415,7 @@ def test_the_sweeper_task_purges_documents_retracted_longer_ago_than_the_retenti
     assert run_in_process({"source": str(folder)})["mirror"]["retracted"] == 1
     ti = SimpleNamespace(dag_id="replayable_sweeper", run_id="sweep-1")
     params = {"max_attempts": 3, "min_age_minutes": 10, "max_items": 100}
-    monkeypatch.setattr(dag_tasks, "get_current_context", lambda: {"ti": ti, "params": params})
+    monkeypatch.setattr(common, "get_current_context", lambda: {"ti": ti, "params": params})
 
     assert dag_tasks.sweep() == []
     assert mirror.retracted(conn) == {"retracted": 1, "purged": 0}  # within the retention

@@ -9,7 +9,7 @@ import pytest
 
 from replayable import db, keys, pipeline
 from replayable.ledger import Ledger, Outcome, RunContext
-from replayable.pipeline import discover, format_report, plan_batches
+from replayable.pipeline import discover, discovery, format_report, plan_batches
 from replayable.retry import Classified, ErrorKind
 from replayable.settings import PipelineSettings
 from replayable.stages.builtin import document_pipeline
@@ -54,7 +54,7 @@ def hashed(monkeypatch):
         seen.append(Path(path).name)
         return real(path)
 
-    monkeypatch.setattr(pipeline, "sha256_file", counting)
+    monkeypatch.setattr(discovery, "sha256_file", counting)
     return seen
 
 
@@ -439,7 +439,7 @@ def test_a_file_that_cannot_be_read_is_a_document_of_the_run_named_from_its_stat
 
 def swap_for_fifo_after_listing(monkeypatch, path):
     """Replace ``path`` by a FIFO once discover has listed and stat'ed the source."""
-    real = pipeline._stat_rows
+    real = discovery._stat_rows
 
     def listed_then_swapped(found):
         scanned = real(found)
@@ -447,7 +447,7 @@ def swap_for_fifo_after_listing(monkeypatch, path):
         os.mkfifo(path)
         return scanned
 
-    monkeypatch.setattr(pipeline, "_stat_rows", listed_then_swapped)
+    monkeypatch.setattr(discovery, "_stat_rows", listed_then_swapped)
 
 
 def test_a_file_swapped_for_a_fifo_before_it_is_hashed_does_not_block_discover(
@@ -508,7 +508,7 @@ def test_a_rerun_leaves_a_still_unreadable_document_for_extract_to_report(conn, 
     with permission_bits_bind():
         run_discover(conn, tmp_path)
         before = run_docs(conn)
-        pipeline._reidentify(conn, dag_id="d", run_id="r1", max_bytes=2**30)
+        discovery._reidentify(conn, dag_id="d", run_id="r1", max_bytes=2**30)
     assert run_docs(conn) == before
 
 
@@ -520,7 +520,7 @@ def test_discover_drops_runs_past_the_retention_with_their_documents_and_keeps_r
     for run_id in ("old", "recent"):
         run_discover(conn, tmp_path, run_id=run_id)
         db.execute(conn, "report/save_report", {"dag_id": "d", "run_id": run_id, "report": "{}"})
-    days = pipeline.RUN_RETENTION_DAYS
+    days = discovery.RUN_RETENTION_DAYS
     rows(
         conn,
         "UPDATE replayable.runs SET created_at = now() - make_interval(days => %s)"

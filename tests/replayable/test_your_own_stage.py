@@ -80,7 +80,7 @@ def test_the_readmes_example_pasted_into_a_dag_file_is_found_and_runs_as_written
     nothing."""
     from airflow.models import DagBag
 
-    from replayable.pipelines import pipeline_of
+    from replayable.pipeline.registry import pipeline_of
 
     path = paste_readme_example(tmp_path / "dags")
     bag = DagBag(dag_folder=str(path), safe_mode=True)

@@ -30,6 +30,7 @@ import in_process
 from devtools.model_server import LocalModelServer
 from in_process import PipelineInProcess
 from replayable.airflow import tasks as dag_tasks
+from replayable.airflow.tasks import common as task_common
 from replayable.invariants import Violation, check_ledger, count_violations
 from replayable.retry import CallRetry
 from replayable.runner import processing
@@ -296,7 +297,7 @@ class Walk:
         other: dict[str, Any] = {}
 
         def run_other() -> None:
-            context = dag_tasks.get_current_context  # each run sets its own
+            context = task_common.get_current_context  # each run sets its own
             try:
                 self.runs += 1
                 report = dataclasses.replace(self.run, tasks={}, outlets={})(
@@ -304,7 +305,7 @@ class Walk:
                 )
                 other["summary"] = self._summary(report)
             finally:
-                dag_tasks.get_current_context = context
+                task_common.get_current_context = context
 
         async def waiting(trigger: Any) -> Any:
             if not other:
@@ -343,7 +344,7 @@ class Walk:
             "params": {"max_attempts": MAX_ATTEMPTS, "min_age_minutes": 0, "max_items": 1000},
         }
         with self.monkeypatch.context() as patch:
-            patch.setattr(dag_tasks, "get_current_context", lambda: context)
+            patch.setattr(task_common, "get_current_context", lambda: context)
             requests = dag_tasks.sweep()
         for request in requests:
             self._run(dict(request["conf"]))

@@ -5,7 +5,7 @@ batches with work left), one mapped task group per batch with a task per stage (
 the stage it reads, ``none_failed``, so a stage a run skips lets its readers run), then
 ``report`` and the ``publish`` teardown. The pipeline is registered under its DAG id, so
 each task finds its stages again when the worker parses the file
-(:func:`replayable.pipelines.pipeline_of`).
+(:func:`replayable.pipeline.registry.pipeline_of`).
 
 Beside it, in the same file, the pipeline gets its sweeper DAG (ADR 0042, 0109), so the
 sweep's task finds the same stages when its worker parses that file.
@@ -25,8 +25,9 @@ from replayable.airflow import tasks
 from replayable.airflow.operators import IdempotentStageOperator
 from replayable.airflow.params import pipeline_params
 from replayable.airflow.publisher import PublishEventsOperator
-from replayable.pipelines import register
-from replayable.settings import TASK_TIMEOUTS, PipelineSettings
+from replayable.knobs import KNOB
+from replayable.pipeline.registry import register
+from replayable.settings import TASK_TIMEOUTS
 from replayable.stage import Pipeline, Stage
 
 LABEL = "{{ task.batch['label'] }}"
@@ -59,11 +60,6 @@ def pipeline_dag(
     :param dag_args: passed to ``@dag`` (``start_date``, ``max_active_runs``, …).
     """
     pipeline = register(Pipeline(dag_id, tuple(stages), default_stages=tuple(default_stages)))
-    # Backstops fixed at parse time; each batch also keeps its run's own deadline (ADR 0012).
-    stage_args: dict[str, Any] = {
-        "map_index_template": LABEL,
-        "execution_timeout": TASK_TIMEOUTS["stage"],
-    }
     dag_args.setdefault("catchup", False)
 
     @dag(
@@ -86,20 +82,7 @@ def pipeline_dag(
 
         @task_group(group_id="batch")
         def process(batch: dict[str, object]) -> None:
-            made: dict[str, IdempotentStageOperator] = {}
-            for stage in pipeline.stages:
-                # A stage that reads another waits for it; a skipped input lets it run.
-                rule: dict[str, Any] = {"trigger_rule": "none_failed"} if stage.reads else {}
-                made[stage.name] = IdempotentStageOperator(
-                    task_id=stage.name,
-                    stage=stage.name,
-                    batch=batch,
-                    pipeline=pipeline,
-                    **rule,
-                    **stage_args,
-                )
-                if stage.reads is not None:
-                    made[stage.reads] >> made[stage.name]
+            _stage_tasks(pipeline, batch)
 
         done = process.expand(batch=batches)
         report = task(trigger_rule="all_done", execution_timeout=TASK_TIMEOUTS["report"])(
@@ -117,6 +100,27 @@ def pipeline_dag(
     if sweeper:
         sweeper_dag(pipeline, f"{dag_id}_sweeper" if sweeper is True else sweeper)
     return build()
+
+
+def _stage_tasks(pipeline: Pipeline, batch: dict[str, object]) -> None:
+    """One operator per stage over ``batch``, each after the stage it reads."""
+    made: dict[str, IdempotentStageOperator] = {}
+    for stage in pipeline.stages:
+        # A stage that reads another waits for it; a skipped input lets it run.
+        rule: dict[str, Any] = {"trigger_rule": "none_failed"} if stage.reads else {}
+        made[stage.name] = IdempotentStageOperator(
+            task_id=stage.name,
+            stage=stage.name,
+            batch=batch,
+            pipeline=pipeline,
+            map_index_template=LABEL,
+            # A backstop fixed at parse time; each batch also keeps its run's own deadline
+            # (ADR 0012).
+            execution_timeout=TASK_TIMEOUTS["stage"],
+            **rule,
+        )
+        if stage.reads is not None:
+            made[stage.reads] >> made[stage.name]
 
 
 SWEEPER_DOC = """Hourly, re-run the items `{pipeline}`'s runs left failed under their cap.
@@ -143,10 +147,8 @@ def sweeper_dag(pipeline: Pipeline, dag_id: str) -> DAG:
             "min_age_minutes": Param(30, type="number", minimum=0, maximum=7 * 24 * 60),
             "max_items": Param(500, type="integer", minimum=1, maximum=5000),
             "max_attempts": Param(
-                PipelineSettings().max_attempts,
-                type="integer",
-                minimum=1,
-                maximum=20,
+                KNOB["max_attempts"].default,
+                **KNOB["max_attempts"].json_schema(),
                 description="Items at this many attempts are left alone; the re-run uses it too.",
             ),
         },

@@ -15,33 +15,35 @@ from __future__ import annotations
 
 from typing import Any
 
+from replayable.knobs import KNOBS
+
 # The distribution's name: Airflow refuses provider info whose package-name differs from it.
 PACKAGE_NAME = "replayable"
 CONN_TYPE = "replayable_embeddings"
 HOOK_NAME = "Replayable embeddings (OpenAI-compatible)"
 
-# Airflow's declarative connection form (provider info "conn-fields"): stored in extra.
-CONNECTION_FIELDS: dict[str, dict[str, Any]] = {
-    "model": {
-        "label": "Model",
-        "description": "Embedding model sent with each request, unless a run's params name one.",
-        "schema": {"type": ["string", "null"]},
-    },
-    "dimensions": {
-        "label": "Dimensions",
-        "description": "Output size, for models that accept one; empty for the model's own.",
-        "schema": {"type": ["integer", "null"], "minimum": 1},
+# Airflow's declarative connection form (provider info "conn-fields"): stored in extra. The
+# fields a run's conf may also set are those knobs' rows (replayable.knobs); the request
+# timeout is the connection's alone.
+_FIELDS: dict[str, dict[str, Any]] = {
+    **{
+        knob.name: {
+            "label": knob.connection.label,
+            "description": knob.connection.description,
+            "schema": dict(knob.connection.schema),
+        }
+        for knob in KNOBS
+        if knob.connection is not None
     },
     "timeout_s": {
         "label": "Timeout (seconds)",
         "description": "Deadline of one request, from sending to the last byte.",
         "schema": {"type": ["number", "null"], "exclusiveMinimum": 0},
     },
-    "max_in_flight": {
-        "label": "Max requests in flight",
-        "description": "The provider's budget of concurrent requests, shared by every worker.",
-        "schema": {"type": ["integer", "null"], "minimum": 1},
-    },
+}
+# The form's order: what is sent, then how long and how many at once.
+CONNECTION_FIELDS: dict[str, dict[str, Any]] = {
+    name: _FIELDS[name] for name in ("model", "dimensions", "timeout_s", "max_in_flight")
 }
 UI_FIELD_BEHAVIOUR: dict[str, Any] = {
     "hidden-fields": ["login", "schema", "port"],

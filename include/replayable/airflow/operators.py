@@ -19,7 +19,7 @@ from replayable.airflow.context import triggered_by
 from replayable.airflow.hooks import ModelHook, connection_dsn
 from replayable.ledger import Revival, RunContext
 from replayable.models.choice import run_models
-from replayable.pipelines import pipeline_of
+from replayable.pipeline.registry import pipeline_of
 from replayable.retry import Classified, ErrorKind, classify
 from replayable.runner import DEADLINE, BatchResult, Limits, run_batch
 from replayable.settings import PipelineSettings

@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass
 
 from replayable.keys import sha256_bytes
+from replayable.knobs import DEFAULTS
 from replayable.retry import ItemError
 from replayable.stages.chunk import VERSION
 
@@ -20,8 +21,8 @@ _SPACE = re.compile(r"\s+")
 class ChunkConfig:
     """Target chunk size and overlap, in characters."""
 
-    size: int = 800
-    overlap: int = 100
+    size: int = DEFAULTS["chunk_size"]
+    overlap: int = DEFAULTS["chunk_overlap"]
 
     def __post_init__(self) -> None:
         if self.size < 50:

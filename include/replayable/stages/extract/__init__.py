@@ -10,9 +10,9 @@ from __future__ import annotations
 # characters); 1.0 was pypdf alone.
 VERSION = "2.0"
 
-# The engine policies a run can choose (ADR 0103); ``auto`` is PDFium, then pypdf.
-ENGINES = ("pdfium", "pypdf", "auto")
-DEFAULT_ENGINE = "pdfium"
+# The engine policies a run can choose (ADR 0103): the extractor knob's.
+from replayable.knobs import DEFAULT_ENGINE as DEFAULT_ENGINE  # noqa: E402
+from replayable.knobs import ENGINES as ENGINES  # noqa: E402
 
 
 def extractor_id(engine: str = DEFAULT_ENGINE, version: str | None = None) -> str:

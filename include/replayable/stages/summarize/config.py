@@ -9,10 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-DEFAULT_PROMPT = (
-    "Summarise the following document in at most three sentences, for a reader deciding "
-    "whether to open it. Answer with the summary only."
-)
+from replayable.knobs import DEFAULT_PROMPT as DEFAULT_PROMPT
+from replayable.knobs import DEFAULTS
 
 
 @dataclass(frozen=True)
@@ -21,8 +19,8 @@ class SummaryConfig:
 
     model: str
     prompt: str = DEFAULT_PROMPT
-    input_chars: int = 12_000
-    max_tokens: int = 200
+    input_chars: int = DEFAULTS["summary_input_chars"]
+    max_tokens: int = DEFAULTS["summary_max_tokens"]
     # Store an answer cut off at max_tokens (marked truncated) instead of failing its item
     # (ADR 0134). In the key only when set: a kept cut answer is never another run's summary,
     # and the summaries made before the option keep their keys.

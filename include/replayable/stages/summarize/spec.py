@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from replayable.budget import RequestBudget
 from replayable.db import Connection, Database, fetch_all
+from replayable.knobs import DEFAULT_MAX_IN_FLIGHT
 from replayable.models.chat import ChatResult
 from replayable.models.http import CallRecord, Gate
 from replayable.retry import ErrorKind, ItemError
@@ -53,7 +54,7 @@ class SummarizeSpec(StageSpec):
     connect: Callable[[], Database]
     budget: RequestBudget
     run_id: str | None = None
-    max_in_flight: int = 4
+    max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
     # Read when the stage is built, as the planner reads them (stages.lineage.spec_hashes).
     extractor_version: str = field(default_factory=extract.extractor_id)
     code_version: str = field(default_factory=lambda: summarize.VERSION)
