@@ -32,12 +32,10 @@ from replayable.models.endpoint import ModelSettings, settings_from_fields
 from replayable.vocabulary import MODEL_CONN_ID
 
 if TYPE_CHECKING:
-    from replayable.budget import RequestBudget
     from replayable.models.batch_api import BatchApi
     from replayable.models.chat import HttpChatClient
     from replayable.models.choice import RunAsks
     from replayable.models.embeddings import HttpEmbeddingClient
-    from replayable.retry import CallRetry
 
 __all__ = ["EmbeddingsHook", "ModelHook", "choice_of"]
 
@@ -76,60 +74,21 @@ class ModelHook(BaseHook):
             )
         return self._settings
 
-    def get_client(
-        self,
-        *,
-        model: str | None = None,
-        dimensions: int | None = None,
-        max_in_flight: int | None = None,
-        retry: CallRetry | None = None,
-    ) -> HttpEmbeddingClient:
-        """A client for the connection's endpoint; arguments win over the connection's extra.
+    def get_client(self, **options: Any) -> HttpEmbeddingClient:
+        """The embeddings client of the connection's endpoint; ``options`` (``model``,
+        ``dimensions``, ``max_in_flight``, ``retry``) win over the connection's extra, as
+        :func:`replayable.models.clients.embedding_client` takes them. The caller closes it."""
+        return clients.embedding_client(self.get_settings(), **options)
 
-        The caller closes it (``client.close()``).
-        """
-        return clients.embedding_client(
-            self.get_settings(),
-            model=model,
-            dimensions=dimensions,
-            max_in_flight=max_in_flight,
-            retry=retry,
-        )
+    def get_chat_client(self, **options: Any) -> HttpChatClient:
+        """The chat completions client of the same endpoint (the summarize stage), with the
+        options of :func:`replayable.models.clients.chat_client`. The caller closes it."""
+        return clients.chat_client(self.get_settings(), **options)
 
-    def get_chat_client(
-        self,
-        *,
-        model: str | None = None,
-        max_tokens: int | None = None,
-        keep_truncated: bool = False,
-        max_in_flight: int | None = None,
-        retry: CallRetry | None = None,
-    ) -> HttpChatClient:
-        """A chat completions client for the same endpoint and key (the summarize stage).
-
-        The caller closes it (``client.close()``).
-        """
-        return clients.chat_client(
-            self.get_settings(),
-            model=model,
-            max_tokens=max_tokens,
-            keep_truncated=keep_truncated,
-            max_in_flight=max_in_flight,
-            retry=retry,
-        )
-
-    def get_batch_api(
-        self,
-        *,
-        model: str | None = None,
-        retry: CallRetry | None = None,
-        budget: RequestBudget | None = None,
-    ) -> BatchApi:
-        """The Files and Batch API of the same endpoint and key (``embed_mode: "batch"``).
-
-        The caller closes it (``api.close()``).
-        """
-        return clients.batch_api(self.get_settings(), model=model, retry=retry, budget=budget)
+    def get_batch_api(self, **options: Any) -> BatchApi:
+        """The Files and Batch API of the same endpoint (``embed_mode: "batch"``), with the
+        options of :func:`replayable.models.clients.batch_api`. The caller closes it."""
+        return clients.batch_api(self.get_settings(), **options)
 
     def get_conn(self) -> HttpEmbeddingClient:
         """The hook protocol's name for :meth:`get_client` with the connection's defaults."""
