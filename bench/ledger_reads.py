@@ -19,8 +19,7 @@ from typing import Any
 
 from harness import Row, Samples, Target, services
 
-from replayable import db, pipeline, views
-from replayable.cli.commands import failures, status
+from replayable import db, pipeline, read, views
 from replayable.settings import STAGES, PipelineSettings
 from replayable.stages.lineage import spec_hashes
 
@@ -100,10 +99,10 @@ def reads() -> dict[str, Read]:
         "ui dead-letter chart (48 hours)": web.letters_per_hour,
         "ui/cli redrive scope, stage + class + since": redrive_scope,
         "cli status --watch (the newest run)": lambda c: views.run_state(c, None),
-        "cli status": lambda c: status.status_data(c, None),
-        "cli status --run (1,000 docs)": lambda c: status.status_data(c, "run-small"),
-        "cli failed": lambda c: failures.failed_data(c, None, None, 50),
-        "cli dead-letters": lambda c: failures.dead_letters_data(c, None, "open", 50),
+        "cli status": lambda c: read.status_data(c, None),
+        "cli status --run (1,000 docs)": lambda c: read.status_data(c, "run-small"),
+        "cli failed": lambda c: read.failed_data(c, None, None, 50),
+        "cli dead-letters": lambda c: read.dead_letters_data(c, None, "open", 50),
         "sensor: dead-letter growth": growth(None),
         "sensor: dead-letter growth, one stage": growth("embed"),
         "rerun: failed, by class": rerun(status=["failed"], error_class=["http_503"]),

@@ -69,8 +69,8 @@ class ModelCalls:
 
 
 @dataclasses.dataclass(frozen=True)
-class StageStatus:
-    """One stage's items by current status, its open dead letters and its model calls."""
+class StageSummary:
+    """Items of one stage by their current status, and its open dead letters."""
 
     stage: str
     pending: int = 0
@@ -80,6 +80,12 @@ class StageStatus:
     dead: int = 0
     total: int = 0
     open_dead_letters: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class StageStatus(StageSummary):
+    """One stage's items by current status, its open dead letters and its model calls."""
+
     model_calls: ModelCalls = ModelCalls()
 
 
@@ -207,8 +213,9 @@ SEARCH_USERS = 20
 
 @dataclasses.dataclass(frozen=True)
 class UserSearches:
-    """One user's searches, and the paid calls that embedded their questions: their tokens
-    and cost in USD (``unpriced_calls`` of them had no price and count 0 in ``usd``)."""
+    """One user's searches in the window, and the paid calls that embedded their questions:
+    their tokens and cost in USD (``unpriced_calls`` had no price and count 0). A question
+    answered from the ledger's cache is a search and no call."""
 
     user: str
     searches: int
@@ -269,6 +276,18 @@ def open_dead_letters_by_stage(conn: db.Connection, run_id: str | None = None) -
     }
 
 
+def stage_summaries(
+    conn: db.Connection, run_id: str | None = None, *, also: Iterable[str] = ()
+) -> list[StageSummary]:
+    """Every stage (in :func:`stage_order`, with ``also``): items by status, open dead letters."""
+    items = items_by_status(conn, run_id)
+    dead = open_dead_letters_by_stage(conn, run_id)
+    return [
+        StageSummary(stage=stage, **items.get(stage, {}), open_dead_letters=dead.get(stage, 0))
+        for stage in stage_order({*items, *dead, *also})
+    ]
+
+
 def stage_status(
     conn: db.Connection, run_id: str | None = None, *, with_model_calls: bool = True
 ) -> list[StageStatus]:
@@ -277,17 +296,10 @@ def stage_status(
     ``run_id`` narrows all three to the documents (and calls) of that run. Without
     ``with_model_calls`` the calls are not read and stay zero.
     """
-    items = items_by_status(conn, run_id)
-    dead = open_dead_letters_by_stage(conn, run_id)
     calls = model_calls_by_stage(conn, run_id) if with_model_calls else {}
     return [
-        StageStatus(
-            stage=stage,
-            **items.get(stage, {}),
-            open_dead_letters=dead.get(stage, 0),
-            model_calls=calls.get(stage, ModelCalls()),
-        )
-        for stage in stage_order({*items, *dead, *calls})
+        StageStatus(**dataclasses.asdict(found), model_calls=calls.get(found.stage, ModelCalls()))
+        for found in stage_summaries(conn, run_id, also=calls)
     ]
 
 

@@ -34,28 +34,14 @@ from replayable.web.models import (
     OutboxSummary,
     RunSummary,
     SearchSummary,
-    StageSummary,
     Summary,
-    UserSearches,
 )
 
 
 def summary(conn: db.Connection) -> Summary:
     """Items per stage by current status (the CLI's ``status`` reads), open dead letters,
     costs, each user's searches (ADR 0153) and the newest runs."""
-    stages = [
-        StageSummary(
-            stage=found.stage,
-            pending=found.pending,
-            running=found.running,
-            done=found.done,
-            failed=found.failed,
-            dead=found.dead,
-            total=found.total,
-            open_dead_letters=found.open_dead_letters,
-        )
-        for found in views.stage_status(conn, with_model_calls=False)
-    ]
+    stages = views.stage_summaries(conn)
     costs = views.model_costs(conn)
     return Summary(
         stages=stages,
@@ -65,9 +51,7 @@ def summary(conn: db.Connection) -> Summary:
         cost=CostSummary(days=views.COST_DAYS, **costs.as_dict()),
         searches=SearchSummary(
             days=views.COST_DAYS,
-            by_user=[
-                UserSearches(**dataclasses.asdict(found)) for found in views.search_costs(conn)
-            ],
+            by_user=views.search_costs(conn),
         ),
         runs=[RunSummary(**dataclasses.asdict(run)) for run in views.recent_runs(conn)],
     )
