@@ -273,6 +273,23 @@ def truncate(dsn: str, tables: tuple[str, ...]) -> None:
         conn.close()
 
 
+def load_sql(dsn: str, script: Path, params: dict[str, Any]) -> float:
+    """Run ``script`` with ``params`` on an empty ledger, then ``VACUUM ANALYZE`` it, as a
+    ledger that has run for a while would be; return the seconds both took."""
+    started = time.perf_counter()
+    conn = db.connect(dsn)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(script.read_text(), params)
+        conn.commit()
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            cur.execute("VACUUM ANALYZE")
+    finally:
+        conn.close()
+    return time.perf_counter() - started
+
+
 # --- synthetic documents ------------------------------------------------------------
 
 TESTS = Path(__file__).resolve().parents[1] / "tests"

@@ -17,7 +17,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from harness import Row, Samples, Target, services
+from harness import Row, Samples, Target, load_sql, services
 
 from replayable import db, pipeline, read, views
 from replayable.settings import STAGES, PipelineSettings
@@ -34,21 +34,8 @@ Read = Callable[[db.Connection], Any]
 
 def load(dsn: str, documents: int, letters: int) -> float:
     """Fill an empty ledger with the synthetic one; return the seconds it took."""
-    started = time.perf_counter()
-    conn = db.connect(dsn)
-    try:
-        with conn.cursor() as cur:
-            cur.execute(
-                SYNTHETIC.read_text(),
-                {"documents": documents, "letters": letters, "calls": documents},
-            )
-        conn.commit()
-        conn.autocommit = True
-        with conn.cursor() as cur:
-            cur.execute("VACUUM ANALYZE")
-    finally:
-        conn.close()
-    return time.perf_counter() - started
+    params = {"documents": documents, "letters": letters, "calls": documents}
+    return load_sql(dsn, SYNTHETIC, params)
 
 
 def reads() -> dict[str, Read]:

@@ -55,16 +55,6 @@ def parse_multipart(content_type: str, body: bytes) -> dict[str, tuple[str | Non
     return fields
 
 
-def json_object(body: bytes) -> dict[str, Any]:
-    try:
-        payload = json.loads(body)
-    except (ValueError, RecursionError) as exc:
-        raise HttpError(400, f"request body is not valid JSON: {exc}") from None
-    if not isinstance(payload, dict):
-        raise HttpError(400, "request body must be a JSON object")
-    return payload
-
-
 def metadata(raw: object) -> dict[str, str] | None:
     """A batch's ``metadata``, checked as OpenAI checks it; None when it has none."""
     if raw is None:

@@ -102,13 +102,13 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import parse_qs
 
-from devtools.model_server.api_shapes import json_object, metadata, new_id, page, parse_multipart
+from devtools.model_server.api_shapes import metadata, new_id, page, parse_multipart
 from devtools.model_server.api_shapes import to_bytes as _json
 from devtools.model_server.batch_life import COMPLETED, ENDED, EXPIRED, Batch
 from devtools.model_server.batch_life import expired_line as _expired_line
 from devtools.model_server.batch_life import result_line as _result_line
 from devtools.model_server.batch_lines import BATCH_ENDPOINT, plan_lines
-from devtools.model_server.errors import HttpError, error_body
+from devtools.model_server.errors import HttpError, error_body, json_object
 from devtools.model_server.limits import FILE_MAX_BYTES
 from devtools.model_server.stats import charge_key
 from devtools.model_server.vectors import embeddings_response, usage_tokens

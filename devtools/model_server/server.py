@@ -11,11 +11,10 @@ from __future__ import annotations
 import socket
 import socketserver
 from http.server import ThreadingHTTPServer
+from typing import Unpack
 
 from devtools.model_server.handler import Handler
-from devtools.model_server.idempotency import IDEMPOTENCY_MAX_BYTES, IDEMPOTENCY_MAX_KEYS
-from devtools.model_server.state import ServerState
-from devtools.model_server.vectors import DEFAULT_DIM
+from devtools.model_server.state import ServerState, StateOptions
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 
@@ -31,8 +30,7 @@ def require_loopback(host: str) -> str:
 class EmbeddingServer(ServerState, ThreadingHTTPServer):
     """A threading HTTP server for the embeddings and chat API; binds loopback hosts only.
 
-    ``idempotency_max_keys`` and ``idempotency_max_bytes`` bound the memory of responses
-    kept for repeated ``Idempotency-Key`` headers.
+    ``options`` are those of :class:`~devtools.model_server.state.ServerState`.
     """
 
     # Hung requests sleep in their own threads; neither shutdown nor exit may wait for them.
@@ -40,25 +38,10 @@ class EmbeddingServer(ServerState, ThreadingHTTPServer):
     block_on_close = False
 
     def __init__(
-        self,
-        host: str = "127.0.0.1",
-        port: int = 0,
-        *,
-        dim: int = DEFAULT_DIM,
-        api_key: str | None = None,
-        verbose: bool = False,
-        idempotency_max_keys: int = IDEMPOTENCY_MAX_KEYS,
-        idempotency_max_bytes: int = IDEMPOTENCY_MAX_BYTES,
+        self, host: str = "127.0.0.1", port: int = 0, **options: Unpack[StateOptions]
     ) -> None:
         require_loopback(host)
-        ServerState.__init__(
-            self,
-            dim=dim,
-            api_key=api_key,
-            verbose=verbose,
-            idempotency_max_keys=idempotency_max_keys,
-            idempotency_max_bytes=idempotency_max_bytes,
-        )
+        ServerState.__init__(self, **options)
         if ":" in host:
             self.address_family = socket.AF_INET6
         ThreadingHTTPServer.__init__(self, (host, port), Handler)

@@ -14,6 +14,7 @@ import random
 import threading
 from collections import deque
 from dataclasses import dataclass
+from typing import TypedDict
 
 from devtools.model_server.batches import BatchStore
 from devtools.model_server.faults import FaultConfig
@@ -43,6 +44,16 @@ class Draw:
     hang: bool
     status: int | None
     lose: bool
+
+
+class StateOptions(TypedDict, total=False):
+    """The keyword arguments of :class:`ServerState`, which a server passes on."""
+
+    dim: int
+    api_key: str | None
+    verbose: bool
+    idempotency_max_keys: int
+    idempotency_max_bytes: int
 
 
 class ServerState:

@@ -21,6 +21,7 @@ from replayable import db
 from replayable.vocabulary import ITEM_STATUSES, OUTBOX_STATUSES, PIPELINE_DAG_ID, STAGES
 
 Row = dict[str, Any]
+Moment = datetime | str | None  # a bound of a time filter: a datetime, or ISO 8601 text
 
 # What a partial re-run selects, counted without recording a run (plan/select_rerun_docs
 # applies the same filters when the run starts).
@@ -116,10 +117,7 @@ class RedriveScope:
 
 @dataclasses.dataclass(frozen=True)
 class OutboxCounts:
-    """Outbox events per status (from the counters) and the backlog's age in seconds.
-
-    ``oldest_pending_age_s`` is None when nothing is pending.
-    """
+    """Outbox events per status (the counters) and the oldest pending one's age (None: none)."""
 
     pending: int
     published: int
@@ -344,14 +342,22 @@ def failed_items(
     return Page(matched=matched(rows), rows=rows)
 
 
+def _letter_filters(
+    stage: str | None, error_classes: Sequence[str] | None, since: Moment, until: Moment
+) -> dict[str, Any]:
+    """The dead-letter filters the list and a redrive share, as their queries bind them."""
+    classes = list(error_classes) if error_classes is not None else None
+    return {"stage": stage, "error_classes": classes, "since": since, "until": until}
+
+
 def dead_letters(
     conn: db.Connection,
     *,
     stage: str | None = None,
     status: str | None = None,
     error_classes: Sequence[str] | None = None,
-    since: datetime | str | None = None,
-    until: datetime | str | None = None,
+    since: Moment = None,
+    until: Moment = None,
     limit: int,
     after: tuple[datetime | str, int] | None = None,
 ) -> Page:
@@ -363,11 +369,8 @@ def dead_letters(
     """
     at, after_id = after if after is not None else (None, None)
     params = {
-        "stage": stage,
+        **_letter_filters(stage, error_classes, since, until),
         "status": None if status == "all" else status,
-        "error_classes": list(error_classes) if error_classes is not None else None,
-        "since": since,
-        "until": until,
         "limit": limit,
         "after_created_at": at,
         "after_id": after_id,
@@ -382,8 +385,8 @@ def redrive_scope(
     ids: Sequence[int] | None = None,
     stage: str | None = None,
     error_classes: Sequence[str] | None = None,
-    since: datetime | str | None = None,
-    until: datetime | str | None = None,
+    since: Moment = None,
+    until: Moment = None,
 ) -> list[RedriveScope]:
     """The open dead letters a redrive would take, one entry per stage, by stage name.
 
@@ -392,10 +395,7 @@ def redrive_scope(
     """
     params = {
         "ids": list(ids) if ids is not None else None,
-        "stage": stage,
-        "error_classes": list(error_classes) if error_classes is not None else None,
-        "since": since,
-        "until": until,
+        **_letter_filters(stage, error_classes, since, until),
     }
     return [
         RedriveScope(

@@ -68,7 +68,8 @@ from prometheus_client.metrics_core import (
 from starlette.concurrency import run_in_threadpool
 
 from replayable import db
-from replayable.vocabulary import ITEM_STATUSES, OUTBOX_STATUSES, STAGES
+from replayable.views import stage_order
+from replayable.vocabulary import ITEM_STATUSES, OUTBOX_STATUSES
 from replayable.web.check_metrics import INVARIANT_METRIC_NAMES, InvariantCollector, read_counts
 from replayable.web.scrape_auth import TOKEN_VARIABLE, authorize
 
@@ -237,12 +238,6 @@ METRIC_NAMES: frozenset[str] = INVARIANT_METRIC_NAMES | frozenset(
 """The sample names a scrape can hold, as PromQL sees them (the alert rules' vocabulary)."""
 
 
-def _ordered(stages: Iterable[str]) -> list[str]:
-    """The pipeline's stages in order, then any other stage the counters name."""
-    seen = set(stages)
-    return [*STAGES, *sorted(seen - set(STAGES))]
-
-
 class LedgerCollector:
     """A prometheus_client collector over one :class:`LedgerSnapshot` read per collect."""
 
@@ -261,12 +256,12 @@ class LedgerCollector:
         for row in snapshot.items:
             items[(row["stage"], row["status"])] += int(row["n"])
         # Every stage and status, zeros included, so that a series never vanishes.
-        for stage in _ordered(stage for stage, _ in items):
+        for stage in stage_order(stage for stage, _ in items):
             for status in ITEM_STATUSES:
                 families.items.add_metric([stage, status], items.get((stage, status), 0))
 
         letters = {row["stage"]: row for row in snapshot.dead_letters}
-        for stage in _ordered(letters):
+        for stage in stage_order(letters):
             row = letters.get(stage, {})
             families.open.add_metric([stage], int(row.get("open", 0)))
             families.created.add_metric([stage], int(row.get("created", 0)))

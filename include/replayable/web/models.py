@@ -2,10 +2,10 @@
 
 Each model is a response schema of the API (``api/...``); the pages render the same objects,
 so a page and its JSON twin cannot disagree. The rows of the read model
-(:mod:`replayable.views`) are schemas as they are (:class:`StageSummary`,
-:class:`UserSearches`) or the base of one (:class:`ModelCostSummary`, :class:`RunSummary`
-and its link), never copied field by field. :data:`ANY_ROUTE` and its kin document every
-refusal a route can answer with, for clients and the schema fuzzer.
+(:mod:`replayable.views`) and of a search are schemas as they are (:class:`StageSummary`,
+:class:`UserSearches`) or the base of one (:class:`ModelCostSummary`, :class:`SearchHit`,
+:class:`RunSummary` and its link), never copied field by field. :data:`ANY_ROUTE` and its
+kin document every refusal a route can answer with, for clients and the schema fuzzer.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import pydantic
 from pydantic import BaseModel, computed_field
 
 from replayable import airflow_http, views
+from replayable.search.model import Hit
 from replayable.views import StageSummary, UserSearches
 from replayable.vocabulary import PIPELINE_DAG_ID
 
@@ -241,16 +242,10 @@ class RedriveRun(BaseModel):
     refused: str | None = None
 
 
-class SearchHit(BaseModel):
+@pydantic.dataclasses.dataclass(frozen=True)
+class SearchHit(Hit):
     """A chunk a search found: its document, its place in it (``ordinal``), its cosine
     similarity to the question, and the chunk's first characters."""
-
-    doc_id: str
-    uri: str
-    ordinal: int
-    chunk_id: str
-    score: float
-    snippet: str
 
 
 class SearchCoverage(BaseModel):

@@ -21,6 +21,7 @@ from fastapi.exceptions import RequestValidationError
 
 from replayable import db, mirror, views
 from replayable.web.charts import CHART_HOURS
+from replayable.web.filters import FailedFilters, LetterFilters
 from replayable.web.models import (
     CostSummary,
     DeadLetter,
@@ -138,6 +139,25 @@ def dead_letters(
     last = letters[-1] if len(letters) == limit else None
     next_after = _make_cursor(last.created_at.isoformat(), str(last.id)) if last else None
     return DeadLetterList(matched=page.matched, dead_letters=letters, next_after=next_after)
+
+
+def failed_list(conn: db.Connection, filters: FailedFilters) -> FailedList:
+    """The failed list of ``filters``, as its page and its JSON twin show it."""
+    return failed_items(conn, filters.stage, filters.error_classes, filters.limit, filters.after)
+
+
+def letter_list(conn: db.Connection, filters: LetterFilters) -> DeadLetterList:
+    """The dead-letter list of ``filters``, as its page and its JSON twin show it."""
+    return dead_letters(
+        conn,
+        filters.stage,
+        filters.status,
+        filters.limit,
+        filters.after,
+        error_classes=filters.error_classes,
+        since=filters.since,
+        until=filters.until,
+    )
 
 
 def dead_letter(conn: db.Connection, letter_id: int) -> DeadLetter:
