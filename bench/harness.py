@@ -211,6 +211,31 @@ class Row:
 NO_429 = Target("= 0", equals=0)
 
 
+def ceiling_row(
+    fig: str,
+    benchmark: str,
+    label: str,
+    measured: float,
+    target: Target,
+    *,
+    baseline_label: str = "target",
+    notes: Sequence[str] = (),
+) -> Row:
+    """A row whose measured value must stay under ``target``, shown as its baseline."""
+    ceiling = Samples((target.below or 0.0,))
+    return Row(
+        fig,
+        benchmark,
+        baseline_label,
+        ceiling,
+        label,
+        Samples((measured,)),
+        target,
+        target_on="measured",
+        notes=list(notes),
+    )
+
+
 def refusals_row(fig: str, benchmark: str, label: str, rejected: Sequence[float], **kw: Any) -> Row:
     """A row of the 429s a run caused, against none (``target``: ``NO_429`` unless given)."""
     kw.setdefault("target", NO_429)
