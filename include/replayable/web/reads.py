@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from http import HTTPStatus
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import HTTPException
 from fastapi.exceptions import RequestValidationError
@@ -37,6 +38,8 @@ from replayable.web.models import (
     SearchSummary,
     Summary,
 )
+
+_Row = TypeVar("_Row")
 
 
 def summary(conn: db.Connection) -> Summary:
@@ -104,10 +107,7 @@ def failed_items(
         after=(cursor[0], cursor[1], cursor[2]) if cursor else None,
     )
     items = [FailedItem(**row) for row in page.rows]
-    last = items[-1] if len(items) == limit else None
-    next_after = None
-    if last is not None:
-        next_after = _make_cursor(last.updated_at.isoformat(), last.stage, last.doc_id)
+    next_after = _next_after(items, limit, lambda i: (i.updated_at.isoformat(), i.stage, i.doc_id))
     return FailedList(matched=page.matched, items=items, next_after=next_after)
 
 
@@ -136,8 +136,7 @@ def dead_letters(
         after=(cursor[0], int(cursor[1])) if cursor else None,
     )
     letters = _with_history(conn, page.rows)
-    last = letters[-1] if len(letters) == limit else None
-    next_after = _make_cursor(last.created_at.isoformat(), str(last.id)) if last else None
+    next_after = _next_after(letters, limit, lambda d: (d.created_at.isoformat(), str(d.id)))
     return DeadLetterList(matched=page.matched, dead_letters=letters, next_after=next_after)
 
 
@@ -186,6 +185,14 @@ def _with_history(conn: db.Connection, rows: list[dict[str, Any]]) -> list[DeadL
         for change in db.fetch_all(conn, "views/dead_letter_history", {"ids": ids}):
             changes.setdefault(change.pop("letter_id"), []).append(LetterChange(**change))
     return [DeadLetter(**row, history=changes.get(row["id"], [])) for row in rows]
+
+
+def _next_after(
+    rows: Sequence[_Row], limit: int, key: Callable[[_Row], Sequence[str]]
+) -> str | None:
+    """The cursor of the page after ``rows``, made of ``key`` of its last; None when the page
+    is not full (there is no next page)."""
+    return _make_cursor(*key(rows[-1])) if rows and len(rows) == limit else None
 
 
 def _make_cursor(*parts: str) -> str:
