@@ -211,6 +211,31 @@ class Row:
 NO_429 = Target("= 0", equals=0)
 
 
+def ceiling_row(
+    fig: str,
+    benchmark: str,
+    label: str,
+    measured: float,
+    target: Target,
+    *,
+    baseline_label: str = "target",
+    notes: Sequence[str] = (),
+) -> Row:
+    """A row whose measured value must stay under ``target``, shown as its baseline."""
+    ceiling = Samples((target.below or 0.0,))
+    return Row(
+        fig,
+        benchmark,
+        baseline_label,
+        ceiling,
+        label,
+        Samples((measured,)),
+        target,
+        target_on="measured",
+        notes=list(notes),
+    )
+
+
 def refusals_row(fig: str, benchmark: str, label: str, rejected: Sequence[float], **kw: Any) -> Row:
     """A row of the 429s a run caused, against none (``target``: ``NO_429`` unless given)."""
     kw.setdefault("target", NO_429)
@@ -271,6 +296,23 @@ def truncate(dsn: str, tables: tuple[str, ...]) -> None:
         conn.commit()
     finally:
         conn.close()
+
+
+def load_sql(dsn: str, script: Path, params: dict[str, Any]) -> float:
+    """Run ``script`` with ``params`` on an empty ledger, then ``VACUUM ANALYZE`` it, as a
+    ledger that has run for a while would be; return the seconds both took."""
+    started = time.perf_counter()
+    conn = db.connect(dsn)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(script.read_text(), params)
+        conn.commit()
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            cur.execute("VACUUM ANALYZE")
+    finally:
+        conn.close()
+    return time.perf_counter() - started
 
 
 # --- synthetic documents ------------------------------------------------------------

@@ -18,6 +18,8 @@ tokens-per-minute limit, slow or padded bodies) so retry and replay behaviour ca
 exercised without a network or a paid account. It also receives "document ready"
 webhooks, standing in for a downstream system.
 
+- :mod:`~devtools.model_server.limits`: the provider's size limits, which the faults may
+  lower;
 - :mod:`~devtools.model_server.faults`: the fault config and its JSON keys;
 - :mod:`~devtools.model_server.ratelimit`: the token bucket behind ``max_tpm``;
 - :mod:`~devtools.model_server.stats` and :mod:`~devtools.model_server.idempotency`: what
@@ -27,9 +29,13 @@ webhooks, standing in for a downstream system.
   response bodies of each endpoint, the error bodies;
 - :mod:`~devtools.model_server.batches`: ``/v1/files`` and ``/v1/batches``, a batch's life
   from upload to output and error files, and its faults (partial failure, expiry, cancel,
-  a lost upload answer);
-- :mod:`~devtools.model_server.handler` and :mod:`~devtools.model_server.server`: the HTTP
-  endpoints, and the server's state behind them;
+  a lost upload answer), over :mod:`~devtools.model_server.batch_lines` (an input file,
+  checked), :mod:`~devtools.model_server.batch_life` (a batch's status by the clock) and
+  :mod:`~devtools.model_server.api_shapes` (forms, metadata and list pages);
+- :mod:`~devtools.model_server.state`: the server's counters, files, batches and faults;
+- :mod:`~devtools.model_server.handler` (over :mod:`~devtools.model_server.http_io` and
+  :mod:`~devtools.model_server.webhooks`) and :mod:`~devtools.model_server.server`: the
+  HTTP endpoints, and the state listening on a socket;
 - :mod:`~devtools.model_server.cli`: ``python -m devtools.model_server``;
 - :mod:`~devtools.model_server.process`: :class:`LocalModelServer`, which runs it as a
   subprocess.

@@ -15,10 +15,11 @@ Files:
   ``"batch"``, and ``file``, the JSONL (a file field, as OpenAI's SDK and httpx send it).
   Answered with a file object ``{"id": "file-…", "object": "file", "bytes", "created_at",
   "filename", "purpose", "status": "processed", "expires_at": null, "status_details":
-  null}``. A file larger than :data:`FILE_MAX_BYTES` (200 MB, OpenAI's limit) gets 413, and
-  so does one that would take the bytes of all stored files (uploads and batch results)
-  past ``files_max_total_bytes`` (at most :data:`FILES_MAX_TOTAL_BYTES`): delete files to
-  make room. Lines are checked when a batch is created, as OpenAI does, not here;
+  null}``. A file larger than :data:`~.limits.FILE_MAX_BYTES` (200 MB, OpenAI's limit)
+  gets 413, and so does one that would take the bytes of all stored files (uploads and
+  batch results) past ``files_max_total_bytes`` (at most
+  :data:`~.limits.FILES_MAX_TOTAL_BYTES`): delete files to make room. Lines are checked
+  when a batch is created, as OpenAI does, not here;
 - ``GET /v1/files``: ``{"object": "list", "data": [file objects], "first_id", "last_id",
   "has_more"}``, newest first; ``?purpose=batch`` lists uploads only (batch results have
   purpose ``"batch_output"``), ``?order=asc`` oldest first, ``?limit=N`` (1 to 10000, the
@@ -49,8 +50,8 @@ Batches:
 Each input line is ``{"custom_id": str, "method": "POST", "url": "/v1/embeddings", "body":
 {embeddings request}}``. A file with any bad line makes the batch ``failed`` once validated,
 with ``errors: {"object": "list", "data": [{"code", "message", "param", "line"}]}`` (line
-numbers from 1; at most :data:`MAX_REPORTED_LINE_ERRORS` bad lines are listed) and no
-result files. The codes: ``empty_file``; ``invalid_json_line`` (not a JSON object);
+numbers from 1; at most :data:`~.batch_lines.MAX_REPORTED_LINE_ERRORS` bad lines are
+listed) and no result files. The codes: ``empty_file``; ``invalid_json_line`` (not a JSON object);
 ``missing_required_parameter`` and ``invalid_value`` (``param`` names the field:
 ``custom_id`` a non-empty string, ``method`` ``"POST"``, ``body`` an object);
 ``url_mismatch`` (``url`` is not the batch's endpoint); ``model_mismatch`` (a
@@ -93,67 +94,36 @@ batch lost, and only those, go into ``/stats``'s batch counters
 
 from __future__ import annotations
 
-import email.parser
-import email.policy
-import json
-import math
 import re
-import secrets
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Final, cast
+from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import parse_qs
 
-from devtools.model_server.errors import HttpError, error_body
+from devtools.model_server.api_shapes import metadata, new_id, page, parse_multipart
+from devtools.model_server.api_shapes import to_bytes as _json
+from devtools.model_server.batch_life import COMPLETED, ENDED, EXPIRED, Batch
+from devtools.model_server.batch_life import expired_line as _expired_line
+from devtools.model_server.batch_life import result_line as _result_line
+from devtools.model_server.batch_lines import BATCH_ENDPOINT, plan_lines
+from devtools.model_server.errors import HttpError, error_body, json_object
+from devtools.model_server.limits import FILE_MAX_BYTES
 from devtools.model_server.stats import charge_key
-from devtools.model_server.vectors import (
-    EmbeddingsRequest,
-    embeddings_response,
-    parse_embeddings_request,
-    usage_tokens,
-)
+from devtools.model_server.vectors import embeddings_response, usage_tokens
 
 if TYPE_CHECKING:
     from devtools.model_server.faults import FaultConfig
     from devtools.model_server.stats import Stats
 
-FILE_MAX_BYTES = 200 * 1024 * 1024
-FILES_MAX_TOTAL_BYTES = 512 * 1024 * 1024
-# An upload's body: the file and the rest of the form around it.
-UPLOAD_MAX_BODY_BYTES = FILE_MAX_BYTES + 1024 * 1024
-BATCH_MAX_REQUESTS = 50_000
-BATCH_MAX_INPUTS = 50_000
-BATCH_ENDPOINT: Final = "/v1/embeddings"
 COMPLETION_WINDOW: Final = "24h"
-COMPLETION_WINDOW_S = 24 * 3600
-MAX_REPORTED_LINE_ERRORS = 100
-METADATA_MAX_PAIRS = 16
-METADATA_KEY_MAX_CHARS = 64
-METADATA_VALUE_MAX_CHARS = 512
 FILES_LIST_MAX = 10_000
 BATCHES_LIST_DEFAULT = 20
 BATCHES_LIST_MAX = 100
 
-VALIDATING: Final = "validating"
-FAILED: Final = "failed"
-IN_PROGRESS: Final = "in_progress"
-FINALIZING: Final = "finalizing"
-COMPLETED: Final = "completed"
-EXPIRED: Final = "expired"
-CANCELLING: Final = "cancelling"
-CANCELLED: Final = "cancelled"
-
 UPLOAD_PURPOSE: Final = "batch"
 OUTPUT_PURPOSE: Final = "batch_output"
-
-# Where the phases of a batch end, as shares of its batch_delay_s.
-_VALIDATED = 0.25
-_PROCESSED = 0.75
-_CANCELLING = 0.25
-
-_EXPIRED_MESSAGE = "This request could not be executed before the completion window expired."
 
 _PATH_ROOTS = ("/v1/files", "/v1/batches")
 _ID = r"([A-Za-z0-9_-]{1,200})"
@@ -162,20 +132,6 @@ _ID = r"([A-Za-z0-9_-]{1,200})"
 def is_files_or_batches_path(path: str) -> bool:
     """Whether ``path`` is one of this module's endpoints (or an unknown one below them)."""
     return any(path == root or path.startswith(root + "/") for root in _PATH_ROOTS)
-
-
-def new_id(prefix: str) -> str:
-    """A fresh object id, e.g. ``file-…`` or ``batch_…``."""
-    return prefix + secrets.token_hex(12)
-
-
-def _json(payload: object) -> bytes:
-    return json.dumps(payload, separators=(",", ":")).encode()
-
-
-def _share_of(count: int, share: float) -> int:
-    """``share`` of ``count`` lines, rounded down (0.6 of 10 is 6, not 5 from 5.9999…)."""
-    return max(0, min(count, math.floor(share * count + 1e-9)))
 
 
 @dataclass(frozen=True)
@@ -201,428 +157,6 @@ class StoredFile:
             "expires_at": None,
             "status_details": None,
         }
-
-
-@dataclass(frozen=True)
-class Line:
-    """One valid input line: its request, or the error ``/v1/embeddings`` would answer it."""
-
-    number: int
-    custom_id: str
-    request: EmbeddingsRequest | None
-    error: HttpError | None
-
-
-@dataclass(frozen=True)
-class Plan:
-    """What a batch's input file holds, checked: its lines, or why it fails.
-
-    ``succeeding[i]`` is how many of the first ``i`` lines succeed, for ``request_counts``.
-    ``lines`` is emptied once the batch's results are written; ``total`` stays.
-    """
-
-    lines: tuple[Line, ...]
-    errors: tuple[dict[str, Any], ...]
-    succeeding: tuple[int, ...]
-    total: int
-
-
-def _line_error(code: str, message: str, line: int | None, param: str | None) -> dict[str, Any]:
-    return {"code": code, "message": message, "param": param, "line": line}
-
-
-def _input_count(body: Mapping[str, Any]) -> int:
-    """The embedding inputs a body asks for, as the batch limit counts them."""
-    raw = body.get("input")
-    if isinstance(raw, str):
-        return 1
-    return len(raw) if isinstance(raw, list) else 0
-
-
-def _check_line(
-    raw: bytes, number: int, seen: set[str], model: str | None
-) -> tuple[str, dict[str, Any]] | dict[str, Any]:
-    """Return a line's ``custom_id`` and body, or the validation error it gets.
-
-    ``seen`` collects the custom_ids so far; ``model`` is the first line's model, if any.
-    """
-    try:
-        item = json.loads(raw)
-    except (ValueError, RecursionError):
-        return _line_error(
-            "invalid_json_line", "This line is not parseable as valid JSON.", number, None
-        )
-    if not isinstance(item, dict):
-        return _line_error("invalid_json_line", "This line is not a JSON object.", number, None)
-    for field in ("custom_id", "method", "url", "body"):
-        if field not in item:
-            message = f"Missing required parameter: '{field}'."
-            return _line_error("missing_required_parameter", message, number, field)
-    custom_id, body = item["custom_id"], item["body"]
-    if not isinstance(custom_id, str) or not custom_id:
-        return _line_error(
-            "invalid_value", "'custom_id' must be a non-empty string.", number, "custom_id"
-        )
-    if item["method"] != "POST":
-        return _line_error("invalid_value", "'method' must be 'POST'.", number, "method")
-    if item["url"] != BATCH_ENDPOINT:
-        return _line_error(
-            "url_mismatch",
-            f"The url {item['url']!r} does not match the batch's endpoint {BATCH_ENDPOINT!r}.",
-            number,
-            "url",
-        )
-    if not isinstance(body, dict):
-        return _line_error("invalid_value", "'body' must be a JSON object.", number, "body")
-    line_model = body.get("model")
-    if model is not None and isinstance(line_model, str) and line_model != model:
-        return _line_error(
-            "model_mismatch",
-            f"The model {line_model!r} differs from the first line's {model!r}; "
-            "a batch uses one model.",
-            number,
-            "body.model",
-        )
-    if custom_id in seen:
-        return _line_error(
-            "duplicate_custom_id",
-            f"The custom_id {custom_id!r} is used by an earlier line; each must be unique.",
-            number,
-            "custom_id",
-        )
-    seen.add(custom_id)
-    return custom_id, body
-
-
-def _injected(config: FaultConfig, inputs: Sequence[str]) -> HttpError | None:
-    """The injected failure of a line with these inputs, if a poison substring matches."""
-    for needle, status in (*config.batch_fail_inputs_containing, *config.fail_inputs_containing):
-        if any(needle in text for text in inputs):
-            return HttpError(
-                status,
-                f"injected fault: HTTP {status} (an input contains {needle!r})",
-                code="injected",
-            )
-    return None
-
-
-def plan_lines(data: bytes, config: FaultConfig, dim: int) -> Plan:
-    """Check a batch's input file under ``config``; return its lines or its errors.
-
-    Every line must be valid for the batch to run (see the module docstring). The bodies of
-    valid lines are then checked as ``POST /v1/embeddings`` checks a request (``dim`` being
-    the server's default ``dimensions``), and the poison faults are applied, so that each
-    line knows whether it will succeed.
-    """
-    raw_lines = data.split(b"\n")
-    if raw_lines[-1] == b"":
-        raw_lines.pop()  # the newline that ends the last line
-    if not any(raw.strip() for raw in raw_lines):
-        error = _line_error("empty_file", "The input file has no requests.", None, None)
-        return Plan((), (error,), (0,), 0)
-
-    limit_errors: list[dict[str, Any]] = []
-    if len(raw_lines) > config.batch_max_requests:
-        limit_errors.append(
-            _line_error(
-                "too_many_tasks",
-                f"The batch has {len(raw_lines)} requests; at most "
-                f"{config.batch_max_requests} are allowed.",
-                config.batch_max_requests + 1,
-                None,
-            )
-        )
-    line_errors: list[dict[str, Any]] = []
-    valid: list[tuple[int, str, dict[str, Any]]] = []
-    seen: set[str] = set()
-    model: str | None = None
-    inputs = 0
-    over_inputs: int | None = None
-    for number, raw in enumerate(raw_lines, start=1):
-        checked = _check_line(raw, number, seen, model)
-        if isinstance(checked, dict):
-            if len(line_errors) < MAX_REPORTED_LINE_ERRORS:
-                line_errors.append(checked)
-            continue
-        custom_id, body = checked
-        if model is None and isinstance(body.get("model"), str):
-            model = body["model"]
-        inputs += _input_count(body)
-        if over_inputs is None and inputs > config.batch_max_inputs:
-            over_inputs = number
-        valid.append((number, custom_id, body))
-    if over_inputs is not None:
-        limit_errors.append(
-            _line_error(
-                "too_many_inputs",
-                f"The batch asks for {inputs} embedding inputs; at most "
-                f"{config.batch_max_inputs} are allowed across its requests.",
-                over_inputs,
-                "body.input",
-            )
-        )
-    if limit_errors or line_errors:
-        return Plan((), (*limit_errors, *line_errors), (0,), 0)
-
-    lines: list[Line] = []
-    succeeding = [0]
-    for number, custom_id, body in valid:
-        try:
-            request = parse_embeddings_request(_json(body), dim)
-        except HttpError as exc:
-            lines.append(Line(number, custom_id, None, exc))
-        else:
-            failure = _injected(config, request.inputs)
-            if failure is None:
-                lines.append(Line(number, custom_id, request, None))
-            else:
-                lines.append(Line(number, custom_id, None, failure))
-        succeeding.append(succeeding[-1] + (lines[-1].request is not None))
-    return Plan(tuple(lines), (), tuple(succeeding), len(lines))
-
-
-@dataclass
-class Batch:
-    """A batch and the faults it runs under; its status is computed from the clock.
-
-    ``started`` and ``cancel_requested`` are ``time.monotonic()`` readings, ``created_at``
-    the wall clock at ``started``. Changed only under the :class:`BatchStore` lock.
-    """
-
-    id: str
-    input_file_id: str
-    completion_window: str
-    metadata: dict[str, str] | None
-    created_at: float
-    started: float
-    delay_s: float
-    plan: Plan
-    expire_fraction: float | None
-    cancel_fraction: float | None
-    # Indexes of the plan's lines a completed batch charges but writes to no file.
-    lost_lines: frozenset[int] = frozenset()
-    cancel_requested: float | None = None
-    done_when_cancelled: int = 0
-    output_file_id: str | None = None
-    error_file_id: str | None = None
-    finished: bool = False
-
-    def _planned(self) -> int:
-        """How many lines are done by the end, unless a cancel stops it first."""
-        if self.expire_fraction is None:
-            return self.plan.total
-        return _share_of(self.plan.total, self.expire_fraction)
-
-    def status(self, now: float) -> str:
-        """The status at monotonic time ``now``."""
-        delay = self.delay_s
-        if self.cancel_requested is not None:
-            ends = self.cancel_requested + delay * _CANCELLING
-            return CANCELLED if now >= ends else CANCELLING
-        elapsed = now - self.started
-        if elapsed < delay * _VALIDATED:
-            return VALIDATING
-        if self.plan.errors:
-            return FAILED
-        if self.expire_fraction is not None:
-            return IN_PROGRESS if elapsed < delay else EXPIRED
-        if elapsed < delay * _PROCESSED:
-            return IN_PROGRESS
-        return FINALIZING if elapsed < delay else COMPLETED
-
-    def processed(self, now: float, status: str) -> int:
-        """How many lines, first in file order, are done at ``now``."""
-        if status in (VALIDATING, FAILED):
-            return 0
-        if status in (CANCELLING, CANCELLED):
-            return self.done_when_cancelled
-        planned = self._planned()
-        if status != IN_PROGRESS:
-            return planned
-        start = self.delay_s * _VALIDATED
-        end = self.delay_s * (1.0 if self.expire_fraction is not None else _PROCESSED)
-        share = (now - self.started - start) / (end - start) if end > start else 1.0
-        return _share_of(planned, share)
-
-    def cancel(self, now: float) -> None:
-        """Cancel the batch at ``now``; raise a 409 :class:`HttpError` if it is too late."""
-        status = self.status(now)
-        if status in (CANCELLING, CANCELLED):
-            return
-        if status not in (VALIDATING, IN_PROGRESS):
-            raise HttpError(
-                409,
-                f"cannot cancel batch {self.id}: its status is {status!r}; only a "
-                "validating or in_progress batch can be cancelled",
-                code="batch_not_cancellable",
-            )
-        if self.plan.errors:
-            done = 0
-        elif self.cancel_fraction is not None:
-            done = min(self._planned(), _share_of(self.plan.total, self.cancel_fraction))
-        else:
-            done = self.processed(now, status)
-        self.cancel_requested = now
-        self.done_when_cancelled = done
-
-    def to_json(self, now: float) -> dict[str, Any]:
-        """The OpenAI batch object at monotonic time ``now``."""
-        status = self.status(now)
-        delay = self.delay_s
-
-        def at(offset: float) -> int:
-            return int(self.created_at + offset)
-
-        cancel_offset = (
-            None if self.cancel_requested is None else self.cancel_requested - self.started
-        )
-        validated = not self.plan.errors and (
-            now - self.started >= delay * _VALIDATED
-            and (cancel_offset is None or cancel_offset >= delay * _VALIDATED)
-        )
-        done = self.processed(now, status)
-        succeeded = self.plan.succeeding[done]
-        counting = status not in (VALIDATING, FAILED)
-        expires = delay if self.expire_fraction is not None else COMPLETION_WINDOW_S
-        return {
-            "id": self.id,
-            "object": "batch",
-            "endpoint": BATCH_ENDPOINT,
-            "errors": (
-                {"object": "list", "data": list(self.plan.errors)} if status == FAILED else None
-            ),
-            "input_file_id": self.input_file_id,
-            "completion_window": self.completion_window,
-            "status": status,
-            "output_file_id": self.output_file_id,
-            "error_file_id": self.error_file_id,
-            "created_at": at(0),
-            "in_progress_at": at(delay * _VALIDATED) if validated else None,
-            "expires_at": at(expires),
-            "finalizing_at": at(delay * _PROCESSED) if status in (FINALIZING, COMPLETED) else None,
-            "completed_at": at(delay) if status == COMPLETED else None,
-            "failed_at": at(delay * _VALIDATED) if status == FAILED else None,
-            "expired_at": at(delay) if status == EXPIRED else None,
-            "cancelling_at": None if cancel_offset is None else at(cancel_offset),
-            "cancelled_at": (
-                at(cast(float, cancel_offset) + delay * _CANCELLING)
-                if status == CANCELLED
-                else None
-            ),
-            "request_counts": {
-                "total": self.plan.total if counting else 0,
-                "completed": succeeded if counting else 0,
-                "failed": done - succeeded if counting else 0,
-            },
-            "metadata": self.metadata,
-        }
-
-
-def _result_line(custom_id: str, status: int, body: object) -> bytes:
-    return _json(
-        {
-            "id": new_id("batch_req_"),
-            "custom_id": custom_id,
-            "response": {"status_code": status, "request_id": new_id("req_"), "body": body},
-            "error": None,
-        }
-    )
-
-
-def _expired_line(custom_id: str) -> bytes:
-    return _json(
-        {
-            "id": new_id("batch_req_"),
-            "custom_id": custom_id,
-            "response": None,
-            "error": {"code": "batch_expired", "message": _EXPIRED_MESSAGE},
-        }
-    )
-
-
-def parse_multipart(content_type: str, body: bytes) -> dict[str, tuple[str | None, bytes]]:
-    """The fields of a ``multipart/form-data`` body: name -> (filename or None, bytes).
-
-    The first field of a name wins. Raise a 400 :class:`HttpError` for another body.
-    """
-    if content_type.split(";", 1)[0].strip().lower() != "multipart/form-data":
-        raise HttpError(
-            400,
-            "the request body must be multipart/form-data with the fields 'purpose' and 'file'",
-        )
-    head = b"Content-Type: " + content_type.encode("latin-1") + b"\r\n\r\n"
-    parser = email.parser.BytesParser(policy=email.policy.HTTP)
-    message = parser.parsebytes(head + body)
-    if not message.is_multipart():
-        raise HttpError(400, "the multipart/form-data body has no boundary or no parts")
-    fields: dict[str, tuple[str | None, bytes]] = {}
-    for part in message.iter_parts():
-        name = part.get_param("name", header="content-disposition")
-        if not isinstance(name, str) or name in fields:
-            continue
-        payload = part.get_payload(decode=True)
-        fields[name] = (part.get_filename(), payload if isinstance(payload, bytes) else b"")
-    return fields
-
-
-def _json_object(body: bytes) -> dict[str, Any]:
-    try:
-        payload = json.loads(body)
-    except (ValueError, RecursionError) as exc:
-        raise HttpError(400, f"request body is not valid JSON: {exc}") from None
-    if not isinstance(payload, dict):
-        raise HttpError(400, "request body must be a JSON object")
-    return payload
-
-
-def _metadata(raw: object) -> dict[str, str] | None:
-    """A batch's ``metadata``, checked as OpenAI checks it; None when it has none."""
-    if raw is None:
-        return None
-    if not isinstance(raw, dict) or len(raw) > METADATA_MAX_PAIRS:
-        raise HttpError(
-            400, f"'metadata' must be an object of at most {METADATA_MAX_PAIRS} pairs, or null"
-        )
-    for key, value in raw.items():
-        if len(key) > METADATA_KEY_MAX_CHARS:
-            raise HttpError(
-                400, f"'metadata' keys must be at most {METADATA_KEY_MAX_CHARS} characters"
-            )
-        if not isinstance(value, str) or len(value) > METADATA_VALUE_MAX_CHARS:
-            raise HttpError(
-                400,
-                f"'metadata[{key}]' must be a string of at most {METADATA_VALUE_MAX_CHARS} "
-                "characters",
-            )
-    return dict(raw)
-
-
-def _page(
-    items: Sequence[Mapping[str, Any]], query: Mapping[str, str], default: int, most: int
-) -> dict[str, Any]:
-    """A list object of ``items`` (in listing order) after ``?after=ID``, ``?limit`` long."""
-    raw_limit = query.get("limit", str(default))
-    try:
-        limit = int(raw_limit)
-    except ValueError:
-        limit = 0
-    if not 1 <= limit <= most:
-        raise HttpError(400, f"'limit' must be an integer between 1 and {most}")
-    start = 0
-    after = query.get("after")
-    if after is not None:
-        ids = [item["id"] for item in items]
-        if after not in ids:
-            raise HttpError(400, f"'after' must be the id of a listed object, not {after!r}")
-        start = ids.index(after) + 1
-    data = list(items[start : start + limit])
-    return {
-        "object": "list",
-        "data": data,
-        "first_id": data[0]["id"] if data else None,
-        "last_id": data[-1]["id"] if data else None,
-        "has_more": start + limit < len(items),
-    }
 
 
 @dataclass(frozen=True)
@@ -721,7 +255,7 @@ class BatchStore:
     def _finish(self, batch: Batch, now: float) -> None:
         """Write an ended batch's output and error files and charge its lines, once."""
         status = batch.status(now)
-        if batch.finished or status not in (COMPLETED, EXPIRED, CANCELLED, FAILED):
+        if batch.finished or status not in ENDED:
             return
         batch.finished = True
         done = batch.processed(now, status)
@@ -802,7 +336,7 @@ class BatchStore:
             ]
         if order == "desc":
             files.reverse()
-        return Reply(200, _json(_page(files, query, FILES_LIST_MAX, FILES_LIST_MAX)))
+        return Reply(200, _json(page(files, query, FILES_LIST_MAX, FILES_LIST_MAX)))
 
     def _get_file(self, call: ApiCall, file_id: str) -> Reply:
         self.advance()
@@ -824,7 +358,7 @@ class BatchStore:
         return Reply(200, _json({"id": file_id, "object": "file", "deleted": True}))
 
     def _create_batch(self, call: ApiCall) -> Reply:
-        payload = _json_object(call.body)
+        payload = json_object(call.body)
         file_id = payload.get("input_file_id")
         if not isinstance(file_id, str) or not file_id:
             raise HttpError(400, "'input_file_id' must be the id of an uploaded file")
@@ -834,7 +368,7 @@ class BatchStore:
             )
         if payload.get("completion_window") != COMPLETION_WINDOW:
             raise HttpError(400, f"'completion_window' must be {COMPLETION_WINDOW!r}")
-        metadata = _metadata(payload.get("metadata"))
+        found_metadata = metadata(payload.get("metadata"))
         with self._lock:
             stored = self._files.get(file_id)
             if stored is None:
@@ -857,7 +391,7 @@ class BatchStore:
             id=new_id("batch_"),
             input_file_id=file_id,
             completion_window=COMPLETION_WINDOW,
-            metadata=metadata,
+            metadata=found_metadata,
             created_at=time.time(),
             started=time.monotonic(),
             delay_s=config.batch_delay_s,
@@ -879,7 +413,7 @@ class BatchStore:
         now = time.monotonic()
         with self._lock:
             batches = [batch.to_json(now) for batch in reversed(self._batches.values())]
-        return Reply(200, _json(_page(batches, query, BATCHES_LIST_DEFAULT, BATCHES_LIST_MAX)))
+        return Reply(200, _json(page(batches, query, BATCHES_LIST_DEFAULT, BATCHES_LIST_MAX)))
 
     def _get_batch(self, call: ApiCall, batch_id: str) -> Reply:
         now = time.monotonic()

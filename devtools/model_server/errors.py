@@ -45,14 +45,20 @@ class HttpError(Exception):
         self.headers = dict(headers or {})
 
 
-def model_request(body: bytes) -> tuple[dict[str, Any], str]:
-    """A ``/v1`` request body as a JSON object, and its ``model``; else a 400 naming why."""
+def json_object(body: bytes) -> dict[str, Any]:
+    """A request body as a JSON object; else a 400 naming why."""
     try:
         payload = json.loads(body)
     except (ValueError, RecursionError) as exc:
         raise HttpError(400, f"request body is not valid JSON: {exc}") from None
     if not isinstance(payload, dict):
         raise HttpError(400, "request body must be a JSON object")
+    return payload
+
+
+def model_request(body: bytes) -> tuple[dict[str, Any], str]:
+    """A ``/v1`` request body as a JSON object, and its ``model``; else a 400 naming why."""
+    payload = json_object(body)
     model = payload.get("model")
     if not isinstance(model, str) or not model:
         raise HttpError(400, "'model' must be a non-empty string")

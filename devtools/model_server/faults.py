@@ -96,7 +96,7 @@ it is created, whatever is set later:
   faults restarts the count;
 - ``files_max_total_bytes``: the most bytes all stored files (uploads and batch results)
   may hold; an upload past it gets 413 (at most, and by default,
-  :data:`~devtools.model_server.batches.FILES_MAX_TOTAL_BYTES`).
+  :data:`~devtools.model_server.limits.FILES_MAX_TOTAL_BYTES`).
 """
 
 from __future__ import annotations
@@ -106,7 +106,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from devtools.model_server.batches import (
+from devtools.model_server.errors import HttpError
+from devtools.model_server.limits import (
     BATCH_MAX_INPUTS,
     BATCH_MAX_REQUESTS,
     FILES_MAX_TOTAL_BYTES,
@@ -238,6 +239,77 @@ def _optional_fraction(raw: Mapping[str, object], key: str) -> float | None:
     return None if value is None else _probability(value, key)
 
 
+def _limit(raw: Mapping[str, object], key: str, most: int) -> int:
+    """A key that lowers one of the provider's limits (:mod:`.limits`); ``most`` when unset."""
+    return _whole_number(raw, key, 1, most) or most
+
+
+def _optional_error_status(raw: Mapping[str, Any], key: str) -> int | None:
+    value = raw.get(key)
+    return None if value is None else _error_status(value, key)
+
+
+def _status_rates(raw: Mapping[str, Any]) -> tuple[tuple[int, float], ...]:
+    """``status_rates``: ``{"503": 0.3}``, shares of requests that add up to at most 1."""
+    rates_raw = raw.get("status_rates") or {}
+    if not isinstance(rates_raw, dict):
+        raise ValueError('status_rates must be an object like {"503": 0.3}')
+    rates = tuple(
+        (
+            _error_status(status, "status_rates key"),
+            _probability(rate, f"status_rates[{status}]"),
+        )
+        for status, rate in rates_raw.items()
+    )
+    if sum(rate for _, rate in rates) > 1 + 1e-9:
+        raise ValueError("status_rates must add up to at most 1")
+    return rates
+
+
+def _retry_after(raw: Mapping[str, Any]) -> str | int | float | None:
+    """``retry_after``: seconds (>= 0), a non-empty HTTP-date, or null."""
+    retry_after = raw.get("retry_after")
+    if isinstance(retry_after, bool) or not (
+        retry_after is None
+        or (isinstance(retry_after, str) and retry_after.strip())
+        or (isinstance(retry_after, int | float) and 0 <= retry_after < math.inf)
+    ):
+        raise ValueError("retry_after must be seconds (>= 0) or a non-empty HTTP-date string")
+    return retry_after
+
+
+def _refusal(raw: Mapping[str, Any]) -> str | None:
+    refusal = raw.get("chat_refusal_containing")
+    if refusal is not None and (not isinstance(refusal, str) or not refusal):
+        raise ValueError("chat_refusal_containing must be a non-empty string, or null")
+    return refusal
+
+
+def _seed(raw: Mapping[str, Any]) -> int | None:
+    seed = raw.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise ValueError("seed must be an integer")
+    return seed
+
+
+def _dedupe(raw: Mapping[str, Any]) -> bool:
+    dedupe = raw.get("dedupe", True)
+    if not isinstance(dedupe, bool):
+        raise ValueError("dedupe must be true or false")
+    return dedupe
+
+
+def _webhook_statuses(raw: Mapping[str, Any]) -> tuple[int, ...]:
+    """``webhook_statuses``: ``[503, 200]``, answered to deliveries one by one."""
+    webhook_raw = raw.get("webhook_statuses") or []
+    if not isinstance(webhook_raw, list):
+        raise ValueError("webhook_statuses must be a list like [503, 200]")
+    return tuple(
+        _webhook_status(status, f"webhook_statuses[{index}]")
+        for index, status in enumerate(webhook_raw)
+    )
+
+
 def seconds_header(value: float) -> str:
     """Seconds as a header value: ``2`` rather than ``2.0``."""
     return str(int(value)) if float(value).is_integer() else str(value)
@@ -289,69 +361,18 @@ class FaultConfig:
         unknown = sorted(set(raw) - _FAULT_FIELDS)
         if unknown:
             raise ValueError(f"unknown fault config keys: {', '.join(unknown)}")
-
-        rates_raw = raw.get("status_rates") or {}
-        if not isinstance(rates_raw, dict):
-            raise ValueError('status_rates must be an object like {"503": 0.3}')
-        rates = tuple(
-            (
-                _error_status(status, "status_rates key"),
-                _probability(rate, f"status_rates[{status}]"),
-            )
-            for status, rate in rates_raw.items()
-        )
-        if sum(rate for _, rate in rates) > 1 + 1e-9:
-            raise ValueError("status_rates must add up to at most 1")
-
-        retry_after = raw.get("retry_after")
-        if isinstance(retry_after, bool) or not (
-            retry_after is None
-            or (isinstance(retry_after, str) and retry_after.strip())
-            or (isinstance(retry_after, int | float) and 0 <= retry_after < math.inf)
-        ):
-            raise ValueError("retry_after must be seconds (>= 0) or a non-empty HTTP-date string")
-
-        poison = _needles(raw, "fail_inputs_containing")
-
-        status_always = raw.get("status_always")
-        if status_always is not None:
-            status_always = _error_status(status_always, "status_always")
-
-        refusal = raw.get("chat_refusal_containing")
-        if refusal is not None and (not isinstance(refusal, str) or not refusal):
-            raise ValueError("chat_refusal_containing must be a non-empty string, or null")
-
-        seed = raw.get("seed")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-            raise ValueError("seed must be an integer")
-
-        dedupe = raw.get("dedupe", True)
-        if not isinstance(dedupe, bool):
-            raise ValueError("dedupe must be true or false")
-
-        webhook_raw = raw.get("webhook_statuses") or []
-        if not isinstance(webhook_raw, list):
-            raise ValueError("webhook_statuses must be a list like [503, 200]")
-        webhook_statuses = tuple(
-            _webhook_status(status, f"webhook_statuses[{index}]")
-            for index, status in enumerate(webhook_raw)
-        )
-
-        webhook_status_always = raw.get("webhook_status_always")
-        if webhook_status_always is not None:
-            webhook_status_always = _error_status(webhook_status_always, "webhook_status_always")
-
+        # In the order of the fields, so that the first problem named is the first key's.
         return cls(
-            status_rates=rates,
-            retry_after=retry_after,
+            status_rates=_status_rates(raw),
+            retry_after=_retry_after(raw),
             latency_ms=_finite_number(raw, "latency_ms", 0.0, 0.0),
             hang_rate=_probability(raw.get("hang_rate", 0.0), "hang_rate"),
             hang_s=_finite_number(raw, "hang_s", 600.0, 0.0),
-            fail_inputs_containing=poison,
-            status_always=status_always,
-            chat_refusal_containing=refusal,
-            seed=seed,
-            dedupe=dedupe,
+            fail_inputs_containing=_needles(raw, "fail_inputs_containing"),
+            status_always=_optional_error_status(raw, "status_always"),
+            chat_refusal_containing=_refusal(raw),
+            seed=_seed(raw),
+            dedupe=_dedupe(raw),
             lose_response_rate=_probability(
                 raw.get("lose_response_rate", 0.0), "lose_response_rate"
             ),
@@ -361,8 +382,8 @@ class FaultConfig:
             tpm_window_s=_window(raw),
             trickle_bytes_per_s=_finite_number(raw, "trickle_bytes_per_s", 0.0, 0.0),
             pad_response_bytes=_whole_number(raw, "pad_response_bytes", 0, MAX_PAD_BYTES) or 0,
-            webhook_statuses=webhook_statuses,
-            webhook_status_always=webhook_status_always,
+            webhook_statuses=_webhook_statuses(raw),
+            webhook_status_always=_optional_error_status(raw, "webhook_status_always"),
             batch_delay_s=_batch_delay(raw),
             batch_fail_inputs_containing=_needles(raw, "batch_fail_inputs_containing"),
             batch_expire_after_fraction=_optional_fraction(raw, "batch_expire_after_fraction"),
@@ -370,15 +391,10 @@ class FaultConfig:
             batch_lose_lines_rate=_probability(
                 raw.get("batch_lose_lines_rate", 0.0), "batch_lose_lines_rate"
             ),
-            batch_max_requests=_whole_number(raw, "batch_max_requests", 1, BATCH_MAX_REQUESTS)
-            or BATCH_MAX_REQUESTS,
-            batch_max_inputs=_whole_number(raw, "batch_max_inputs", 1, BATCH_MAX_INPUTS)
-            or BATCH_MAX_INPUTS,
+            batch_max_requests=_limit(raw, "batch_max_requests", BATCH_MAX_REQUESTS),
+            batch_max_inputs=_limit(raw, "batch_max_inputs", BATCH_MAX_INPUTS),
             lose_upload_responses=_whole_number(raw, "lose_upload_responses", 0, 1_000_000) or 0,
-            files_max_total_bytes=_whole_number(
-                raw, "files_max_total_bytes", 1, FILES_MAX_TOTAL_BYTES
-            )
-            or FILES_MAX_TOTAL_BYTES,
+            files_max_total_bytes=_limit(raw, "files_max_total_bytes", FILES_MAX_TOTAL_BYTES),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -413,6 +429,17 @@ class FaultConfig:
             "lose_upload_responses": self.lose_upload_responses,
             "files_max_total_bytes": self.files_max_total_bytes,
         }
+
+    def injected(self, status: int, reason: str) -> HttpError:
+        """The failure this config injects with ``status``, with its ``Retry-After`` on a 429
+        or a 503 when ``retry_after`` is set."""
+        headers: dict[str, str] = {}
+        retry_after = self.retry_after_header()
+        if status in (429, 503) and retry_after is not None:
+            headers["Retry-After"] = retry_after
+        return HttpError(
+            status, f"injected fault: HTTP {status} ({reason})", code="injected", headers=headers
+        )
 
     def retry_after_header(self) -> str | None:
         """Return the ``Retry-After`` header value, or None when none is configured."""

@@ -50,83 +50,51 @@ import contextlib
 import hashlib
 import hmac
 import json
-import math
-import re
-import socket
 import sys
-import threading
 import traceback
-from collections.abc import Callable, Mapping, Sequence
-from http.server import BaseHTTPRequestHandler
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import urlsplit
 
-from devtools.model_server.batches import (
-    UPLOAD_MAX_BODY_BYTES,
-    ApiCall,
-    is_files_or_batches_path,
-)
+from devtools.model_server.batches import ApiCall, is_files_or_batches_path
 from devtools.model_server.chat import chat_response, parse_chat_request
-from devtools.model_server.errors import HttpError, error_body
+from devtools.model_server.errors import HttpError
 from devtools.model_server.faults import FaultConfig, seconds_header
+from devtools.model_server.http_io import JsonHandler, padded
 from devtools.model_server.idempotency import fingerprint
+from devtools.model_server.limits import MAX_BODY_BYTES, UPLOAD_MAX_BODY_BYTES
+from devtools.model_server.ratelimit import OverTokenLimit, pay_tokens
 from devtools.model_server.stats import CHAT, EMBEDDINGS, charge_key
 from devtools.model_server.vectors import (
     embeddings_response,
     parse_embeddings_request,
     usage_tokens,
 )
+from devtools.model_server.webhooks import receive
 
 if TYPE_CHECKING:
     from devtools.model_server.ratelimit import TokenBucket
-    from devtools.model_server.server import EmbeddingServer, FaultDraw
+    from devtools.model_server.state import FaultDraw, ServerState
     from devtools.model_server.stats import Ticket
-
-MAX_BODY_BYTES = 16 * 1024 * 1024
 
 # What serves one admitted model API request: the body to answer with, and if it is lost.
 _Work = Callable[["Ticket", "FaultDraw", "str | None"], tuple[bytes, bool]]
 
-_WEBHOOK_NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,100}")
 
+class Handler(JsonHandler):
+    """One connection's requests, routed by path; every error is answered as JSON.
 
-def webhook_path(name: str) -> str:
-    """Return the path of webhook receiver ``name``; raise ``ValueError`` if it is invalid."""
-    if not _WEBHOOK_NAME_RE.fullmatch(name):
-        raise ValueError(
-            f"invalid webhook name {name!r}: use 1 to 100 of A-Z, a-z, 0-9, '.', '_', '-'"
-        )
-    return f"/webhooks/{name}"
+    It serves the :class:`~devtools.model_server.state.ServerState` its server is.
+    """
 
-
-class OverTokenLimit(HttpError):
-    """A 429 from the ``max_tpm`` limit, which the stats count as ``rejected_tpm``."""
-
-
-def padded(body: bytes, size: int) -> bytes:
-    """Return the JSON object ``body`` with a ``padding`` field of ``size`` characters added."""
-    if size <= 0:
-        return body
-    return b"".join((body[:-1], b',"padding":"', b"x" * size, b'"}'))
-
-
-class Handler(BaseHTTPRequestHandler):
-    """One connection's requests, routed by path; every error is answered as JSON."""
-
-    protocol_version = "HTTP/1.1"
     server_version = "ReplayableLocalModel/1"
-    # Idle keep-alive connections each hold a thread; let them go eventually.
-    timeout = 60
-    # Headers and body go out in separate writes; with Nagle on, delayed ACKs would add
-    # about 40 ms to every keep-alive response.
-    disable_nagle_algorithm = True
 
     def version_string(self) -> str:
         return self.server_version
 
     @property
-    def _srv(self) -> EmbeddingServer:
-        return cast("EmbeddingServer", self.server)
+    def _srv(self) -> ServerState:
+        return cast("ServerState", self.server)
 
     def log_message(self, format: str, *args: Any) -> None:
         if self._srv.verbose:
@@ -159,7 +127,9 @@ class Handler(BaseHTTPRequestHandler):
                 return
             body = self._read_body()
             if path.startswith("/webhooks/"):
-                self._webhook(path.removeprefix("/webhooks/"), body)
+                key = self.headers.get("Idempotency-Key")
+                name = path.removeprefix("/webhooks/")
+                self._send_json(*receive(self._srv, self.command, name, key, body))
                 return
             if path == "/v1" or path.startswith("/v1/"):
                 self._wait_latency(self._srv.snapshot_faults())
@@ -317,15 +287,15 @@ class Handler(BaseHTTPRequestHandler):
         paid_to = self._pay_tokens(faults, key, tokens)
         self._wait_latency(faults)
         if config.status_always is not None:
-            raise self._injected(config, config.status_always, "every request fails")
+            raise config.injected(config.status_always, "every request fails")
         for needle, poison_status in config.fail_inputs_containing:
             if any(needle in text for text in inputs):
-                raise self._injected(config, poison_status, f"an input contains {needle!r}")
+                raise config.injected(poison_status, f"an input contains {needle!r}")
         draw = srv.draw(config)
         if draw.hang:
             faults.release.wait(config.hang_s)
         if draw.status is not None:
-            raise self._injected(config, draw.status, "random failure")
+            raise config.injected(draw.status, "random failure")
         payload, digests = render()
         response = json.dumps(payload, separators=(",", ":")).encode()
         answer = srv.stats.settle(
@@ -355,38 +325,14 @@ class Handler(BaseHTTPRequestHandler):
     def _pay_tokens(self, faults: FaultDraw, key: str | None, tokens: int) -> TokenBucket | None:
         """Take a request's ``tokens`` from the ``max_tpm`` bucket; return it if they were.
 
-        Raise :class:`OverTokenLimit` when the bucket cannot pay for them, taking nothing.
         A request whose key is remembered is answered from memory (or refused with 422)
         and costs nothing, so it neither pays nor is refused.
         """
-        bucket = faults.tokens
-        if bucket is None:
+        if faults.tokens is None:
             return None
         if key is not None and faults.config.dedupe and self._srv.stats.remembers(key):
             return None
-        wait = bucket.take(tokens)
-        if wait is None:
-            return bucket
-        limit = f"{bucket.rate * 60:.15g}"
-        if math.isinf(wait):
-            # No wait makes it fit, so there is no Retry-After to send.
-            raise OverTokenLimit(
-                429,
-                f"request too large for the tokens per minute limit: it uses {tokens} tokens, "
-                f"more than the {bucket.capacity:.15g} the limit of {limit} tokens per minute "
-                "allows at once; send fewer or shorter inputs",
-                code="rate_limit_exceeded",
-            )
-        # Seconds with decimals, which the pipeline's client and OpenAI's both read, rounded
-        # up to the millisecond so that a client waiting exactly this long finds its tokens.
-        retry_after = seconds_header(math.ceil(wait * 1000) / 1000)
-        raise OverTokenLimit(
-            429,
-            f"rate limit reached for tokens per minute: limit {limit}, requested {tokens}; "
-            f"try again in {retry_after} s",
-            code="rate_limit_exceeded",
-            headers={"Retry-After": retry_after},
-        )
+        return pay_tokens(faults.tokens, tokens)
 
     def _refuse_over_limit(self, config: FaultConfig) -> None:
         # The body is read even though it is refused, to keep the connection usable.
@@ -399,53 +345,6 @@ class Handler(BaseHTTPRequestHandler):
                 code="concurrency_limit_exceeded",
                 headers={"Retry-After": seconds_header(config.concurrency_retry_after)},
             )
-        )
-
-    def _drop_connection(self) -> None:
-        # No status line, just the end of the stream: what a client sees when a provider or
-        # a proxy fails after the work was done and billed.
-        self.close_connection = True
-        with contextlib.suppress(OSError):
-            self.connection.shutdown(socket.SHUT_RDWR)
-
-    def _webhook(self, name: str, body: bytes) -> None:
-        srv = self._srv
-        if not _WEBHOOK_NAME_RE.fullmatch(name):
-            raise HttpError(404, f"unknown endpoint /webhooks/{name}")
-        if self.command == "GET":
-            events = srv.stats.webhook_events(name)
-            self._send_json(200, {"name": name, "events": events})
-            return
-        if self.command != "POST":
-            raise HttpError(
-                405, f"use GET, POST on /webhooks/{name}", headers={"Allow": "GET, POST"}
-            )
-        try:
-            key = self.headers.get("Idempotency-Key")
-            if not key:
-                raise HttpError(
-                    400, "an Idempotency-Key header is required", code="missing_idempotency_key"
-                )
-            try:
-                event = json.loads(body)
-            except (ValueError, RecursionError) as exc:
-                raise HttpError(400, f"request body is not valid JSON: {exc}") from None
-            config, status = srv.next_webhook_status()
-            if status is not None and status >= 400:
-                raise self._injected(config, status, "webhook delivery")
-            reply = srv.stats.store_webhook(name, key, event, status or 200)
-        except HttpError:
-            srv.stats.fail_webhook()
-            raise
-        self._send_json(reply.status, reply.payload)
-
-    def _injected(self, config: FaultConfig, status: int, reason: str) -> HttpError:
-        headers: dict[str, str] = {}
-        retry_after = config.retry_after_header()
-        if status in (429, 503) and retry_after is not None:
-            headers["Retry-After"] = retry_after
-        return HttpError(
-            status, f"injected fault: HTTP {status} ({reason})", code="injected", headers=headers
         )
 
     def _wait_latency(self, faults: FaultDraw) -> None:
@@ -467,73 +366,6 @@ class Handler(BaseHTTPRequestHandler):
                 code="invalid_api_key",
                 headers={"WWW-Authenticate": "Bearer"},
             )
-
-    def _read_body(self, limit: int = MAX_BODY_BYTES) -> bytes:
-        # The body must be consumed even when the request is refused, or the next request on
-        # this keep-alive connection would be parsed from its leftovers.
-        if self.headers.get("Transfer-Encoding"):
-            self.close_connection = True
-            raise HttpError(411, "chunked request bodies are not supported; send Content-Length")
-        raw_length = self.headers.get("Content-Length", "0")
-        try:
-            length = int(raw_length)
-        except ValueError:
-            self.close_connection = True
-            raise HttpError(400, f"invalid Content-Length {raw_length!r}") from None
-        if length < 0:
-            self.close_connection = True
-            raise HttpError(400, f"invalid Content-Length {raw_length!r}")
-        if length > limit:
-            self.close_connection = True
-            raise HttpError(413, f"request body larger than {limit} bytes")
-        return self.rfile.read(length) if length else b""
-
-    def _send_error(self, exc: HttpError) -> None:
-        self._send_json(exc.status, error_body(exc.status, exc.message, exc.code), exc.headers)
-
-    def _send_json(
-        self, status: int, payload: object, headers: Mapping[str, str] | None = None
-    ) -> None:
-        self._send_body(status, json.dumps(payload, separators=(",", ":")).encode(), headers)
-
-    def _send_body(
-        self,
-        status: int,
-        data: bytes,
-        headers: Mapping[str, str] | None = None,
-        *,
-        content_type: str = "application/json",
-        trickle: float = 0.0,
-        release: threading.Event | None = None,
-    ) -> None:
-        try:
-            self.send_response(status)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(data)))
-            for name, value in (headers or {}).items():
-                self.send_header(name, value)
-            if self.close_connection:
-                self.send_header("Connection", "close")
-            self.end_headers()
-            if trickle > 0 and release is not None:
-                self._write_slowly(data, trickle, release)
-            else:
-                self.wfile.write(data)
-        except (ConnectionError, TimeoutError):
-            # The client gave up, e.g. on a hung request; nothing is left to tell it.
-            self.close_connection = True
-
-    def _write_slowly(self, data: bytes, rate: float, release: threading.Event) -> None:
-        # A tenth of a second's worth per piece keeps every read short, so only a deadline
-        # on the whole response notices how long it takes. Clearing the faults sends the rest
-        # at once.
-        piece = max(1, int(rate / 10))
-        pause = piece / rate
-        view = memoryview(data)
-        for start in range(0, len(view), piece):
-            if start and not release.is_set():
-                release.wait(pause)
-            self.wfile.write(view[start : start + piece])
 
     def _healthz(self, body: bytes) -> tuple[int, object]:
         return 200, {"ok": True}

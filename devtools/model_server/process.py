@@ -20,8 +20,8 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, cast
 
 from devtools.model_server.cli import API_KEY_ENV
-from devtools.model_server.handler import webhook_path
 from devtools.model_server.vectors import DEFAULT_DIM
+from devtools.model_server.webhooks import webhook_path
 
 if TYPE_CHECKING:
     import httpx

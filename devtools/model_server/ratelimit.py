@@ -15,6 +15,9 @@ import threading
 import time
 from collections.abc import Callable
 
+from devtools.model_server.errors import HttpError
+from devtools.model_server.faults import seconds_header
+
 
 class TokenBucket:
     """At most ``window_s`` seconds of ``per_minute`` tokens, refilled at ``per_minute / 60``
@@ -74,3 +77,38 @@ class TokenBucket:
         with self._lock:
             self._refill()
             return self._level
+
+
+class OverTokenLimit(HttpError):
+    """A 429 from the ``max_tpm`` limit, which the stats count as ``rejected_tpm``."""
+
+
+def pay_tokens(bucket: TokenBucket, tokens: int) -> TokenBucket:
+    """Take a request's ``tokens`` from ``bucket`` and return it.
+
+    Raise :class:`OverTokenLimit` when the bucket cannot pay for them, taking nothing: with
+    ``Retry-After`` when waiting makes them fit, without it when no wait does.
+    """
+    wait = bucket.take(tokens)
+    if wait is None:
+        return bucket
+    limit = f"{bucket.rate * 60:.15g}"
+    if math.isinf(wait):
+        # No wait makes it fit, so there is no Retry-After to send.
+        raise OverTokenLimit(
+            429,
+            f"request too large for the tokens per minute limit: it uses {tokens} tokens, "
+            f"more than the {bucket.capacity:.15g} the limit of {limit} tokens per minute "
+            "allows at once; send fewer or shorter inputs",
+            code="rate_limit_exceeded",
+        )
+    # Seconds with decimals, which the pipeline's client and OpenAI's both read, rounded
+    # up to the millisecond so that a client waiting exactly this long finds its tokens.
+    retry_after = seconds_header(math.ceil(wait * 1000) / 1000)
+    raise OverTokenLimit(
+        429,
+        f"rate limit reached for tokens per minute: limit {limit}, requested {tokens}; "
+        f"try again in {retry_after} s",
+        code="rate_limit_exceeded",
+        headers={"Retry-After": retry_after},
+    )

@@ -1,29 +1,20 @@
-"""The server's state: where it listens, its counters, its files and batches, its faults.
+"""The model server on a socket: :class:`ServerState` served by :class:`Handler`.
 
 :class:`EmbeddingServer` binds loopback hosts only and serves with
-:class:`~devtools.model_server.handler.Handler`; the handler asks it for the fault config a
-request runs under and for the dice that decide each fault. Its
-:class:`~devtools.model_server.batches.BatchStore` keeps the Files and Batch API's files
-and batches, and charges them to its stats.
+:class:`~devtools.model_server.handler.Handler`, which asks its
+:class:`~devtools.model_server.state.ServerState` for the fault config a request runs
+under, the dice that decide each fault, the counters and the files and batches.
 """
 
 from __future__ import annotations
 
-import random
 import socket
 import socketserver
-import threading
-from collections import deque
-from dataclasses import dataclass
 from http.server import ThreadingHTTPServer
+from typing import Unpack
 
-from devtools.model_server.batches import BatchStore
-from devtools.model_server.faults import FaultConfig
 from devtools.model_server.handler import Handler
-from devtools.model_server.idempotency import IDEMPOTENCY_MAX_BYTES, IDEMPOTENCY_MAX_KEYS
-from devtools.model_server.ratelimit import TokenBucket
-from devtools.model_server.stats import Stats
-from devtools.model_server.vectors import DEFAULT_DIM, MAX_DIM
+from devtools.model_server.state import ServerState, StateOptions
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 
@@ -36,33 +27,10 @@ def require_loopback(host: str) -> str:
     return host
 
 
-@dataclass(frozen=True)
-class FaultDraw:
-    """The fault config a request runs under, with the state that goes with it.
-
-    ``release`` cuts the request's waits short; ``tokens`` is the ``max_tpm`` bucket it pays
-    its tokens from (None without a limit).
-    """
-
-    config: FaultConfig
-    release: threading.Event
-    tokens: TokenBucket | None = None
-
-
-@dataclass(frozen=True)
-class Draw:
-    """What the fault dice decided for one request."""
-
-    hang: bool
-    status: int | None
-    lose: bool
-
-
-class EmbeddingServer(ThreadingHTTPServer):
+class EmbeddingServer(ServerState, ThreadingHTTPServer):
     """A threading HTTP server for the embeddings and chat API; binds loopback hosts only.
 
-    ``idempotency_max_keys`` and ``idempotency_max_bytes`` bound the memory of responses
-    kept for repeated ``Idempotency-Key`` headers.
+    ``options`` are those of :class:`~devtools.model_server.state.ServerState`.
     """
 
     # Hung requests sleep in their own threads; neither shutdown nor exit may wait for them.
@@ -70,34 +38,13 @@ class EmbeddingServer(ThreadingHTTPServer):
     block_on_close = False
 
     def __init__(
-        self,
-        host: str = "127.0.0.1",
-        port: int = 0,
-        *,
-        dim: int = DEFAULT_DIM,
-        api_key: str | None = None,
-        verbose: bool = False,
-        idempotency_max_keys: int = IDEMPOTENCY_MAX_KEYS,
-        idempotency_max_bytes: int = IDEMPOTENCY_MAX_BYTES,
+        self, host: str = "127.0.0.1", port: int = 0, **options: Unpack[StateOptions]
     ) -> None:
         require_loopback(host)
-        if not 1 <= dim <= MAX_DIM:
-            raise ValueError(f"dim must be between 1 and {MAX_DIM}, got {dim}")
+        ServerState.__init__(self, **options)
         if ":" in host:
             self.address_family = socket.AF_INET6
-        self.dim = dim
-        self.api_key = api_key or None
-        self.verbose = verbose
-        self.stats = Stats(idempotency_max_keys, idempotency_max_bytes)
-        self.batches = BatchStore(self.stats)
-        self._faults_lock = threading.Lock()
-        self._faults = FaultConfig()
-        self._webhook_statuses: deque[int] = deque()
-        self._uploads_to_lose = 0
-        self._rng = random.Random(0)  # noqa: S311 - fault draws must be reproducible
-        self._release = threading.Event()
-        self._tokens: TokenBucket | None = None
-        super().__init__((host, port), Handler)
+        ThreadingHTTPServer.__init__(self, (host, port), Handler)
 
     def server_bind(self) -> None:
         """Bind without the reverse DNS lookup ``HTTPServer`` does, which can stall startup."""
@@ -111,92 +58,3 @@ class EmbeddingServer(ThreadingHTTPServer):
         """Return the root URL the server answers on, e.g. ``http://127.0.0.1:8000``."""
         host = f"[{self.server_name}]" if ":" in self.server_name else self.server_name
         return f"http://{host}:{self.server_port}"
-
-    @property
-    def faults(self) -> FaultConfig:
-        """Return the current fault config."""
-        with self._faults_lock:
-            return self._faults
-
-    def set_faults(self, config: FaultConfig) -> None:
-        """Replace the fault config; restart its webhook statuses and its token bucket.
-
-        The ``max_tpm`` bucket starts full, the count of upload responses to lose starts
-        again, and the fault draws are reseeded if the config has a seed.
-        """
-        with self._faults_lock:
-            self._faults = config
-            self._webhook_statuses = deque(config.webhook_statuses)
-            self._uploads_to_lose = config.lose_upload_responses
-            # A new bucket, even for the same limit: setting the faults starts a test's
-            # minute afresh, whatever the one before spent.
-            self._tokens = (
-                TokenBucket(config.max_tpm, window_s=config.tpm_window_s)
-                if config.max_tpm is not None
-                else None
-            )
-            if config.seed is not None:
-                self._rng.seed(config.seed)
-
-    def clear_faults(self) -> None:
-        """Remove every fault (the token limit too); release requests held by latency or hangs."""
-        with self._faults_lock:
-            self._faults = FaultConfig()
-            self._webhook_statuses = deque()
-            self._uploads_to_lose = 0
-            self._tokens = None
-            self._release.set()
-            self._release = threading.Event()
-
-    def snapshot_faults(self) -> FaultDraw:
-        """Return the config a request runs under, with its release event and token bucket."""
-        with self._faults_lock:
-            return FaultDraw(self._faults, self._release, self._tokens)
-
-    def draw(self, config: FaultConfig) -> Draw:
-        """Draw whether a request hangs, which status it fails with, if any, and if it is lost."""
-        # Each draw is taken only when its rate is set, so adding a fault kind leaves the
-        # sequences that existing seeds give unchanged.
-        with self._faults_lock:
-            hang = config.hang_rate > 0 and self._rng.random() < config.hang_rate
-            status_draw = self._rng.random() if config.status_rates else None
-            lose = config.lose_response_rate > 0 and self._rng.random() < config.lose_response_rate
-        status = None
-        if status_draw is not None:
-            cumulative = 0.0
-            for candidate, rate in config.status_rates:
-                cumulative += rate
-                if status_draw < cumulative:
-                    status = candidate
-                    break
-        return Draw(hang, status, lose)
-
-    def next_webhook_status(self) -> tuple[FaultConfig, int | None]:
-        """Return the fault config and the status it sets for the next webhook, if any."""
-        with self._faults_lock:
-            config = self._faults
-            if config.webhook_status_always is not None:
-                return config, config.webhook_status_always
-            if self._webhook_statuses:
-                return config, self._webhook_statuses.popleft()
-            return config, None
-
-    def lose_batch_line(self, rate: float) -> bool:
-        """Whether a batch line is to be lost (``batch_lose_lines_rate``), drawn from the
-        seeded fault draws; nothing is drawn when ``rate`` is 0."""
-        if rate <= 0:
-            return False
-        with self._faults_lock:
-            return self._rng.random() < rate
-
-    def lose_next_upload(self) -> bool:
-        """Whether a stored upload's response is to be lost (``lose_upload_responses``)."""
-        with self._faults_lock:
-            if self._uploads_to_lose <= 0:
-                return False
-            self._uploads_to_lose -= 1
-            return True
-
-    def reset_stats(self) -> None:
-        """Zero the counters, forget the idempotency memory, drop every file and batch."""
-        self.batches.reset()

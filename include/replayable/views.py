@@ -21,6 +21,7 @@ from replayable import db
 from replayable.vocabulary import ITEM_STATUSES, OUTBOX_STATUSES, PIPELINE_DAG_ID, STAGES
 
 Row = dict[str, Any]
+Moment = datetime | str | None  # a bound of a time filter: a datetime, or ISO 8601 text
 
 # What a partial re-run selects, counted without recording a run (plan/select_rerun_docs
 # applies the same filters when the run starts).
@@ -69,8 +70,8 @@ class ModelCalls:
 
 
 @dataclasses.dataclass(frozen=True)
-class StageStatus:
-    """One stage's items by current status, its open dead letters and its model calls."""
+class StageSummary:
+    """Items of one stage by their current status, and its open dead letters."""
 
     stage: str
     pending: int = 0
@@ -80,6 +81,12 @@ class StageStatus:
     dead: int = 0
     total: int = 0
     open_dead_letters: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class StageStatus(StageSummary):
+    """One stage's items by current status, its open dead letters and its model calls."""
+
     model_calls: ModelCalls = ModelCalls()
 
 
@@ -110,10 +117,7 @@ class RedriveScope:
 
 @dataclasses.dataclass(frozen=True)
 class OutboxCounts:
-    """Outbox events per status (from the counters) and the backlog's age in seconds.
-
-    ``oldest_pending_age_s`` is None when nothing is pending.
-    """
+    """Outbox events per status (the counters) and the oldest pending one's age (None: none)."""
 
     pending: int
     published: int
@@ -207,8 +211,9 @@ SEARCH_USERS = 20
 
 @dataclasses.dataclass(frozen=True)
 class UserSearches:
-    """One user's searches, and the paid calls that embedded their questions: their tokens
-    and cost in USD (``unpriced_calls`` of them had no price and count 0 in ``usd``)."""
+    """One user's searches in the window, and the paid calls that embedded their questions:
+    their tokens and cost in USD (``unpriced_calls`` had no price and count 0). A question
+    answered from the ledger's cache is a search and no call."""
 
     user: str
     searches: int
@@ -269,6 +274,18 @@ def open_dead_letters_by_stage(conn: db.Connection, run_id: str | None = None) -
     }
 
 
+def stage_summaries(
+    conn: db.Connection, run_id: str | None = None, *, also: Iterable[str] = ()
+) -> list[StageSummary]:
+    """Every stage (in :func:`stage_order`, with ``also``): items by status, open dead letters."""
+    items = items_by_status(conn, run_id)
+    dead = open_dead_letters_by_stage(conn, run_id)
+    return [
+        StageSummary(stage=stage, **items.get(stage, {}), open_dead_letters=dead.get(stage, 0))
+        for stage in stage_order({*items, *dead, *also})
+    ]
+
+
 def stage_status(
     conn: db.Connection, run_id: str | None = None, *, with_model_calls: bool = True
 ) -> list[StageStatus]:
@@ -277,17 +294,10 @@ def stage_status(
     ``run_id`` narrows all three to the documents (and calls) of that run. Without
     ``with_model_calls`` the calls are not read and stay zero.
     """
-    items = items_by_status(conn, run_id)
-    dead = open_dead_letters_by_stage(conn, run_id)
     calls = model_calls_by_stage(conn, run_id) if with_model_calls else {}
     return [
-        StageStatus(
-            stage=stage,
-            **items.get(stage, {}),
-            open_dead_letters=dead.get(stage, 0),
-            model_calls=calls.get(stage, ModelCalls()),
-        )
-        for stage in stage_order({*items, *dead, *calls})
+        StageStatus(**dataclasses.asdict(found), model_calls=calls.get(found.stage, ModelCalls()))
+        for found in stage_summaries(conn, run_id, also=calls)
     ]
 
 
@@ -332,14 +342,22 @@ def failed_items(
     return Page(matched=matched(rows), rows=rows)
 
 
+def _letter_filters(
+    stage: str | None, error_classes: Sequence[str] | None, since: Moment, until: Moment
+) -> dict[str, Any]:
+    """The dead-letter filters the list and a redrive share, as their queries bind them."""
+    classes = list(error_classes) if error_classes is not None else None
+    return {"stage": stage, "error_classes": classes, "since": since, "until": until}
+
+
 def dead_letters(
     conn: db.Connection,
     *,
     stage: str | None = None,
     status: str | None = None,
     error_classes: Sequence[str] | None = None,
-    since: datetime | str | None = None,
-    until: datetime | str | None = None,
+    since: Moment = None,
+    until: Moment = None,
     limit: int,
     after: tuple[datetime | str, int] | None = None,
 ) -> Page:
@@ -351,11 +369,8 @@ def dead_letters(
     """
     at, after_id = after if after is not None else (None, None)
     params = {
-        "stage": stage,
+        **_letter_filters(stage, error_classes, since, until),
         "status": None if status == "all" else status,
-        "error_classes": list(error_classes) if error_classes is not None else None,
-        "since": since,
-        "until": until,
         "limit": limit,
         "after_created_at": at,
         "after_id": after_id,
@@ -370,8 +385,8 @@ def redrive_scope(
     ids: Sequence[int] | None = None,
     stage: str | None = None,
     error_classes: Sequence[str] | None = None,
-    since: datetime | str | None = None,
-    until: datetime | str | None = None,
+    since: Moment = None,
+    until: Moment = None,
 ) -> list[RedriveScope]:
     """The open dead letters a redrive would take, one entry per stage, by stage name.
 
@@ -380,10 +395,7 @@ def redrive_scope(
     """
     params = {
         "ids": list(ids) if ids is not None else None,
-        "stage": stage,
-        "error_classes": list(error_classes) if error_classes is not None else None,
-        "since": since,
-        "until": until,
+        **_letter_filters(stage, error_classes, since, until),
     }
     return [
         RedriveScope(

@@ -131,8 +131,8 @@ def test_deleted_and_replaced_files_leave_search_with_events_and_the_rerun_pays_
 
 def _counts_shown(conn: Any, run_id: str) -> None:
     """The CLI's status (all runs, and the run) and the UI's overview show the counts."""
-    from replayable.cli.commands.status import status_data
     from replayable.cli.render import index_line
+    from replayable.read import status_data
     from replayable.web.reads import summary
 
     assert status_data(conn, None)["index"] == {"retracted": 3, "purged": 0}

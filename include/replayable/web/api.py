@@ -28,7 +28,7 @@ from replayable.web.models import (
     SearchAnswer,
     Summary,
 )
-from replayable.web.reads import dead_letter, dead_letters, failed_items, letters_per_hour, summary
+from replayable.web.reads import dead_letter, failed_list, letter_list, letters_per_hour, summary
 from replayable.web.search import (
     DEFAULT_K,
     Dimensions,
@@ -64,22 +64,13 @@ def letters_per_hour_api(conn: ReadConn) -> LettersPerHour:
 @router.get("/api/failed", responses=PAGED)
 def failed_api(conn: ReadConn, filters: FailedQuery) -> FailedList:
     """The failed list as JSON; ``next_after`` is the cursor of the next page."""
-    return failed_items(conn, filters.stage, filters.error_classes, filters.limit, filters.after)
+    return failed_list(conn, filters)
 
 
 @router.get("/api/dead-letters", responses=PAGED)
 def dead_letters_api(conn: ReadConn, filters: LetterQuery) -> DeadLetterList:
     """The dead-letter list as JSON, with full errors, tracebacks and histories."""
-    return dead_letters(
-        conn,
-        filters.stage,
-        filters.status,
-        filters.limit,
-        filters.after,
-        error_classes=filters.error_classes,
-        since=filters.since,
-        until=filters.until,
-    )
+    return letter_list(conn, filters)
 
 
 @router.get("/api/dead-letters/{letter_id}", responses=ONE)

@@ -40,30 +40,14 @@ Exported families (every label value comes from the ledger):
 ``replayable_invariant_violations{invariant}``, ``replayable_invariant_check_timestamp_seconds``
     the last recorded invariant check (:mod:`.check_metrics`, ADR 0150).
 
-**Who may scrape.** Like every route of the app, a request with an Airflow JWT (bearer or
-the UI cookie) of a user allowed to see plugins. A Prometheus server has no Airflow login,
-so the endpoint also takes a scrape token: the Airflow Variable ``replayable_metrics_token``
-(:data:`TOKEN_VARIABLE`), sent as ``Authorization: Bearer <token>`` and compared in constant
-time. Without the Variable only Airflow's auth applies; an anonymous request gets 401.
-
-This route is a plain Starlette route, not an ``APIRoute``: the app-wide Airflow dependency
-would refuse the scrape token as a malformed JWT before any route code ran, so the route
-checks both ways itself (:func:`authorize`) and never answers before one has passed.
-Reading the Variable costs a metadata-database query (or a secrets-backend call), so no
-request can cause one on its own (ADR 0071): a bearer shaped like a JWT goes to Airflow
-first and reads no Variable when Airflow accepts it, and the token is read at most once per
-:data:`TOKEN_TTL_S` per app, however many requests present a bearer. A changed token takes
-effect within that time.
+**Who may scrape.** An Airflow user allowed to see plugins, or a Prometheus server with
+the scrape token (:mod:`.scrape_auth`, ADR 0071), checked before any read.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hmac
 import logging
-import re
-import threading
-import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack
@@ -71,9 +55,6 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
 
-from airflow.api_fastapi.app import get_auth_manager
-from airflow.api_fastapi.auth.managers.models.resource_details import AccessView
-from airflow.api_fastapi.core_api.security import bearer_scheme, get_user
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import Response
 from prometheus_client import CollectorRegistry
@@ -87,8 +68,10 @@ from prometheus_client.metrics_core import (
 from starlette.concurrency import run_in_threadpool
 
 from replayable import db
-from replayable.vocabulary import ITEM_STATUSES, OUTBOX_STATUSES, STAGES
+from replayable.views import stage_order
+from replayable.vocabulary import ITEM_STATUSES, OUTBOX_STATUSES
 from replayable.web.check_metrics import INVARIANT_METRIC_NAMES, InvariantCollector, read_counts
+from replayable.web.scrape_auth import TOKEN_VARIABLE, authorize
 
 __all__ = [
     "LATENCY_BOUNDS_MS",
@@ -104,10 +87,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-TOKEN_VARIABLE = "replayable_metrics_token"  # noqa: S105 - a Variable's name, not a secret
-TOKEN_TTL_S = 30.0  # how long a read of the Variable is trusted
-# header.payload.signature, each base64url: what Airflow's JWTs look like.
-_JWT_SHAPE = re.compile(r"^[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*$")
 # replayable.latency_bucket()'s upper bounds (migration 0002); -1 in the counters is +Inf.
 LATENCY_BOUNDS_MS = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000)
 _INF = -1
@@ -259,12 +238,6 @@ METRIC_NAMES: frozenset[str] = INVARIANT_METRIC_NAMES | frozenset(
 """The sample names a scrape can hold, as PromQL sees them (the alert rules' vocabulary)."""
 
 
-def _ordered(stages: Iterable[str]) -> list[str]:
-    """The pipeline's stages in order, then any other stage the counters name."""
-    seen = set(stages)
-    return [*STAGES, *sorted(seen - set(STAGES))]
-
-
 class LedgerCollector:
     """A prometheus_client collector over one :class:`LedgerSnapshot` read per collect."""
 
@@ -283,12 +256,12 @@ class LedgerCollector:
         for row in snapshot.items:
             items[(row["stage"], row["status"])] += int(row["n"])
         # Every stage and status, zeros included, so that a series never vanishes.
-        for stage in _ordered(stage for stage, _ in items):
+        for stage in stage_order(stage for stage, _ in items):
             for status in ITEM_STATUSES:
                 families.items.add_metric([stage, status], items.get((stage, status), 0))
 
         letters = {row["stage"]: row for row in snapshot.dead_letters}
-        for stage in _ordered(letters):
+        for stage in stage_order(letters):
             row = letters.get(stage, {})
             families.open.add_metric([stage], int(row.get("open", 0)))
             families.created.add_metric([stage], int(row.get("created", 0)))
@@ -351,78 +324,6 @@ def render(conn: db.Connection, accept: str | None = None) -> tuple[bytes, str]:
 
 
 # ---- the route -----------------------------------------------------------------------------
-
-
-def scrape_token() -> str | None:
-    """The configured scrape token, or None when the Variable is unset or blank."""
-    from airflow.sdk import Variable
-
-    value = Variable.get(TOKEN_VARIABLE, default=None)
-    if value is None:
-        return None
-    return str(value).strip() or None
-
-
-class _CachedToken:
-    """The scrape token, read from its Variable at most once per ``ttl_s``."""
-
-    def __init__(self, ttl_s: float = TOKEN_TTL_S) -> None:
-        self.ttl_s = ttl_s
-        self._lock = threading.Lock()
-        self._value: str | None = None
-        self._until = float("-inf")
-
-    def get(self) -> str | None:
-        # One reader at a time: requests that arrive while it reads wait for its answer.
-        with self._lock:
-            now = time.monotonic()
-            if now >= self._until:
-                self._value = scrape_token()
-                self._until = now + self.ttl_s
-            return self._value
-
-
-def _token_cache(request: Request) -> _CachedToken:
-    state = request.app.state
-    cache = getattr(state, "scrape_token_cache", None)
-    if cache is None:
-        cache = state.scrape_token_cache = _CachedToken()
-    return cache
-
-
-async def _is_scrape_token(request: Request, presented: str) -> bool:
-    expected = await run_in_threadpool(_token_cache(request).get)
-    return expected is not None and hmac.compare_digest(presented.encode(), expected.encode())
-
-
-async def _airflow_user_may_see(request: Request, credentials: Any) -> None:
-    user = await get_user(request, None, credentials)
-    if not get_auth_manager().is_authorized_view(access_view=AccessView.PLUGINS, user=user):
-        raise HTTPException(HTTPStatus.FORBIDDEN, "Forbidden")
-
-
-async def authorize(request: Request) -> None:
-    """Let the request through with Airflow's own check or the scrape token; else raise.
-
-    Authentication comes before any read of the Variable: a bearer shaped like a JWT, the
-    UI cookie, or no credential at all is judged by Airflow as the rest of the app is
-    (Airflow resolves the user: 401 without a credential, 403 for a bad one; the auth
-    manager must allow the plugins view). Only a bearer that Airflow did not accept is
-    compared, in constant time, with the scrape token, read through a per-app cache.
-    """
-    credentials = await bearer_scheme(request)
-    presented = credentials.credentials if credentials is not None else None
-    if presented is None or _JWT_SHAPE.match(presented):
-        try:
-            await _airflow_user_may_see(request, credentials)
-        except HTTPException:
-            if presented is None or not await _is_scrape_token(request, presented):
-                raise
-        return
-    # Not a JWT: Airflow would only log it as invalid. Compare it; refuse as Airflow would.
-    if await _is_scrape_token(request, presented):
-        return
-    await _airflow_user_may_see(request, credentials)
 
 
 def _open(stack: ExitStack, state: Any) -> db.Connection:

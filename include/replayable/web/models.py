@@ -1,8 +1,11 @@
 """The UI's data shapes: what the JSON API returns and the pages render, and its refusals.
 
 Each model is a response schema of the API (``api/...``); the pages render the same objects,
-so a page and its JSON twin cannot disagree. :data:`ANY_ROUTE` and its kin document every
-refusal a route can answer with, for clients and the schema fuzzer.
+so a page and its JSON twin cannot disagree. The rows of the read model
+(:mod:`replayable.views`) and of a search are schemas as they are (:class:`StageSummary`,
+:class:`UserSearches`) or the base of one (:class:`ModelCostSummary`, :class:`SearchHit`,
+:class:`RunSummary` and its link), never copied field by field. :data:`ANY_ROUTE` and its
+kin document every refusal a route can answer with, for clients and the schema fuzzer.
 """
 
 from __future__ import annotations
@@ -11,23 +14,13 @@ import dataclasses
 from datetime import datetime
 from typing import Any
 
+import pydantic
 from pydantic import BaseModel, computed_field
 
-from replayable import airflow_http
+from replayable import airflow_http, views
+from replayable.search.model import Hit
+from replayable.views import StageSummary, UserSearches
 from replayable.vocabulary import PIPELINE_DAG_ID
-
-
-class StageSummary(BaseModel):
-    """Items of one stage by their current status, and its open dead letters."""
-
-    stage: str
-    pending: int = 0
-    running: int = 0
-    done: int = 0
-    failed: int = 0
-    dead: int = 0
-    total: int = 0
-    open_dead_letters: int = 0
 
 
 class OutboxSummary(BaseModel):
@@ -51,16 +44,9 @@ class OutboxSummary(BaseModel):
         return f"{minutes // 60} h {minutes % 60} min" if minutes >= 60 else f"{minutes} min"
 
 
-class ModelCostSummary(BaseModel):
+@pydantic.dataclasses.dataclass(frozen=True)
+class ModelCostSummary(views.ModelCost):
     """Answered calls of one model and mode, their tokens and cost (ADR 0110)."""
-
-    model: str
-    mode: str
-    calls: int
-    input_tokens: int
-    output_tokens: int
-    usd: float
-    unpriced_calls: int
 
 
 class CostSummary(BaseModel):
@@ -73,20 +59,6 @@ class CostSummary(BaseModel):
     by_model: list[ModelCostSummary] = []
 
 
-class UserSearches(BaseModel):
-    """One user's searches in the window, and the paid calls that embedded their questions:
-    their tokens and cost in USD (``unpriced_calls`` had no price and count 0). A question
-    answered from the ledger's cache is a search and no call."""
-
-    user: str
-    searches: int
-    paid_calls: int
-    input_tokens: int
-    output_tokens: int
-    usd: float
-    unpriced_calls: int
-
-
 class SearchSummary(BaseModel):
     """Searches per user in the last ``days`` days (UTC), the costliest first (ADR 0153)."""
 
@@ -94,17 +66,9 @@ class SearchSummary(BaseModel):
     by_user: list[UserSearches] = []
 
 
-class RunSummary(BaseModel):
+@pydantic.dataclasses.dataclass(frozen=True)
+class RunSummary(views.RunCost):
     """A recent run and what its model calls cost: reported, or so far while it runs."""
-
-    dag_id: str
-    run_id: str
-    created_at: datetime
-    documents: int
-    to_do: int | None
-    reported: bool
-    usd: float
-    unpriced_calls: int
 
     @computed_field  # type: ignore[prop-decorator]  # pydantic's documented pattern
     @property
@@ -278,16 +242,10 @@ class RedriveRun(BaseModel):
     refused: str | None = None
 
 
-class SearchHit(BaseModel):
+@pydantic.dataclasses.dataclass(frozen=True)
+class SearchHit(Hit):
     """A chunk a search found: its document, its place in it (``ordinal``), its cosine
     similarity to the question, and the chunk's first characters."""
-
-    doc_id: str
-    uri: str
-    ordinal: int
-    chunk_id: str
-    score: float
-    snippet: str
 
 
 class SearchCoverage(BaseModel):

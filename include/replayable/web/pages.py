@@ -9,19 +9,22 @@ which records the question's model call through the ledger's own connection.
 
 from __future__ import annotations
 
+from typing import Any
+
 from airflow.api_fastapi.core_api.security import GetUserDep
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import HTMLResponse
 
+from replayable import db
 from replayable.web.api import Limit, Quiescent, check
 from replayable.web.charts import chart_bars
 from replayable.web.database import ReadConn
 from replayable.web.filters import FailedQuery, LetterFilters, LetterId, LetterQuery, next_query
-from replayable.web.models import ANY_ROUTE, ONE, PAGED, SEARCH_PAGE
+from replayable.web.models import ANY_ROUTE, ONE, PAGED, SEARCH_PAGE, DeadLetterList, FailedList
 from replayable.web.reads import (
     dead_letter,
-    dead_letters,
-    failed_items,
+    failed_list,
+    letter_list,
     letters_per_hour,
     stages,
     summary,
@@ -42,15 +45,7 @@ def overview_page(conn: ReadConn) -> HTMLResponse:
 @router.get("/failed", response_class=HTMLResponse, responses=PAGED)
 def failed_page(conn: ReadConn, filters: FailedQuery) -> HTMLResponse:
     """Items whose current status is failed, filtered by stage and error class."""
-    data = failed_items(conn, filters.stage, filters.error_classes, filters.limit, filters.after)
-    shown = filters.shown()
-    return page(
-        "failed.html",
-        data=data,
-        filters=shown,
-        next_query=next_query(shown, data),
-        stages=stages(conn),
-    )
+    return _list_page(conn, "failed.html", filters.shown(), failed_list(conn, filters))
 
 
 @router.get("/dead-letters", response_class=HTMLResponse, responses=PAGED)
@@ -61,19 +56,15 @@ def dead_letters_page(conn: ReadConn, filters: LetterQuery) -> HTMLResponse:
     inclusive, ``until`` exclusive; a time without a zone is UTC). Open letters can be ticked
     and redriven, or every open letter the filters match.
     """
-    data = dead_letters(
-        conn,
-        filters.stage,
-        filters.status,
-        filters.limit,
-        filters.after,
-        error_classes=filters.error_classes,
-        since=filters.since,
-        until=filters.until,
-    )
-    shown = filters.shown()
+    return _list_page(conn, "dead_letters.html", filters.shown(), letter_list(conn, filters))
+
+
+def _list_page(
+    conn: db.Connection, template: str, shown: dict[str, Any], data: FailedList | DeadLetterList
+) -> HTMLResponse:
+    """A list page: its rows, its filter form, the link to its next page."""
     return page(
-        "dead_letters.html",
+        template,
         data=data,
         filters=shown,
         next_query=next_query(shown, data),

@@ -12,15 +12,17 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from http import HTTPStatus
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import HTTPException
 from fastapi.exceptions import RequestValidationError
 
 from replayable import db, mirror, views
 from replayable.web.charts import CHART_HOURS
+from replayable.web.filters import FailedFilters, LetterFilters
 from replayable.web.models import (
     CostSummary,
     DeadLetter,
@@ -34,28 +36,16 @@ from replayable.web.models import (
     OutboxSummary,
     RunSummary,
     SearchSummary,
-    StageSummary,
     Summary,
-    UserSearches,
 )
+
+_Row = TypeVar("_Row")
 
 
 def summary(conn: db.Connection) -> Summary:
     """Items per stage by current status (the CLI's ``status`` reads), open dead letters,
     costs, each user's searches (ADR 0153) and the newest runs."""
-    stages = [
-        StageSummary(
-            stage=found.stage,
-            pending=found.pending,
-            running=found.running,
-            done=found.done,
-            failed=found.failed,
-            dead=found.dead,
-            total=found.total,
-            open_dead_letters=found.open_dead_letters,
-        )
-        for found in views.stage_status(conn, with_model_calls=False)
-    ]
+    stages = views.stage_summaries(conn)
     costs = views.model_costs(conn)
     return Summary(
         stages=stages,
@@ -65,9 +55,7 @@ def summary(conn: db.Connection) -> Summary:
         cost=CostSummary(days=views.COST_DAYS, **costs.as_dict()),
         searches=SearchSummary(
             days=views.COST_DAYS,
-            by_user=[
-                UserSearches(**dataclasses.asdict(found)) for found in views.search_costs(conn)
-            ],
+            by_user=views.search_costs(conn),
         ),
         runs=[RunSummary(**dataclasses.asdict(run)) for run in views.recent_runs(conn)],
     )
@@ -119,10 +107,7 @@ def failed_items(
         after=(cursor[0], cursor[1], cursor[2]) if cursor else None,
     )
     items = [FailedItem(**row) for row in page.rows]
-    last = items[-1] if len(items) == limit else None
-    next_after = None
-    if last is not None:
-        next_after = _make_cursor(last.updated_at.isoformat(), last.stage, last.doc_id)
+    next_after = _next_after(items, limit, lambda i: (i.updated_at.isoformat(), i.stage, i.doc_id))
     return FailedList(matched=page.matched, items=items, next_after=next_after)
 
 
@@ -151,9 +136,27 @@ def dead_letters(
         after=(cursor[0], int(cursor[1])) if cursor else None,
     )
     letters = _with_history(conn, page.rows)
-    last = letters[-1] if len(letters) == limit else None
-    next_after = _make_cursor(last.created_at.isoformat(), str(last.id)) if last else None
+    next_after = _next_after(letters, limit, lambda d: (d.created_at.isoformat(), str(d.id)))
     return DeadLetterList(matched=page.matched, dead_letters=letters, next_after=next_after)
+
+
+def failed_list(conn: db.Connection, filters: FailedFilters) -> FailedList:
+    """The failed list of ``filters``, as its page and its JSON twin show it."""
+    return failed_items(conn, filters.stage, filters.error_classes, filters.limit, filters.after)
+
+
+def letter_list(conn: db.Connection, filters: LetterFilters) -> DeadLetterList:
+    """The dead-letter list of ``filters``, as its page and its JSON twin show it."""
+    return dead_letters(
+        conn,
+        filters.stage,
+        filters.status,
+        filters.limit,
+        filters.after,
+        error_classes=filters.error_classes,
+        since=filters.since,
+        until=filters.until,
+    )
 
 
 def dead_letter(conn: db.Connection, letter_id: int) -> DeadLetter:
@@ -182,6 +185,14 @@ def _with_history(conn: db.Connection, rows: list[dict[str, Any]]) -> list[DeadL
         for change in db.fetch_all(conn, "views/dead_letter_history", {"ids": ids}):
             changes.setdefault(change.pop("letter_id"), []).append(LetterChange(**change))
     return [DeadLetter(**row, history=changes.get(row["id"], [])) for row in rows]
+
+
+def _next_after(
+    rows: Sequence[_Row], limit: int, key: Callable[[_Row], Sequence[str]]
+) -> str | None:
+    """The cursor of the page after ``rows``, made of ``key`` of its last; None when the page
+    is not full (there is no next page)."""
+    return _make_cursor(*key(rows[-1])) if rows and len(rows) == limit else None
 
 
 def _make_cursor(*parts: str) -> str:

@@ -378,16 +378,16 @@ def test_a_scrape_of_the_synthetic_ledger_matches_its_tables(
 @pytest.fixture
 def lookups(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Every read of the scrape token's Variable, counted."""
-    from replayable.web import metrics
+    from replayable.web import scrape_auth
 
     seen: list[int] = []
-    read = metrics.scrape_token
+    read = scrape_auth.scrape_token
 
     def counted() -> str | None:
         seen.append(1)
         return read()
 
-    monkeypatch.setattr(metrics, "scrape_token", counted)
+    monkeypatch.setattr(scrape_auth, "scrape_token", counted)
     return seen
 
 

@@ -7,18 +7,12 @@ when any invariant is broken, so a cron job or a chaos scenario can act on it.
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
 from rich.console import Console
 
 from replayable import db, invariants
 from replayable.cli.render import check_tables, emit
-
-
-def check_data(conn: db.Connection, quiescent: bool, limit: int) -> dict[str, Any]:
-    """What the check found: counts per invariant, the first ``limit`` rows of each, and the
-    items in flight (running under an expired lease)."""
-    return invariants.run_check(conn, quiescent=quiescent, limit=limit).as_dict()
+from replayable.read import check_data
 
 
 def run(conn: db.Connection, args: argparse.Namespace, console: Console, as_json: bool) -> int:

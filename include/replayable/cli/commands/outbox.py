@@ -6,27 +6,16 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
 from rich.console import Console
 
 from replayable import db, views
 from replayable.cli.errors import UsageError
 from replayable.cli.render import emit, outbox_table, print_json
+from replayable.read import outbox_data
 
 # The statuses ``list`` shows: published history is not listed, it only grows.
 LISTED = ("dead", "pending")
-
-
-def outbox_data(conn: db.Connection, status: str, limit: int) -> dict[str, Any]:
-    """Counts per status (from the counters), the backlog's age, and events of ``status``."""
-    counts = views.outbox_counts(conn)
-    return {
-        "counts": counts.by_status(),
-        "oldest_pending_age_s": counts.oldest_pending_age_s,
-        "status": status,
-        "events": views.outbox_events(conn, status, limit),
-    }
 
 
 def run_list(conn: db.Connection, args: argparse.Namespace, console: Console, as_json: bool) -> int:

@@ -10,64 +10,14 @@ from __future__ import annotations
 import argparse
 import getpass
 import sys
-from collections.abc import Sequence
-from datetime import datetime
-from typing import Any
 
 import httpx
 from rich.console import Console
 
-from replayable import airflow_http, config, db, views
-from replayable.cli.commands.rerun import trigger_commands
+from replayable import airflow_http, config, db
 from replayable.cli.errors import UsageError
 from replayable.cli.render import error, print_redrive
-from replayable.vocabulary import PIPELINE_DAG_ID
-
-
-def redrive_data(
-    conn: db.Connection,
-    stage: str,
-    *,
-    reason: str,
-    ids: Sequence[int] | None = None,
-    error_classes: Sequence[str] | None = None,
-    since: str | None = None,
-    until: str | None = None,
-    by: str | None = None,
-) -> dict[str, Any]:
-    """The ``{"redrive": {...}}`` conf of params.py's schema and the open letters it matches.
-
-    Without ``ids``, the conf ends at ``until`` or, at the latest, when the database counted
-    the matches, as the UI's filtered redrive does: what is shown is what the run takes.
-    """
-    unique_ids, classes = views.unique(ids), views.unique(error_classes)
-    scopes = views.redrive_scope(
-        conn, ids=unique_ids, stage=stage, error_classes=classes, since=since, until=until
-    )
-    found = scopes[0] if scopes else None
-    selection: dict[str, Any] = {"stage": stage}
-    optional: dict[str, Any] = {
-        "ids": unique_ids,
-        "error_class": classes,
-        "since": since,
-        "until": until,
-    }
-    if ids is None and found is not None:
-        as_of = found.as_of.isoformat()
-        later = until is not None and datetime.fromisoformat(until) > found.as_of
-        optional["until"] = as_of if until is None or later else until
-    selection.update({key: value for key, value in optional.items() if value is not None})
-    selection["reason"] = reason
-    if by:
-        selection["by"] = by
-    conf = {"redrive": selection}
-    return {
-        "conf": conf,
-        "letters": found.letters if found else 0,
-        "documents": found.documents if found else 0,
-        "dag_id": found.dag_id if found else PIPELINE_DAG_ID,
-        "commands": trigger_commands(conf, found.dag_id if found else PIPELINE_DAG_ID),
-    }
+from replayable.read import redrive_data
 
 
 def run(conn: db.Connection, args: argparse.Namespace, console: Console, as_json: bool) -> int:
