@@ -24,7 +24,7 @@ from replayable.retry import Classified, ErrorKind, classify
 from replayable.runner import DEADLINE, BatchResult, Limits, run_batch
 from replayable.settings import PipelineSettings
 from replayable.stage import BuildContext, Pipeline, StageBuildError
-from replayable.stages.embed.batch_mode import BATCH_WAITING
+from replayable.stages.embed.batch import BATCH_WAITING
 from replayable.vocabulary import LEDGER_CONN_ID, MODEL_CONN_ID, STAGES
 
 # The longest a task waits on the triggerer for a provider batch: its 24-hour window, and

@@ -1,8 +1,10 @@
 """The embed stage: vectors for each document's chunks from an OpenAI-compatible endpoint.
 
-``endpoint`` decides which endpoint and key a model connection names, ``client`` is the HTTP
-client, and ``spec`` packs, sends and stores a batch's requests. The package itself imports
-none of them, so reading :data:`VERSION` stays cheap.
+``spec`` plans the items and dispatches a batch to a mode: ``sync`` (requests answered at
+once) or ``batch`` (the provider's Batch API, with ``batch_submit``, ``batch_collect`` and
+``batch_files``). Both modes read the spec through ``config`` and share ``passes``,
+``packing`` and ``store``; the model clients are in :mod:`replayable.models`. The package
+itself imports none of them, so reading :data:`VERSION` stays cheap.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ by line as they arrive and stored a slice at a time, never whole (ADR 0148). Eac
   chunks' items of this task fail with it, and a later try sends it again, within the cap;
 - ``refused``: the provider answered its input as bad (a terminal 4xx). No item is blamed
   here: which chunk is bad is read from the ledger by every task alike
-  (:meth:`~replayable.stages.embed.batch_mode.BatchModeEmbed`, ADR 0146);
+  (:class:`~replayable.stages.embed.batch.BatchModeEmbed`, ADR 0146);
 - ``missing``: an expired or cancelled batch never ran it: it is sent again as it was,
   under the same ``custom_id``, a few times, then its items fail;
 - ``lost``: a completed batch has no result for it. It may have been charged, so it is
@@ -23,18 +23,17 @@ import json
 import logging
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from replayable.db import Connection, execute, fetch_all
-from replayable.models.batch_api import BatchJob
+from replayable.db import Connection, Database, execute, fetch_all
+from replayable.models.batch_api import BatchApi, BatchJob
 from replayable.models.embeddings import _parse
 from replayable.models.http import CallRecord
 from replayable.retry import ErrorKind, ItemError, classify_status
+from replayable.runner import BatchIO, WorkItem
+from replayable.stages.embed.config import EmbedConfig
 from replayable.stages.embed.store import store_vectors
 from replayable.stages.model_calls import record_calls
-
-if TYPE_CHECKING:
-    from replayable.stages.embed.batch_mode import BatchModeEmbed
 
 log = logging.getLogger(__name__)
 
@@ -63,10 +62,27 @@ class _Vectors:
     vectors: list[list[float]]
 
 
+class CollectingPass(Protocol):
+    """What a collect reads and reports to of the batch-mode pass it runs in
+    (:class:`~replayable.stages.embed.batch.BatchModeEmbed`)."""
+
+    spec: EmbedConfig
+    db: Database
+    api: BatchApi
+    io: BatchIO
+    users: dict[str, list[WorkItem]]
+
+    def blame(self, chunk_id: str, error: BaseException) -> None:
+        """Fail every item of the pass that uses ``chunk_id`` (unless it failed already)."""
+
+    def forget_file(self, file_id: str) -> None:
+        """Delete a provider file, or leave it to the orphan sweep."""
+
+
 class Collector:
     """Collect one ended batch of a submission for a pass (``embed``)."""
 
-    def __init__(self, embed: BatchModeEmbed, submission: str, job: BatchJob) -> None:
+    def __init__(self, embed: CollectingPass, submission: str, job: BatchJob) -> None:
         self.embed = embed
         self.spec = embed.spec
         self.submission = submission
@@ -87,12 +103,11 @@ class Collector:
         outcome = self.embed.db.transaction(self._store, describe=f"embed: collect {job.id}")
         if not outcome:
             return
-        users = self.embed.users
         for end in outcome.values():
             if end.status != "failed" or end.error is None:
                 continue  # refused and lost lines are judged per chunk by every task alike
-            for item in {i.item_key: i for c in end.chunk_ids for i in users.get(c, ())}.values():
-                self.embed.errors.setdefault(item.item_key, end.error)
+            for cid in end.chunk_ids:
+                self.embed.blame(cid, end.error)
         for file_id in [*self.inputs, *self.files]:  # the provider keeps files until deleted
             self.embed.forget_file(file_id)
         log.info("embed: batch %s %s: %s", job.id, job.status, dict(job.counts) or "no counts")

@@ -1,7 +1,7 @@
 """The sweeper's housekeeping of the Batch API: the provider's files and the ledger's
 finished submissions (ADR 0117, 0148).
 
-The embed stage's batch mode (:mod:`.batch_mode`) deletes the files it collected; a file
+The embed stage's batch mode (:mod:`.batch`) deletes the files it collected; a file
 uploaded by a worker that died before recording it, and the files of a finished batch that
 a collect could not delete, are left for this sweep. Submissions
 collected or abandoned before a retention are forgotten with their lines, so the batch

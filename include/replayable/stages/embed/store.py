@@ -1,8 +1,10 @@
-"""What both embed modes share: a request's key and how its vectors are stored."""
+"""What both embed modes share: a request's key, how its vectors are stored, and which chunks
+are refused for good (too long, or decided by a batch line)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from replayable.db import Connection, execute_values
 from replayable.keys import sha256_bytes
@@ -38,6 +40,20 @@ def too_long(tokens: Mapping[str, int], limit: int) -> dict[str, ItemError]:
         for cid, n in sorted(tokens.items())
         if n > limit
     }
+
+
+def line_verdict(row: dict[str, Any]) -> ItemError:
+    """The terminal error of a chunk a line decided (a ``batches/refused_chunks`` row): lost
+    by a completed batch, or refused alone; it is not sent again, in either mode (ADR 0146)."""
+    if row["status"] == "lost":
+        why = f"a completed batch returned no result for line {row['custom_id']}"
+    else:
+        why = f"the provider refused it (line {row['custom_id']}): {row['error']}"
+    return ItemError(
+        row["error_class"] or "batch_line_lost",
+        f"chunk {row['chunk_id']} is not embedded and will not be sent again: {why}",
+        ErrorKind.TERMINAL,
+    )
 
 
 def store_vectors(

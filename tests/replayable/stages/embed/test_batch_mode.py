@@ -321,12 +321,12 @@ def test_a_worker_killed_before_the_batch_id_is_recorded_pays_for_no_line_twice(
     conn, dsn, model, monkeypatch, killed_at
 ):
     from replayable.models.batch_api import BatchApi
-    from replayable.stages.embed import batch_mode
+    from replayable.stages.embed import batch_submit
 
     doc_ids = _chunked(conn, dsn, 3)
     model.set_faults(batch_delay_s=0.3)
     spec, connect = _batch_spec(dsn, model)
-    original_create, original_execute = BatchApi.create, batch_mode.execute
+    original_create, original_execute = BatchApi.create, batch_submit.execute
 
     def create(self, submission, file_id):
         if killed_at == "after the upload":
@@ -340,11 +340,11 @@ def test_a_worker_killed_before_the_batch_id_is_recorded_pays_for_no_line_twice(
 
     monkeypatch.setattr(BatchApi, "create", create)
     if killed_at != "after the upload":
-        monkeypatch.setattr(batch_mode, "execute", execute)
+        monkeypatch.setattr(batch_submit, "execute", execute)
     first = _try(spec, connect, doc_ids, 1)
     assert first.failed and not first.done  # the try failed where it was killed
     monkeypatch.setattr(BatchApi, "create", original_create)
-    monkeypatch.setattr(batch_mode, "execute", original_execute)
+    monkeypatch.setattr(batch_submit, "execute", original_execute)
     second = _try(spec, connect, doc_ids, 2)  # the task's retry
     assert second.systemic is not None and second.systemic.error_class == "batch_waiting"
     time.sleep(0.5)
@@ -401,7 +401,7 @@ class _Io:
 
 
 def test_a_pass_leaves_no_database_session_open(conn, dsn, model):
-    from replayable.stages.embed.batch_mode import BatchModeEmbed
+    from replayable.stages.embed.batch import BatchModeEmbed
 
     doc_ids = _chunked(conn, dsn, 2)
     model.set_faults(batch_delay_s=0)
@@ -421,7 +421,7 @@ def test_a_batch_another_task_collected_first_is_not_read_again(conn, dsn, model
     it and deletes its files; the second, which read the batch as running a moment before,
     must find it collected, not fetch files that are gone (found at 1,000 documents: a 404
     that dead-lettered a whole batch of documents)."""
-    from replayable.stages.embed.batch_mode import BatchModeEmbed
+    from replayable.stages.embed.batch import BatchModeEmbed
 
     doc_ids = _chunked(conn, dsn, 2)
     model.set_faults(batch_delay_s=0.2)
@@ -459,7 +459,7 @@ def test_a_refusal_of_the_batch_api_itself_is_no_documents_fault(model):
 
 
 def test_lines_past_the_providers_per_batch_limits_are_split_into_several_batches(conn, dsn, model):
-    from replayable.stages.embed.batch_mode import BatchLimits
+    from replayable.stages.embed.config import BatchLimits
 
     doc_ids = _chunked(conn, dsn, 3)
     # The provider refuses (fails) a batch of more than 3 requests or 5 inputs.
