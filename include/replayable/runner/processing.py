@@ -14,15 +14,19 @@ import time
 import traceback
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from replayable.db import Connection, values_statement
 from replayable.ledger import ItemState, Outcome
 from replayable.retry import Classified, ErrorKind, classify
-from replayable.runner.protocol import DEADLINE, BatchIO, SystemicStopError, WorkItem, Write
-
-if TYPE_CHECKING:
-    from replayable.runner.batch import Batch
+from replayable.runner.protocol import (
+    DEADLINE,
+    BatchIO,
+    RunningBatch,
+    SystemicStopError,
+    WorkItem,
+    Write,
+)
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +34,9 @@ log = logging.getLogger(__name__)
 class Processing(BatchIO):
     """One call of ``spec.process`` over claimed items, with grouped flushes of outcomes."""
 
-    def __init__(self, batch: Batch, items: list[WorkItem], attempts: dict[str, int]) -> None:
+    def __init__(
+        self, batch: RunningBatch, items: list[WorkItem], attempts: dict[str, int]
+    ) -> None:
         self.batch = batch
         self.items = {item.item_key: item for item in items}
         self._attempts = attempts

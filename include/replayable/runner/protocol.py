@@ -2,7 +2,8 @@
 
 A stage is a :class:`StageSpec`; while it processes a batch it reports each item's outcome
 to a :class:`BatchIO`. :class:`Limits` bound a batch, :class:`BatchResult` says where its
-documents ended. Nothing here imports Airflow.
+documents ended, and :class:`RunningBatch` is what the runner's batch lends a call of
+``process``. Nothing here imports Airflow.
 """
 
 from __future__ import annotations
@@ -11,9 +12,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
-from replayable.db import Connection
+from replayable.db import Connection, Database
 from replayable.keys import config_hash
+from replayable.ledger import Ledger
 from replayable.retry import Classified
+from replayable.runner.leases import LeaseKeeper
 from replayable.vocabulary import ITEM_LEASE_S, ITEM_MAX_ATTEMPTS
 
 # The error class of a batch stopped at its run's deadline (``Limits.deadline_s``): its
@@ -178,6 +181,19 @@ class BatchResult:
             "skipped_done": self.skipped_done,
             "errors": dict(self.errors),
         }
+
+
+class RunningBatch(Protocol):
+    """What a call of ``process`` reads of the batch it runs in, and reports to
+    (:class:`~replayable.runner.batch.Batch`)."""
+
+    spec: StageSpec
+    limits: Limits
+    ends: float | None  # the batch's deadline on the monotonic clock (None: none)
+    result: BatchResult
+    ledger: Ledger
+    leases: LeaseKeeper
+    work: Database
 
 
 def spec_hash(spec: StageSpec) -> str:
