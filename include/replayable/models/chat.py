@@ -77,24 +77,20 @@ class HttpChatClient(HttpModelClient):
         charges a replay; ``on_call`` receives a record of every request made; ``gate`` is
         entered around each one (the shared budget).
         """
-        return self._call(
-            lambda attempt: self._request(messages, idempotency_key, attempt, on_call),
+        return self._send(
+            self._request(messages),
+            idempotency_key,
+            on_call=on_call,
             gate=gate,
             describe=f"chat {idempotency_key}",
         )
 
-    def _request(
-        self,
-        messages: Sequence[Mapping[str, str]],
-        key: str,
-        attempt: int,
-        on_call: Callable[[CallRecord], None] | None,
-    ) -> ChatResult:
+    def _request(self, messages: Sequence[Mapping[str, str]]) -> Request[ChatResult]:
         body: dict[str, object] = {"model": self.model, "messages": [dict(m) for m in messages]}
         if self.max_tokens:
             body["max_tokens"] = self.max_tokens
         keep = self.keep_truncated
-        request = Request(
+        return Request(
             "/chat/completions",
             body,
             RESPONSE_LIMIT,
@@ -105,7 +101,6 @@ class HttpChatClient(HttpModelClient):
             # A kept truncated answer is recorded as such: the report and metrics count it.
             status=lambda r: "truncated" if r.truncated else "ok",
         )
-        return self._post(request, key, attempt, on_call)
 
 
 def parse_answer(payload: object, *, keep_truncated: bool = False) -> ChatResult:

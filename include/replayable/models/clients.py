@@ -6,7 +6,7 @@ defaults; the HTTP libraries load only when a client is made.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from replayable.models.choice import chat_model_of, model_of, shared_in_flight
 from replayable.models.endpoint import ModelSettings
@@ -31,18 +31,12 @@ def embedding_client(
 ) -> HttpEmbeddingClient:
     """The embeddings endpoint's client, sending at most ``max_in_flight`` requests at once."""
     from replayable.models.embeddings import HttpEmbeddingClient
-    from replayable.retry import CallRetry
 
     chosen_model, chosen_dimensions = model_of(model, dimensions, provider)
     return HttpEmbeddingClient(
-        base_url=provider.base_url,
-        model=chosen_model,
-        api_key=provider.api_key,
+        **_endpoint_args(provider, chosen_model, retry),
         dimensions=chosen_dimensions,
-        timeout_s=provider.timeout_s,
-        retry=retry or CallRetry(),
         max_connections=max_in_flight or shared_in_flight(provider),
-        price=provider.price_of(chosen_model),
     )
 
 
@@ -57,19 +51,13 @@ def chat_client(
 ) -> HttpChatClient:
     """The chat completions client of the same endpoint (the summarize stage)."""
     from replayable.models.chat import HttpChatClient
-    from replayable.retry import CallRetry
 
     chosen = chat_model_of(model, provider)
     return HttpChatClient(
-        base_url=provider.base_url,
-        model=chosen,
-        api_key=provider.api_key,
+        **_endpoint_args(provider, chosen, retry),
         max_tokens=max_tokens,
         keep_truncated=keep_truncated,
-        timeout_s=provider.timeout_s,
-        retry=retry or CallRetry(),
         max_connections=max_in_flight or shared_in_flight(provider),
-        price=provider.price_of(chosen),
     )
 
 
@@ -83,16 +71,27 @@ def batch_api(
     """The Files and Batch API of the same endpoint (``embed_mode: "batch"``), each call
     paced by ``budget``'s requests a second (ADR 0149)."""
     from replayable.models.batch_api import BatchApi
-    from replayable.retry import CallRetry
 
     chosen_model, _ = model_of(model, None, provider)
     return BatchApi(
-        base_url=provider.base_url,
-        model=chosen_model,
-        api_key=provider.api_key,
-        timeout_s=max(provider.timeout_s, 300.0),  # uploads and result files are large
-        retry=retry or CallRetry(),
+        **{
+            **_endpoint_args(provider, chosen_model, retry),
+            "timeout_s": max(provider.timeout_s, 300.0),  # uploads and result files are large
+        },
         max_connections=2,
-        price=provider.price_of(chosen_model),
         gate=budget.paced if budget is not None else None,
     )
+
+
+def _endpoint_args(provider: ModelSettings, model: str, retry: CallRetry | None) -> dict[str, Any]:
+    """What every client of the endpoint is built with: its URL and key, the connection's
+    timeout, the model asked for at that model's price, and the retry bounds (the client's
+    default when None)."""
+    return {
+        "base_url": provider.base_url,
+        "api_key": provider.api_key,
+        "timeout_s": provider.timeout_s,
+        "model": model,
+        "price": provider.price_of(model),
+        "retry": retry,
+    }

@@ -82,23 +82,19 @@ class HttpEmbeddingClient(HttpModelClient):
         gate: Gate | None = None,
     ) -> EmbeddingResult:
         """Embed ``texts`` in one request, retried per :class:`CallRetry`."""
-        return self._call(
-            lambda attempt: self._request(texts, idempotency_key, attempt, on_call),
+        return self._send(
+            self._request(texts),
+            idempotency_key,
+            on_call=on_call,
             gate=gate,
             describe=f"embed {idempotency_key}",
         )
 
-    def _request(
-        self,
-        texts: Sequence[str],
-        key: str,
-        attempt: int,
-        on_call: Callable[[CallRecord], None] | None,
-    ) -> EmbeddingResult:
+    def _request(self, texts: Sequence[str]) -> Request[EmbeddingResult]:
         body: dict[str, object] = {"model": self.model, "input": list(texts)}
         if self.dimensions:
             body["dimensions"] = self.dimensions
-        request = Request(
+        return Request(
             "/embeddings",
             body,
             response_limit(len(texts), self.dimensions),
@@ -106,7 +102,6 @@ class HttpEmbeddingClient(HttpModelClient):
             lambda payload: _parse(payload, len(texts)),
             lambda result: result.tokens,
         )
-        return self._post(request, key, attempt, on_call)
 
 
 def _parse(payload: object, expected: int) -> EmbeddingResult:

@@ -125,6 +125,23 @@ class HttpModelClient:
 
         return call_with_retries(once, self.retry, describe=describe)
 
+    def _send(
+        self,
+        request: Request[R],
+        key: str,
+        *,
+        on_call: Callable[[CallRecord], None] | None,
+        gate: Gate | None,
+        describe: str,
+    ) -> R:
+        """``request`` under the Idempotency-Key ``key``, inside ``gate``, retried per
+        :class:`CallRetry`; each try reported to ``on_call``."""
+        return self._call(
+            lambda attempt: self._post(request, key, attempt, on_call),
+            gate=gate,
+            describe=describe,
+        )
+
     def _post(
         self,
         call: Request[R],

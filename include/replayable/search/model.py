@@ -63,6 +63,14 @@ class Scope:
     dimensions: int | None = None  # as asked of the model; None: its own
     run_id: str | None = None  # the run whose settings these are; None: the defaults
 
+    def documents(self) -> dict[str, str]:
+        """The query parameters naming the documents and chunks it reads (every search's)."""
+        return {
+            "config_hash": self.config_hash,
+            "extractor_version": self.extractor_version,
+            "chunker_key": self.chunker_key,
+        }
+
 
 @dataclass(frozen=True)
 class RunSettings:

@@ -42,9 +42,7 @@ def text_hits(
     params = {
         "config": TEXT_CONFIG,
         "query": query,
-        "config_hash": scope.config_hash,
-        "extractor_version": scope.extractor_version,
-        "chunker_key": scope.chunker_key,
+        **scope.documents(),
         "source": source,
         "k": k,
         "snippet": SNIPPET_CHARS,

@@ -68,9 +68,7 @@ def search(
         "vector": vector_literal(vector),
         "model": scope.model,
         "dimensions": dimensions,
-        "config_hash": scope.config_hash,
-        "extractor_version": scope.extractor_version,
-        "chunker_key": scope.chunker_key,
+        **scope.documents(),
         "source": source,
         "k": k,
         "snippet": SNIPPET_CHARS,
@@ -165,11 +163,7 @@ def coverage(conn: Connection, scope: Scope, dsn: str | None = None) -> Coverage
     :data:`COVERAGE_TIMEOUT_S`; a search that cannot count (another is counting, or the
     ledger is too large to count in time) answers with the last count, or None.
     """
-    params: dict[str, Any] = {
-        "config_hash": scope.config_hash,
-        "extractor_version": scope.extractor_version,
-        "chunker_key": scope.chunker_key,
-    }
+    params: dict[str, Any] = scope.documents()
     if dsn is None:
         return Coverage.of(fetch_all(conn, "search/coverage", params)[0])
     counted = fetch_all(conn, "search/coverage_counted", {**params, "fresh_s": COVERAGE_FRESH_S})
