@@ -77,13 +77,7 @@ class HttpChatClient(HttpModelClient):
         charges a replay; ``on_call`` receives a record of every request made; ``gate`` is
         entered around each one (the shared budget).
         """
-        return self._send(
-            self._request(messages),
-            idempotency_key,
-            on_call=on_call,
-            gate=gate,
-            describe=f"chat {idempotency_key}",
-        )
+        return self._send(self._request(messages), idempotency_key, on_call, gate, what="chat")
 
     def _request(self, messages: Sequence[Mapping[str, str]]) -> Request[ChatResult]:
         body: dict[str, object] = {"model": self.model, "messages": [dict(m) for m in messages]}

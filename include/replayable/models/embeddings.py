@@ -82,13 +82,7 @@ class HttpEmbeddingClient(HttpModelClient):
         gate: Gate | None = None,
     ) -> EmbeddingResult:
         """Embed ``texts`` in one request, retried per :class:`CallRetry`."""
-        return self._send(
-            self._request(texts),
-            idempotency_key,
-            on_call=on_call,
-            gate=gate,
-            describe=f"embed {idempotency_key}",
-        )
+        return self._send(self._request(texts), idempotency_key, on_call, gate, what="embed")
 
     def _request(self, texts: Sequence[str]) -> Request[EmbeddingResult]:
         body: dict[str, object] = {"model": self.model, "input": list(texts)}

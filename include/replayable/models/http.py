@@ -129,17 +129,17 @@ class HttpModelClient:
         self,
         request: Request[R],
         key: str,
-        *,
         on_call: Callable[[CallRecord], None] | None,
         gate: Gate | None,
-        describe: str,
+        *,
+        what: str,
     ) -> R:
         """``request`` under the Idempotency-Key ``key``, inside ``gate``, retried per
-        :class:`CallRetry`; each try reported to ``on_call``."""
+        :class:`CallRetry` (logged as ``what`` and the key); each try reported to ``on_call``."""
         return self._call(
             lambda attempt: self._post(request, key, attempt, on_call),
             gate=gate,
-            describe=describe,
+            describe=f"{what} {key}",
         )
 
     def _post(
