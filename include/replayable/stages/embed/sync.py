@@ -49,7 +49,6 @@ class SyncModeEmbed(EmbedPass):
 
     def __init__(self, spec: EmbedConfig, items: Sequence[WorkItem], io: BatchIO) -> None:
         super().__init__(spec, items, io)
-        self.tokens: dict[str, int] = {}  # estimated, by chunk
         self.too_long: set[str] = set()
         self.lost: set[str] = set()  # chunks a completed batch charged and lost
         # Chunks a provider batch not collected yet holds (never bought here), and the items
