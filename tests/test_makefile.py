@@ -6,7 +6,7 @@ import os
 import shlex
 import subprocess
 
-from conftest import ROOT
+from helpers import ROOT
 
 
 def _pytest_lines(target: str, *args: str) -> list[list[str]]:

@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import GRACE_ENV, SESSION_ENV, adopt_orphans, session_orphans
+from helpers.session import GRACE_ENV, SESSION_ENV, adopt_orphans, session_orphans
 
 # Each test starts pytest sub-sessions: the harness checking itself (not in test-fast).
 pytestmark = pytest.mark.harness

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 
 import pytest
 
-from conftest import ROOT
+from helpers import ROOT
 from replayable import db
 
 MIGRATIONS = ROOT / "include" / "replayable" / "sql" / "migrations"

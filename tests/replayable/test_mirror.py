@@ -18,7 +18,7 @@ import pytest
 
 import corpus
 from checks import SAMPLES, rows, scalar, subset
-from conftest import ROOT
+from helpers import ROOT
 from replayable import mirror, search
 from replayable.keys import sha256_file
 from replayable.pipeline import format_report
