@@ -5,6 +5,7 @@ import threading
 import psycopg2
 import pytest
 
+from checks import rows
 from replayable import db
 from replayable import ledger as ledger_module
 from replayable.ledger import Ledger, Outcome, Revival, RunContext
@@ -14,20 +15,6 @@ pytestmark = pytest.mark.db
 
 DOCS = [f"{i:x}" * 64 for i in range(1, 7)]
 DOC = DOCS[0]
-
-
-@pytest.fixture
-def docs(conn):
-    db.execute_values(conn, "plan/upsert_documents", [(d, f"/{d[:4]}.pdf", 10) for d in DOCS])
-    conn.commit()
-    return DOCS
-
-
-@pytest.fixture
-def database(dsn):
-    handle = db.Database(dsn)
-    yield handle
-    handle.close()
 
 
 def make(database, owner="w1", lease_s=60.0, max_attempts=3, version="1.0", **ctx):
@@ -41,14 +28,6 @@ def make(database, owner="w1", lease_s=60.0, max_attempts=3, version="1.0", **ct
         lease_s=lease_s,
         max_attempts=max_attempts,
     )
-
-
-def rows(conn, sql, *params):
-    with conn.cursor() as cur:
-        cur.execute(sql, params)
-        found = cur.fetchall()
-    conn.commit()
-    return found
 
 
 def status(conn, key="k"):

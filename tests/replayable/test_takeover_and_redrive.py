@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from checks import rows
 from replayable import db, pipeline
 from replayable.ledger import Ledger, Outcome, Revival, RunContext
 from replayable.retry import Classified, ErrorKind
@@ -24,20 +25,6 @@ HASHES = spec_hashes(PipelineSettings().chunk_config, "m", None)
 TERMINAL = Classified("http_400", ErrorKind.TERMINAL, "bad input")
 
 
-@pytest.fixture
-def docs(conn):
-    db.execute_values(conn, "plan/upsert_documents", [(d, f"/{d[:4]}.pdf", 10) for d in DOCS])
-    conn.commit()
-    return DOCS
-
-
-@pytest.fixture
-def database(dsn):
-    handle = db.Database(dsn)
-    yield handle
-    handle.close()
-
-
 def reopen_letters(conn):
     """Open every letter again, as a ledger written before ADR 0132 may hold them."""
     rows(
@@ -46,14 +33,6 @@ def reopen_letters(conn):
         " resolved_by = NULL, resolution = NULL, resolved_dag_id = NULL,"
         " resolved_run_id = NULL RETURNING id",
     )
-
-
-def rows(conn, sql, *params):
-    with conn.cursor() as cur:
-        cur.execute(sql, params)
-        found = cur.fetchall()
-    conn.commit()
-    return found
 
 
 def ledger(database, stage="embed", owner="w1", lease_s=60.0, max_attempts=3, **ctx):
