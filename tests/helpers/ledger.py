@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
+from unittest import mock
 
+import psycopg2
 from psycopg2 import sql
 
 from devtools import devenv
@@ -91,3 +93,16 @@ def register_documents(conn: Any, doc_ids: Iterable[str], folder: str = "") -> l
     db.execute_values(conn, "plan/upsert_documents", rows)
     conn.commit()
     return ids
+
+
+def flaky_connect(failures: int) -> Callable[..., Any]:
+    """``db.connect`` while Postgres restarts: refused ``failures`` times, then a connection."""
+    calls = {"n": 0}
+
+    def connect(dsn: str, *, autocommit: bool = False) -> Any:
+        calls["n"] += 1
+        if calls["n"] <= failures:
+            raise psycopg2.OperationalError("connection refused: the server is restarting")
+        return mock.MagicMock(closed=0, autocommit=autocommit)
+
+    return connect
