@@ -4,8 +4,8 @@ import threading
 import time
 
 import pytest
-from test_runner import count, run, seed_documents
 
+from helpers.runner import count, run, seed_documents
 from replayable import db
 from replayable.keys import config_hash
 from replayable.ledger import Ledger, RunContext
