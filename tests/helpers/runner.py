@@ -44,8 +44,12 @@ def count(conn, sql: str, *params) -> int:
     return int(value or 0)
 
 
-def wait_for(condition, timeout_s: float = 20.0, every_s: float = 0.05):
-    """Poll ``condition`` until it returns something true; return that, or fail at the deadline."""
+def wait_for(condition, timeout_s: float = 60.0, every_s: float = 0.05):
+    """Poll ``condition`` until it returns something true; return that, or fail at the deadline.
+
+    The deadline turns a hang into a failure (ADR 0128): it is many times what a loaded
+    machine takes, never a bound on how fast the code under test is.
+    """
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if value := condition():

@@ -2,7 +2,6 @@
 paid, what is replayed, what dead-letters, what stops a batch."""
 
 import threading
-import time
 
 import pytest
 
@@ -16,6 +15,7 @@ from helpers.runner import (
     paid_once,
     run,
     seed_documents,
+    wait_for,
 )
 from replayable import db
 from replayable.keys import sha256_bytes
@@ -185,7 +185,8 @@ def test_a_database_outage_mid_batch_costs_no_attempt(conn, dsn, model, chunked)
 
     thread = threading.Thread(target=worker)
     thread.start()
-    time.sleep(0.6)
+    # Mid-batch by the provider's own count: its first requests have come in.
+    wait_for(lambda: model.stats()["requests"] >= 2)
     with conn.cursor() as cur:
         cur.execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
