@@ -14,7 +14,7 @@ from replayable.keys import sha256_bytes
 from replayable.ledger import RunContext
 from replayable.models.embeddings import HttpEmbeddingClient
 from replayable.retry import CallRetry
-from replayable.runner import Limits, run_batch
+from replayable.runner import Limits, StageSpec, WorkItem, run_batch
 from replayable.stages.chunk.chunker import ChunkConfig
 from replayable.stages.embed.spec import EmbedSpec
 
@@ -115,3 +115,21 @@ def sent_per_chunk(server) -> dict[str, int]:
     stats = server.stats()
     assert stats["requests"] == stats["succeeded"] == stats["charged"], stats
     return dict(stats["input_success_counts"])
+
+
+class ItemPerDocument(StageSpec):
+    """A stage of one item per document, keyed ``{item_prefix}-{doc_id}``, with no
+    configuration and no input: a test's stage writes only its ``process``."""
+
+    name = "slow"
+    code_version = "1"
+    item_prefix = "slow"
+
+    def key_config(self):
+        return {}
+
+    def lineage(self):
+        return {}
+
+    def plan(self, conn, doc_ids):
+        return [WorkItem(doc_id, f"{self.item_prefix}-{doc_id}") for doc_id in doc_ids]

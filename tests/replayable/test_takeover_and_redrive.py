@@ -11,10 +11,10 @@ import time
 import pytest
 
 from checks import rows
+from helpers.runner import ItemPerDocument
 from replayable import db, pipeline
 from replayable.ledger import Ledger, Outcome, Revival, RunContext
 from replayable.retry import Classified, ErrorKind
-from replayable.runner import StageSpec
 from replayable.settings import PipelineSettings
 from replayable.stages.lineage import spec_hashes
 
@@ -248,26 +248,16 @@ class TaskKilled(BaseException):
     """Stands in for SIGKILL of the task process: nothing after it runs, nothing is flushed."""
 
 
-class KillsOn(StageSpec):
+class KillsOn(ItemPerDocument):
     """A stage that kills its task whenever it starts the poison document."""
 
     name = "extract"
     code_version = "1.0"
+    item_prefix = "k"
 
     def __init__(self, poison):
         self.poison = poison
         self.started = []
-
-    def key_config(self):
-        return {}
-
-    def lineage(self):
-        return {}
-
-    def plan(self, conn, doc_ids):
-        from replayable.runner import WorkItem
-
-        return [WorkItem(d, f"k-{d}") for d in doc_ids]
 
     def process(self, items, io):
         for item in items:

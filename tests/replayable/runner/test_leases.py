@@ -8,21 +8,18 @@ import time
 import pytest
 
 from checks import rows, scalar
-from helpers.runner import CHUNKS, connect_to, count, run, seed_documents, wait_for
+from helpers.runner import CHUNKS, ItemPerDocument, connect_to, count, run, seed_documents, wait_for
 from replayable import db
 from replayable.keys import sha256_bytes
 from replayable.ledger import Ledger, RunContext
-from replayable.runner import Limits, StageSpec, WorkItem, run_batch
+from replayable.runner import Limits, run_batch
 from replayable.stages.chunk.spec import ChunkSpec
 
 pytestmark = pytest.mark.db
 
 
-class _SlowSpec(StageSpec):
+class _SlowSpec(ItemPerDocument):
     """A stage whose items take longer than the lease."""
-
-    name = "slow"
-    code_version = "1"
 
     def __init__(self, seconds: float, on_start=None) -> None:
         self.seconds = seconds
@@ -30,15 +27,6 @@ class _SlowSpec(StageSpec):
         self.finished: list[str] = []
         self.abandoned: list[str] = []
         self.release = threading.Event()  # set: end the item now, as if its work were done
-
-    def key_config(self):
-        return {}
-
-    def lineage(self):
-        return {}
-
-    def plan(self, conn, doc_ids):
-        return [WorkItem(doc_id, f"slow-{doc_id}") for doc_id in doc_ids]
 
     def process(self, items, io):
         if self.on_start:
