@@ -3,7 +3,10 @@ server, and what its provider charged."""
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import pytest
 
@@ -133,3 +136,13 @@ class ItemPerDocument(StageSpec):
 
     def plan(self, conn, doc_ids):
         return [WorkItem(doc_id, f"{self.item_prefix}-{doc_id}") for doc_id in doc_ids]
+
+
+def on_workers(worker: Callable[[Any, int], None], parts: Sequence[Any]) -> None:
+    """Run ``worker(part, n)`` for each part on a thread of its own, all at once; wait for
+    them all (a give-up of two minutes each)."""
+    threads = [threading.Thread(target=worker, args=(p, n)) for n, p in enumerate(parts)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)

@@ -306,15 +306,21 @@ def test_a_partial_run_never_retracts(run_in_process, conn, tmp_path):
     assert scalar(conn, "SELECT count(*) FROM replayable.source_files") == 6
 
 
-def test_the_sweep_purges_what_only_retracted_documents_held_after_the_retention(
-    run_in_process, conn, tmp_path
-):
+def _run_then_retract_one(run_in_process: Any, tmp_path: Path) -> str:
+    """Run on six samples, delete one, run again; return the retracted document's id."""
     folder = subset(tmp_path, 6)
     assert not run_in_process({"source": str(folder)})["_failed"]
     gone = sorted(folder.iterdir())[0]
     doc = _doc_id(gone)
     gone.unlink()
     assert run_in_process({"source": str(folder)})["mirror"]["retracted"] == 1
+    return doc
+
+
+def test_the_sweep_purges_what_only_retracted_documents_held_after_the_retention(
+    run_in_process, conn, tmp_path
+):
+    doc = _run_then_retract_one(run_in_process, tmp_path)
     own = {
         chunk_id
         for (chunk_id,) in rows(
@@ -406,12 +412,7 @@ def test_the_sweeper_task_purges_documents_retracted_longer_ago_than_the_retenti
 
     from replayable.airflow import tasks as dag_tasks
 
-    folder = subset(tmp_path, 6)
-    assert not run_in_process({"source": str(folder)})["_failed"]
-    gone = sorted(folder.iterdir())[0]
-    doc = _doc_id(gone)
-    gone.unlink()
-    assert run_in_process({"source": str(folder)})["mirror"]["retracted"] == 1
+    doc = _run_then_retract_one(run_in_process, tmp_path)
     ti = SimpleNamespace(dag_id="replayable_sweeper", run_id="sweep-1")
     params = {"max_attempts": 3, "min_age_minutes": 10, "max_items": 100}
     monkeypatch.setattr(dag_tasks, "get_current_context", lambda: {"ti": ti, "params": params})

@@ -12,6 +12,7 @@ from helpers.runner import (
     chunk_digests,
     connect_to,
     embed_spec,
+    on_workers,
     paid_once,
     run,
     seed_documents,
@@ -33,12 +34,7 @@ def test_the_provider_never_sees_more_requests_in_flight_than_the_budget(conn, d
         spec = embed_spec(model.base_url, dsn, in_flight=2, per_call=2)
         results.append(run(spec, dsn, part, owner=f"w{n}"))
 
-    parts = [doc_ids[0::3], doc_ids[1::3], doc_ids[2::3]]
-    threads = [threading.Thread(target=worker, args=(p, n)) for n, p in enumerate(parts)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=120)
+    on_workers(worker, [doc_ids[0::3], doc_ids[1::3], doc_ids[2::3]])
     stats = model.stats()
     assert stats["rejected_concurrency"] == 0
     assert stats["peak_in_flight"] == 2
@@ -84,12 +80,7 @@ def test_the_provider_never_sees_more_requests_a_second_than_max_rps(conn, dsn, 
         finally:
             spec.budget.close()
 
-    parts = [doc_ids[0::3], doc_ids[1::3], doc_ids[2::3]]
-    threads = [threading.Thread(target=worker, args=(p, n)) for n, p in enumerate(parts)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=120)
+    on_workers(worker, [doc_ids[0::3], doc_ids[1::3], doc_ids[2::3]])
     # The provider's own clock says when each request arrived. Windows between two arrivals
     # would also count requests a loaded machine held back past their send times and then
     # let go together; counted from the first reservation, a late request is never a burst.
@@ -132,11 +123,7 @@ def _embed_under_tpm(model, dsn, parts, *, max_tpm):
             spans.append((started, time.monotonic()))
             spec.budget.close()
 
-    threads = [threading.Thread(target=worker, args=(p, n)) for n, p in enumerate(parts)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=120)
+    on_workers(worker, parts)
     return results, spans
 
 
