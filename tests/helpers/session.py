@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 # Every process a session starts inherits the mark, so that the leftover check can tell this
@@ -97,3 +99,19 @@ def left_running(me: Any, started: float) -> list[Any]:
         except psutil.NoSuchProcess:
             pass
     return alive
+
+
+def pytest_session(
+    folder: Path, *args: str, env: dict[str, str]
+) -> subprocess.CompletedProcess[str]:
+    """Run ``pytest args`` in a session of its own, in ``folder``, with ``env``: a test of the
+    harness itself (its plugins, its leftover check). Two minutes at most."""
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args],
+        cwd=folder,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
