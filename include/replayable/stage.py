@@ -21,7 +21,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from replayable.models.choice import Models
+from replayable.models.choice import Models as Models  # replayable.Models is read from here
 from replayable.runner.protocol import spec_hash_of
 from replayable.vocabulary import STAGE_NAME_PATTERN
 
