@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from conftest import ROOT
+from helpers import ROOT
 from replayable import db
 from replayable.keys import sha256_bytes
 from replayable.stages import extract

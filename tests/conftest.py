@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import multiprocessing
 import os
 import subprocess
 import sys
@@ -25,6 +26,8 @@ import pytest
 
 from devtools import devenv
 from devtools.model_server import LocalModelServer
+from helpers.ledger import empty_ledger, scratch_database
+from helpers.session import GRACE_ENV, SESSION_ENV, adopt_orphans, left_running
 from replayable import db, sources
 from strict_skips import pytest_runtest_makereport  # noqa: F401  # REPLAYABLE_STRICT=1
 
@@ -37,57 +40,15 @@ pytest_plugins = ["shared_airflow"]
 # Airflow reads its home when first imported: keep the tests' own Airflow out of ~/airflow.
 os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="replayable-airflow-"))
 os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
-# Every process this session starts inherits the mark, so that the leftover check can tell
-# this session's orphans from those of other sessions running on the same machine.
-SESSION_ENV = "REPLAYABLE_TEST_SESSION"
+# The guarded pools' workers fork from multiprocessing's forkserver (replayable.guards): with
+# the extraction's modules imported there once, a worker that a test's pipeline run starts
+# does not import PDFium again, a third of a second of CPU paid on every run otherwise.
+multiprocessing.set_forkserver_preload(
+    ["replayable.guards.worker", "replayable.stages.extract.pdf"]
+)
+# Every process this session starts inherits the mark (helpers.session).
 os.environ[SESSION_ENV] = uuid.uuid4().hex
-SERVICE_WORDS = ("airflow", "replayable", "postgres", "celery", "redis", "uvicorn", "gunicorn")
-
-
-def adopt_orphans(adopt: bool = True) -> None:
-    """Make this process the subreaper of what it starts (Linux): daemons stay its children.
-
-    A server that detaches (`pg_ctl start`, a killed parent's children) is re-parented to
-    this process instead of init, so it is never an orphan that another session's leftover
-    check, on the same machine, could mistake for its own and stop mid-run.
-    """
-    if sys.platform != "linux":
-        return
-    import ctypes
-
-    pr_set_child_subreaper = 36
-    ctypes.CDLL(None).prctl(pr_set_child_subreaper, int(adopt), 0, 0, 0)
-
-
 adopt_orphans()
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def session_orphans(started: float) -> list[Any]:
-    """This session's orphans: processes of the project's services re-parented to init.
-
-    A parent that was killed leaves its children behind, re-parented to init; those started
-    since ``started`` whose environment carries this session's mark are this session's.
-    Other sessions' orphans (other test runs, `make airflow`) are not, whatever they run.
-    """
-    import psutil
-
-    marker = os.environ[SESSION_ENV]
-    found = []
-    for proc in psutil.process_iter(["ppid", "create_time", "cmdline"]):
-        info = proc.info
-        if (
-            info["ppid"] != 1
-            or (info["create_time"] or 0) < started
-            or not any(w in " ".join(info["cmdline"] or []) for w in SERVICE_WORDS)
-        ):
-            continue
-        with contextlib.suppress(psutil.Error):
-            if proc.environ().get(SESSION_ENV) == marker:
-                found.append(proc)
-    return found
-
 
 # Fixtures that reach a real Postgres: a test using one is in the `db` tier.
 _DB_FIXTURES = frozenset(
@@ -112,50 +73,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if _DB_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.db)
-
-
-# How long the leftover check waits for processes that are still ending; a sub-session that
-# tests the check itself shortens it.
-GRACE_ENV = "REPLAYABLE_TEST_LEFTOVER_GRACE_S"
-# The helpers multiprocessing starts once for the process that uses them: each reads a pipe
-# from that process and exits when it closes, so one started by this process ends with it.
-_MULTIPROCESSING_HELPERS = (
-    "from multiprocessing.resource_tracker import main",
-    "from multiprocessing.forkserver import main",
-)
-
-
-def multiprocessing_helper(proc: Any, parent_pid: int) -> bool:
-    """Whether ``proc`` is multiprocessing's resource tracker or forkserver of ``parent_pid``.
-
-    Only a helper whose parent is ``parent_pid`` itself ends when that process does; a
-    worker, a spawned child, or a helper of some other process is not one, whatever its
-    command line mentions.
-    """
-    if proc.ppid() != parent_pid:
-        return False
-    cmdline = proc.cmdline()
-    if "-c" not in cmdline[1:-1]:
-        return False
-    code = cmdline[cmdline.index("-c", 1) + 1]
-    return code.startswith(_MULTIPROCESSING_HELPERS)
-
-
-def left_running(me: Any, started: float) -> list[Any]:
-    """This session's processes still running: descendants of ``me`` and its orphans."""
-    import psutil
-
-    found = {p.pid: p for p in me.children(recursive=True)}
-    for proc in session_orphans(started):
-        found.setdefault(proc.pid, proc)
-    alive = []
-    for proc in found.values():
-        try:
-            if proc.status() != psutil.STATUS_ZOMBIE and not multiprocessing_helper(proc, me.pid):
-                alive.append(proc)
-        except psutil.NoSuchProcess:
-            pass
-    return alive
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -205,23 +122,6 @@ def model(model_server: LocalModelServer) -> Iterator[LocalModelServer]:
     model_server.clear_faults()
 
 
-def scratch_database(dsn: str) -> None:
-    """Stop the tests' own Postgres from flushing to disk: its data lives for one session.
-
-    Commits still reach the kernel before they return, so a killed Postgres (a test's
-    restart, an outage) loses nothing; only a crash of the machine could, and the session
-    would be lost with it.
-    """
-    conn = db.connect(dsn, autocommit=True)
-    try:
-        with conn.cursor() as cur:
-            cur.execute("ALTER SYSTEM SET fsync = off")
-            cur.execute("ALTER SYSTEM SET full_page_writes = off")
-            cur.execute("SELECT pg_reload_conf()")
-    finally:
-        conn.close()
-
-
 @pytest.fixture(scope="session")
 def services(state_dir: Path, model_server: LocalModelServer) -> Iterator[devenv.Services]:
     with pytest.MonkeyPatch.context() as env:
@@ -240,63 +140,6 @@ def services(state_dir: Path, model_server: LocalModelServer) -> Iterator[devenv
 @pytest.fixture(scope="session")
 def dsn(services: devenv.Services) -> str:
     return services.replayable_dsn
-
-
-# Up to this many rows a table is emptied with DELETE, above it with TRUNCATE (see below).
-_DELETE_UP_TO = 1000
-
-
-def empty_ledger(conn: Any) -> None:
-    """Empty the replayable schema as ``devenv.empty_ledger`` does, in a few milliseconds.
-
-    TRUNCATE of every table costs about 0.2 s (a new file per table and index), paid before
-    each of several hundred tests. Most tests leave a few tables with a few rows: those are
-    emptied with DELETE, with triggers and foreign-key checks off for the transaction
-    (``session_replication_role``), so that no trigger writes a counter or a history row
-    while it empties, as with TRUNCATE. Large tables are truncated, so that no test scans a
-    bloated table. Without the superuser right that setting needs, it falls back to
-    ``devenv.empty_ledger``.
-    """
-    from psycopg2 import sql
-
-    with conn.cursor() as cur:
-        cur.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user")
-        superuser = bool(cur.fetchone()[0])
-    if not superuser:
-        devenv.empty_ledger(conn)
-        return
-    with conn.cursor() as cur:
-        cur.execute(
-            "SELECT tablename FROM pg_tables WHERE schemaname = 'replayable'"
-            " AND tablename <> 'schema_migrations' ORDER BY tablename"
-        )
-        names = [row[0] for row in cur.fetchall()]
-        if not names:
-            conn.commit()
-            return
-        # Rows per table, counted up to one past the DELETE limit, in one statement.
-        cur.execute(
-            sql.SQL("SELECT ARRAY[{}]").format(
-                sql.SQL(", ").join(
-                    sql.SQL("(SELECT count(*) FROM (SELECT FROM {} LIMIT {}) AS t)").format(
-                        sql.Identifier("replayable", name), sql.Literal(_DELETE_UP_TO + 1)
-                    )
-                    for name in names
-                )
-            )
-        )
-        counts = dict(zip(names, cur.fetchone()[0], strict=True))
-        large = [name for name, n in counts.items() if n > _DELETE_UP_TO]
-        small = [name for name, n in counts.items() if 0 < n <= _DELETE_UP_TO]
-        if large:
-            tables = sql.SQL(", ").join(sql.Identifier("replayable", n) for n in large)
-            cur.execute(sql.SQL("TRUNCATE {} CASCADE").format(tables))
-        if small:
-            cur.execute("SET LOCAL session_replication_role = replica")
-            for name in small:
-                cur.execute(sql.SQL("DELETE FROM {}").format(sql.Identifier("replayable", name)))
-    devenv.drop_search_indexes(conn)
-    conn.commit()
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from conftest import ROOT
+from helpers import ROOT
 
 ADR = ROOT / "docs" / "adr"
 INDEX = ADR / "README.md"

@@ -1,11 +1,11 @@
-"""The tests' own ledger emptying (conftest.empty_ledger) leaves what devenv's leaves."""
+"""The tests' own ledger emptying (helpers.ledger.empty_ledger) leaves what devenv's leaves."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from checks import scalar
-from conftest import empty_ledger
+from helpers.ledger import empty_ledger
 
 
 def _table_rows(conn: Any) -> dict[str, int]:

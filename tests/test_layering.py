@@ -14,7 +14,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from conftest import ROOT
+from helpers import ROOT
 
 INCLUDE = ROOT / "include"
 PACKAGE = INCLUDE / "replayable"

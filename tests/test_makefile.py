@@ -6,13 +6,17 @@ import os
 import shlex
 import subprocess
 
-from conftest import ROOT
+from helpers import ROOT
 
 
-def _pytest_lines(target: str, *args: str) -> list[list[str]]:
-    # A make that runs this test passes its own command-line variables (PYTEST_ARGS) down in
-    # the environment: the dry run must see the Makefile's defaults, not the caller's.
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MAKE") and k != "PYTEST_ARGS"}
+def _dry_run(target: str, *args: str, unset: tuple[str, ...]) -> list[str]:
+    """The commands ``make -n target args`` prints, one a line.
+
+    A make that runs this test passes its own command-line variables (PYTEST_ARGS, DAG,
+    CONF) down in the environment: ``unset`` keeps them out, so that the dry run sees the
+    Makefile's defaults, not the caller's.
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MAKE") and k not in unset}
     done = subprocess.run(
         ["make", "-n", "--no-print-directory", "-C", str(ROOT), target, *args],
         capture_output=True,
@@ -20,7 +24,15 @@ def _pytest_lines(target: str, *args: str) -> list[list[str]]:
         check=True,
         env=env,
     )
-    lines = [shlex.split(line) for line in done.stdout.splitlines() if " -m pytest" in line]
+    return done.stdout.splitlines()
+
+
+def _pytest_lines(target: str, *args: str) -> list[list[str]]:
+    lines = [
+        shlex.split(line)
+        for line in _dry_run(target, *args, unset=("PYTEST_ARGS",))
+        if " -m pytest" in line
+    ]
     return [words[words.index("pytest") + 1 :] for words in lines]
 
 
@@ -56,17 +68,8 @@ def test_every_registered_tier_but_the_unit_ones_is_in_the_slow_session_or_test_
 
 
 def _devenv_line(target: str, *args: str) -> list[str]:
-    env = {
-        k: v for k, v in os.environ.items() if not k.startswith("MAKE") and k not in ("DAG", "CONF")
-    }
-    done = subprocess.run(
-        ["make", "-n", "--no-print-directory", "-C", str(ROOT), target, *args],
-        capture_output=True,
-        text=True,
-        check=True,
-        env=env,
-    )
-    (line,) = [line for line in done.stdout.splitlines() if " -m devtools.devenv " in line]
+    dry_run = _dry_run(target, *args, unset=("DAG", "CONF"))
+    (line,) = [line for line in dry_run if " -m devtools.devenv " in line]
     words = shlex.split(line)
     return words[words.index("run") :]
 

@@ -12,7 +12,13 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import GRACE_ENV, SESSION_ENV, adopt_orphans, session_orphans
+from helpers.session import (
+    GRACE_ENV,
+    SESSION_ENV,
+    adopt_orphans,
+    pytest_session,
+    session_orphans,
+)
 
 # Each test starts pytest sub-sessions: the harness checking itself (not in test-fast).
 pytestmark = pytest.mark.harness
@@ -67,16 +73,11 @@ def _sub_session(tmp_path: Path, test_body: str) -> subprocess.CompletedProcess[
         "PYTHONPATH": os.pathsep.join(filter(None, paths)),
         GRACE_ENV: "1",
     }
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "conftest", "-p", "no:cacheprovider"]
-    command += ["--rootdir", str(tmp_path), "--basetemp", str(tmp_path / "tmp")]
-    return subprocess.run(
-        [*command, str(tmp_path / "test_sub.py")],
-        cwd=tmp_path,
+    return pytest_session(
+        tmp_path,
+        *("-q", "-p", "conftest", "--rootdir", str(tmp_path), "--basetemp", str(tmp_path / "tmp")),
+        str(tmp_path / "test_sub.py"),
         env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
     )
 
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from helpers.session import pytest_session
 
 # Each test starts pytest sub-sessions: the harness checking itself (not in test-fast).
 pytestmark = pytest.mark.harness
@@ -43,25 +44,7 @@ def _session(tmp_path: Path, strict: str | None) -> subprocess.CompletedProcess[
     env["PYTHONPATH"] = os.pathsep.join([str(TESTS), env.get("PYTHONPATH", "")])
     if strict is not None:
         env["REPLAYABLE_STRICT"] = strict
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-p",
-            "strict_skips",
-            "-p",
-            "no:cacheprovider",
-            "-rA",
-            str(tmp_path),
-        ],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    return pytest_session(tmp_path, "-p", "strict_skips", "-rA", str(tmp_path), env=env)
 
 
 def test_strict_mode_fails_a_skipped_chaos_or_promtool_test_and_keeps_other_skips(

@@ -209,10 +209,21 @@ def execute_values(
             psycopg2.extras.execute_values(cur, sql(query), rows, template=template, page_size=500)
 
 
+# Migrations that took a new number (ADR 0158), by the name databases recorded them under: a
+# database that applied the old name has applied the new one. A file is renamed only here.
+RENAMED_MIGRATIONS = {"0003_request_rates": "0031_request_rates"}
+
+
 def _migrations() -> list[tuple[str, str]]:
     folder = resources.files("replayable").joinpath("sql", "migrations")
     files = sorted((f for f in folder.iterdir() if f.name.endswith(".sql")), key=lambda f: f.name)
     return [(f.name.removesuffix(".sql"), f.read_text()) for f in files]
+
+
+def _applied(cur: Any) -> set[str]:
+    """The migrations ``schema_migrations`` records, renamed ones under their current name."""
+    cur.execute("SELECT version FROM replayable.schema_migrations")
+    return {RENAMED_MIGRATIONS.get(row[0], row[0]) for row in cur.fetchall()}
 
 
 class MigrationLockTimeout(Exception):
@@ -224,10 +235,7 @@ def _pending(conn: Connection) -> list[str]:
     with conn.cursor() as cur:
         cur.execute("SELECT to_regclass('replayable.schema_migrations') IS NOT NULL")
         (exists,) = cur.fetchone()
-        done: set[str] = set()
-        if exists:
-            cur.execute("SELECT version FROM replayable.schema_migrations")
-            done = {row[0] for row in cur.fetchall()}
+        done = _applied(cur) if exists else set()
     conn.commit()
     return [version for version, _ in _migrations() if version not in done]
 
@@ -295,8 +303,7 @@ def _migrate_locked(conn: Connection, lock_timeout_s: float) -> list[str]:
                 " version text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
             )
             conn.commit()
-            cur.execute("SELECT version FROM replayable.schema_migrations")
-            done = {row[0] for row in cur.fetchall()}
+            done = _applied(cur)
             for version, text in _migrations():
                 if version in done:
                     continue

@@ -5,7 +5,7 @@ import copy
 import pytest
 from airflow.sdk.exceptions import ParamValidationError
 
-from conftest import ROOT
+from helpers import ROOT
 from replayable import vocabulary
 from replayable.settings import BOUNDS, TASK_TIMEOUTS, PipelineSettings
 

@@ -12,7 +12,7 @@ import pytest
 from airflow.utils.file import might_contain_dag
 
 from checks import paste_readme_example
-from conftest import ROOT
+from helpers import ROOT
 
 
 def test_the_readmes_stage_example_passes_airflows_safe_mode_check(tmp_path):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import runpy
 
 from checks import rows, subset
-from conftest import ROOT
+from helpers import ROOT
 from in_process import PipelineInProcess
 from replayable import DOCUMENTS_READY
 from replayable.pipeline.registry import pipeline_of

@@ -5,7 +5,7 @@ import copy
 import pytest
 from airflow.models import DagBag
 
-from conftest import ROOT
+from helpers import ROOT
 from replayable import DOCUMENTS_READY
 from replayable.outbox import PublishLimits
 

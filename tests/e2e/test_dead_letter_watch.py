@@ -15,7 +15,7 @@ from airflow.models import DagBag
 from airflow.sdk.exceptions import ParamValidationError
 
 from checks import rows
-from conftest import ROOT
+from helpers import ROOT
 from replayable import db
 
 pytestmark = pytest.mark.e2e

@@ -30,8 +30,8 @@ from checks import (
     subset,
     task_states,
 )
-from conftest import ROOT
 from devtools import devenv
+from helpers import ROOT
 
 pytestmark = pytest.mark.e2e
 

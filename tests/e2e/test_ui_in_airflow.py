@@ -28,7 +28,7 @@ import pytest
 from fastapi.routing import APIRoute
 
 from checks import SAMPLES, rows, scalar
-from conftest import ROOT
+from helpers import ROOT
 from replayable.vocabulary import PIPELINE_DAG_ID, STAGES
 from replayable.web import create_app
 from shared_airflow import SharedAirflow, delete_queued_runs

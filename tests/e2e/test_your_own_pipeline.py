@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from checks import README_EXAMPLE_DAG, paste_readme_example, rows, subset
-from conftest import ROOT
+from helpers import ROOT
 from replayable import sources
 
 pytestmark = pytest.mark.e2e

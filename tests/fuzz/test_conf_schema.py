@@ -23,7 +23,7 @@ from airflow.serialization.serialized_objects import DagSerialization
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from conftest import ROOT
+from helpers import ROOT
 from replayable import db, sources
 from replayable.airflow.params import STATUSES, pipeline_params
 from replayable.pipeline import rerun_params

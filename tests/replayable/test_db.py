@@ -161,23 +161,6 @@ def test_the_dimensions_migration_labels_each_vector_by_what_its_items_asked(con
         conn.commit()
 
 
-@pytest.fixture
-def fresh_dsn(dsn):
-    """The libpq string of a new, empty database, dropped again afterwards."""
-    import uuid
-
-    import psycopg2.extensions
-
-    name = f"fresh_{uuid.uuid4().hex[:12]}"
-    admin = db.connect(dsn, autocommit=True)
-    with admin.cursor() as cur:
-        cur.execute(f'CREATE DATABASE "{name}"')  # a generated identifier, not input
-    yield psycopg2.extensions.make_dsn(dsn, dbname=name)
-    with admin.cursor() as cur:
-        cur.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
-    admin.close()
-
-
 def in_threads(n, fn):
     """Run ``fn(i)`` in ``n`` threads started together; return results or raised errors."""
     barrier = threading.Barrier(n)

@@ -8,20 +8,19 @@ import hashlib
 import threading
 
 import pytest
-from test_runner import (
+
+from checks import assert_nothing_lost, rows, subset
+from helpers.runner import (
     BOILERPLATE,
     CHUNKS,
     FAST,
     connect_to,
     count,
     embed_spec,
-    rows,
     run,
     seed_documents,
     wait_for,
 )
-
-from checks import assert_nothing_lost, subset
 from replayable import db
 from replayable.models.batch_api import BatchApi
 from replayable.stages import extract

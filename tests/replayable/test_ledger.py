@@ -5,6 +5,7 @@ import threading
 import psycopg2
 import pytest
 
+from checks import rows
 from replayable import db
 from replayable import ledger as ledger_module
 from replayable.ledger import Ledger, Outcome, Revival, RunContext
@@ -14,20 +15,6 @@ pytestmark = pytest.mark.db
 
 DOCS = [f"{i:x}" * 64 for i in range(1, 7)]
 DOC = DOCS[0]
-
-
-@pytest.fixture
-def docs(conn):
-    db.execute_values(conn, "plan/upsert_documents", [(d, f"/{d[:4]}.pdf", 10) for d in DOCS])
-    conn.commit()
-    return DOCS
-
-
-@pytest.fixture
-def database(dsn):
-    handle = db.Database(dsn)
-    yield handle
-    handle.close()
 
 
 def make(database, owner="w1", lease_s=60.0, max_attempts=3, version="1.0", **ctx):
@@ -43,14 +30,6 @@ def make(database, owner="w1", lease_s=60.0, max_attempts=3, version="1.0", **ct
     )
 
 
-def rows(conn, sql, *params):
-    with conn.cursor() as cur:
-        cur.execute(sql, params)
-        found = cur.fetchall()
-    conn.commit()
-    return found
-
-
 def status(conn, key="k"):
     found = rows(
         conn,
@@ -64,28 +43,27 @@ def finish(database, ledger, *outcomes):
     return database.transaction(lambda conn: ledger.finish(conn, list(outcomes)))
 
 
-def counts(conn):
-    """Current items by (stage, status, error_class) from the counters, zero entries dropped."""
-    return {
-        (stage, state, cls): int(n)
-        for stage, state, cls, n in rows(
-            conn,
-            "SELECT stage, status, error_class, sum(n) FROM replayable.stage_counts"
-            " GROUP BY 1, 2, 3 HAVING sum(n) <> 0",
-        )
-    }
+# Current items by (stage or code version, status, error class): from the counters, zero
+# entries dropped, and recomputed from the current rows themselves.
+_COUNTED = {
+    by: (
+        f"SELECT {by}, status, error_class, sum(n) FROM replayable.stage_counts"  # noqa: S608
+        " GROUP BY 1, 2, 3 HAVING sum(n) <> 0",
+        f"SELECT {by}, status, error_class, count(*) FROM replayable.stage_runs"  # noqa: S608
+        " WHERE is_current GROUP BY 1, 2, 3",
+    )
+    for by in ("stage", "code_version")
+}
 
 
-def recount(conn):
+def counts(conn, by="stage"):
+    """Current items by (``by``, status, error_class) from the counters."""
+    return {(key, state, cls): int(n) for key, state, cls, n in rows(conn, _COUNTED[by][0])}
+
+
+def recount(conn, by="stage"):
     """The same counts computed from the current rows themselves."""
-    return {
-        (stage, state, cls or ""): int(n)
-        for stage, state, cls, n in rows(
-            conn,
-            "SELECT stage, status, error_class, count(*) FROM replayable.stage_runs"
-            " WHERE is_current GROUP BY 1, 2, 3",
-        )
-    }
+    return {(key, state, cls or ""): int(n) for key, state, cls, n in rows(conn, _COUNTED[by][1])}
 
 
 RETRYABLE = Classified("http_503", ErrorKind.RETRYABLE, "503")
@@ -321,30 +299,6 @@ def test_a_transaction_survives_a_dropped_connection(conn, dsn, docs):
     handle.close()
 
 
-def version_counts(conn):
-    """Current items by (status, error_class, code_version) from the counters."""
-    return {
-        (state, cls, version): int(n)
-        for state, cls, version, n in rows(
-            conn,
-            "SELECT status, error_class, code_version, sum(n) FROM replayable.stage_counts"
-            " GROUP BY 1, 2, 3 HAVING sum(n) <> 0",
-        )
-    }
-
-
-def version_recount(conn):
-    """The same counts, recomputed from the current rows of stage_runs."""
-    return {
-        (state, cls or "", version): int(n)
-        for state, cls, version, n in rows(
-            conn,
-            "SELECT status, error_class, code_version, count(*) FROM replayable.stage_runs"
-            " WHERE is_current GROUP BY 1, 2, 3",
-        )
-    }
-
-
 def race_two_code_versions(dsn, rounds: int = 12) -> list[BaseException]:
     """Eight workers, half at code version 1.0 and half at 2.0, claim and finish the same
     documents at once, so each document's current row moves back and forth between the two
@@ -396,7 +350,7 @@ def test_runs_of_two_code_versions_racing_for_the_same_documents_keep_the_counte
     assert rows(
         conn, "SELECT count(DISTINCT doc_id), count(*) FROM replayable.stage_runs WHERE is_current"
     ) == [(len(DOCS), len(DOCS))]
-    assert version_counts(conn) == version_recount(conn)
+    assert counts(conn, "code_version") == recount(conn, "code_version")
 
 
 def test_claims_of_two_code_versions_racing_for_the_same_documents_all_go_through(conn, dsn, docs):

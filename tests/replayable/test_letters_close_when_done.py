@@ -7,7 +7,8 @@ its vectors already stored (the claim's "ready" path, ADR 0125) or not.
 
 import pytest
 
-from replayable import db
+from checks import rows
+from helpers.ledger import register_documents
 from replayable.ledger import Ledger, Outcome, Revival, RunContext
 from replayable.retry import Classified, ErrorKind
 
@@ -18,23 +19,9 @@ OTHER = "e" * 64
 TERMINAL = Classified("http_400", ErrorKind.TERMINAL, "bad input")
 
 
-@pytest.fixture
-def database(dsn, conn):
-    db.execute_values(
-        conn, "plan/upsert_documents", [(d, f"/{d[:4]}.pdf", 10) for d in (DOC, OTHER)]
-    )
-    conn.commit()
-    handle = db.Database(dsn)
-    yield handle
-    handle.close()
-
-
-def rows(conn, sql, *params):
-    with conn.cursor() as cur:
-        cur.execute(sql, params)
-        found = cur.fetchall()
-    conn.commit()
-    return found
+@pytest.fixture(autouse=True)
+def _docs(conn):
+    register_documents(conn, [DOC, OTHER])
 
 
 def embed(database, version, *, run_id="r1", last=True):

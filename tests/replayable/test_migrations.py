@@ -1,9 +1,10 @@
 """Migration file names: one number each, applied in the order their names sort.
 
 A database records the migrations it applied by file name (``schema_migrations``), so a
-file is never renamed. ``db._migrations`` applies the files in name order; these tests keep
-that order the intended one: every name is a four-digit number and a name, the numbers run
-from 0001 without a gap or a repeat, and so a new migration can only be the next number.
+file that takes a new number is listed in ``db.RENAMED_MIGRATIONS`` under its old name
+(ADR 0158). ``db._migrations`` applies the files in name order; these tests keep that order
+the intended one: every name is a four-digit number and a name, the numbers run from 0001
+without a gap or a repeat, and so a new migration can only be the next number.
 """
 
 from __future__ import annotations
@@ -14,14 +15,11 @@ from collections.abc import Iterable
 
 import pytest
 
-from conftest import ROOT
+from helpers import ROOT
 from replayable import db
 
 MIGRATIONS = ROOT / "include" / "replayable" / "sql" / "migrations"
 NAME = re.compile(r"(?P<number>\d{4})_[a-z0-9]+(?:_[a-z0-9]+)*\.sql")
-# Two branches each added a 0003 before they were merged; databases have recorded both
-# names, so they stay. No other number may repeat.
-KNOWN_DUPLICATES = {"0003": ("0003_dead_letter_history.sql", "0003_request_rates.sql")}
 
 
 def _problems(names: Iterable[str]) -> list[str]:
@@ -31,7 +29,7 @@ def _problems(names: Iterable[str]) -> list[str]:
     numbers = [match["number"] for name in names if (match := NAME.fullmatch(name))]
     for number, count in sorted(Counter(numbers).items()):
         sharing = tuple(name for name in names if name.startswith(f"{number}_"))
-        if count > 1 and KNOWN_DUPLICATES.get(number) != sharing:
+        if count > 1:
             problems.append(f"{number} is shared by {', '.join(sharing)}")
     expected = [f"{n:04d}" for n in range(1, len(set(numbers)) + 1)]
     if sorted(set(numbers)) != expected:
@@ -47,18 +45,50 @@ def test_the_migrations_folder_has_one_number_per_migration_and_no_gap():
 
 
 def test_migrations_apply_in_the_order_of_their_names():
-    """The 0003 pair applies as existing databases recorded it, dead-letter history first."""
     versions = [version for version, _ in db._migrations()]
     assert versions == sorted(path.stem for path in MIGRATIONS.glob("*.sql"))
-    assert versions.index("0003_dead_letter_history") + 1 == versions.index("0003_request_rates")
-    assert versions[-1] > "0003_request_rates"
+
+
+def test_a_renamed_migration_names_a_file_and_its_old_name_none():
+    versions = {version for version, _ in db._migrations()}
+    for old, new in db.RENAMED_MIGRATIONS.items():
+        assert new in versions and old not in versions
+
+
+def test_a_database_that_recorded_an_old_name_does_not_apply_the_migration_again(conn):
+    """0031_request_rates was 0003_request_rates (ADR 0158): a ledger migrated before the
+    rename records the old name, and is up to date."""
+    with conn.cursor() as cur:
+        cur.execute(
+            "UPDATE replayable.schema_migrations SET version = '0003_request_rates'"
+            " WHERE version = '0031_request_rates'"
+        )
+    conn.commit()
+    try:
+        assert db.migrate(conn) == []
+        with conn.cursor() as cur:
+            cur.execute(
+                "SELECT version FROM replayable.schema_migrations WHERE version LIKE %s",
+                ("%_request_rates",),
+            )
+            assert cur.fetchall() == [("0003_request_rates",)]
+    finally:
+        with conn.cursor() as cur:
+            cur.execute(
+                "DELETE FROM replayable.schema_migrations WHERE version = '0003_request_rates'"
+            )
+            cur.execute(
+                "INSERT INTO replayable.schema_migrations (version)"
+                " VALUES ('0031_request_rates') ON CONFLICT DO NOTHING"
+            )
+        conn.commit()
 
 
 @pytest.mark.parametrize(
     ("extra", "problem"),
     [
         ("0004_another_outbox.sql", "0004 is shared by 0004_another_outbox.sql, 0004_outbox.sql"),
-        ("0003_third.sql", "0003 is shared by"),
+        ("0003_third.sql", "0003 is shared by 0003_dead_letter_history.sql, 0003_third.sql"),
         ("0099_after_a_gap.sql", "without a gap"),
         ("9_short.sql", "9_short.sql: not NNNN_snake_case.sql"),
         ("0009-Dashes.sql", "0009-Dashes.sql: not NNNN_snake_case.sql"),

@@ -18,7 +18,7 @@ import pytest
 
 import corpus
 from checks import SAMPLES, rows, scalar, subset
-from conftest import ROOT
+from helpers import ROOT
 from replayable import mirror, search
 from replayable.keys import sha256_file
 from replayable.pipeline import format_report
@@ -84,9 +84,9 @@ def test_deleted_and_replaced_files_leave_search_with_events_and_the_rerun_pays_
     run_in_process, conn, dsn, tmp_path
 ):
     """The acceptance, as a new user would: ``make demo``, delete two sample PDFs, replace a
-    third with another document under its name, ``make demo`` again (on a copy of the
-    samples, the demo's own settings)."""
-    folder = subset(tmp_path, len(list(SAMPLES.glob("*.pdf"))))
+    third with another document under its name, ``make demo`` again (the demo's own settings,
+    on a copy of sixteen samples: two of its batches, and fewer retracted than its limit)."""
+    folder = subset(tmp_path, 16)
     conf = {**_demo_conf(), "source": str(folder)}
     first = run_in_process(conf)
     assert not first["_failed"], first["_tasks"]
@@ -306,15 +306,21 @@ def test_a_partial_run_never_retracts(run_in_process, conn, tmp_path):
     assert scalar(conn, "SELECT count(*) FROM replayable.source_files") == 6
 
 
-def test_the_sweep_purges_what_only_retracted_documents_held_after_the_retention(
-    run_in_process, conn, tmp_path
-):
+def _run_then_retract_one(run_in_process: Any, tmp_path: Path) -> str:
+    """Run on six samples, delete one, run again; return the retracted document's id."""
     folder = subset(tmp_path, 6)
     assert not run_in_process({"source": str(folder)})["_failed"]
     gone = sorted(folder.iterdir())[0]
     doc = _doc_id(gone)
     gone.unlink()
     assert run_in_process({"source": str(folder)})["mirror"]["retracted"] == 1
+    return doc
+
+
+def test_the_sweep_purges_what_only_retracted_documents_held_after_the_retention(
+    run_in_process, conn, tmp_path
+):
+    doc = _run_then_retract_one(run_in_process, tmp_path)
     own = {
         chunk_id
         for (chunk_id,) in rows(
@@ -407,12 +413,7 @@ def test_the_sweeper_task_purges_documents_retracted_longer_ago_than_the_retenti
     from replayable.airflow import tasks as dag_tasks
     from replayable.airflow.tasks import common
 
-    folder = subset(tmp_path, 6)
-    assert not run_in_process({"source": str(folder)})["_failed"]
-    gone = sorted(folder.iterdir())[0]
-    doc = _doc_id(gone)
-    gone.unlink()
-    assert run_in_process({"source": str(folder)})["mirror"]["retracted"] == 1
+    doc = _run_then_retract_one(run_in_process, tmp_path)
     ti = SimpleNamespace(dag_id="replayable_sweeper", run_id="sweep-1")
     params = {"max_attempts": 3, "min_age_minutes": 10, "max_items": 100}
     monkeypatch.setattr(common, "get_current_context", lambda: {"ti": ti, "params": params})

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from checks import seed_extraction
+from checks import rows, seed_extraction
 from publishers import KILL_AFTER, add_events, kill_a_publisher_after_sending
 from replayable import db, outbox
 from replayable.airflow.sinks import WebhookSettings, WebhookSink
@@ -35,31 +35,9 @@ LIMITS = PublishLimits(claim_size=5, lease_s=30.0, max_attempts=3, backoff_base_
 
 
 @pytest.fixture
-def docs(conn):
-    db.execute_values(conn, "plan/upsert_documents", [(d, f"/docs/{d[:4]}.pdf", 10) for d in DOCS])
-    conn.commit()
-    return DOCS
-
-
-@pytest.fixture
-def database(dsn):
-    handle = db.Database(dsn)
-    yield handle
-    handle.close()
-
-
-@pytest.fixture
 def sink(model):
     with WebhookSink(WebhookSettings(model.webhook_url(HOOK), timeout_s=5.0, retry=FAST)) as hook:
         yield hook
-
-
-def rows(conn, sql, *params):
-    with conn.cursor() as cur:
-        cur.execute(sql, params)
-        found = cur.fetchall()
-    conn.commit()
-    return found
 
 
 def execute(conn, sql, *params):
@@ -110,7 +88,7 @@ def test_an_item_of_the_last_stage_ending_done_writes_one_ready_event(conn, docs
     payload = found[0][2]
     assert payload["versions"] == VERSIONS
     assert payload["spec_hash"] == "spec-1"
-    assert payload["uri"] == f"/docs/{payload['doc_id'][:4]}.pdf"
+    assert payload["uri"] == f"/{payload['doc_id'][:4]}.pdf"
     assert (payload["dag_id"], payload["run_id"]) == ("d", "r1")
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from checks import rows
 from replayable import db, keys, pipeline
 from replayable.ledger import Ledger, Outcome, RunContext
 from replayable.pipeline import discover, discovery, format_report, plan_batches
@@ -19,14 +20,6 @@ from replayable.vocabulary import STAGES
 SAMPLES = Path(__file__).resolve().parents[2] / "data" / "samples"
 SETTINGS = PipelineSettings(batch_size=2)
 HASHES = spec_hashes(SETTINGS.chunk_config, "m", None)
-
-
-def rows(conn, sql, *params):
-    with conn.cursor() as cur:
-        cur.execute(sql, params)
-        found = cur.fetchall()
-    conn.commit()
-    return found
 
 
 def run_discover(conn, folder, run_id="r1", max_bytes=2**30):

@@ -11,6 +11,7 @@ import threading
 import time
 
 import pytest
+from psycopg2.extras import execute_values
 
 from checks import TOPICS, rows, scalar, topic_pdfs
 from replayable import db
@@ -52,15 +53,17 @@ def _stale_vectors(conn, near: list[float], n: int) -> None:
         noisy = [x + rng.gauss(0, 0.001) for x in near]
         rows_.append((f"stale-{i}", "stale text", noisy))
     with conn.cursor() as cur:
-        for chunk_id, text, vector in rows_:
-            cur.execute(
-                "INSERT INTO replayable.chunks (chunk_id, text) VALUES (%s, %s)", (chunk_id, text)
-            )
-            cur.execute(
-                "INSERT INTO replayable.embeddings (chunk_id, model, dim, embedding)"
-                " VALUES (%s, %s, %s, %s::vector)",
-                (chunk_id, MODEL, DIM, vector_literal(vector)),
-            )
+        execute_values(
+            cur,
+            "INSERT INTO replayable.chunks (chunk_id, text) VALUES %s",
+            [(chunk_id, text) for chunk_id, text, _ in rows_],
+        )
+        execute_values(
+            cur,
+            "INSERT INTO replayable.embeddings (chunk_id, model, dim, embedding) VALUES %s",
+            [(chunk_id, MODEL, DIM, vector_literal(vector)) for chunk_id, _, vector in rows_],
+            template="(%s, %s, %s, %s::vector)",
+        )
     conn.commit()
 
 

@@ -6,10 +6,9 @@ item in every stage, ends done there, and announces its own ``document.ready`` (
 """
 
 import pytest
-from test_ledger import rows
-from test_runner import CHUNKS, connect_to, embed_spec, run
 
-from checks import seed_extraction
+from checks import rows, seed_extraction
+from helpers.runner import CHUNKS, connect_to, embed_spec, run
 from replayable.keys import sha256_bytes
 from replayable.stages.chunk.spec import ChunkSpec
 

@@ -10,10 +10,11 @@ import time
 
 import pytest
 
+from checks import rows
+from helpers.runner import ItemPerDocument
 from replayable import db, pipeline
 from replayable.ledger import Ledger, Outcome, Revival, RunContext
 from replayable.retry import Classified, ErrorKind
-from replayable.runner import StageSpec
 from replayable.settings import PipelineSettings
 from replayable.stages.lineage import spec_hashes
 
@@ -24,20 +25,6 @@ HASHES = spec_hashes(PipelineSettings().chunk_config, "m", None)
 TERMINAL = Classified("http_400", ErrorKind.TERMINAL, "bad input")
 
 
-@pytest.fixture
-def docs(conn):
-    db.execute_values(conn, "plan/upsert_documents", [(d, f"/{d[:4]}.pdf", 10) for d in DOCS])
-    conn.commit()
-    return DOCS
-
-
-@pytest.fixture
-def database(dsn):
-    handle = db.Database(dsn)
-    yield handle
-    handle.close()
-
-
 def reopen_letters(conn):
     """Open every letter again, as a ledger written before ADR 0132 may hold them."""
     rows(
@@ -46,14 +33,6 @@ def reopen_letters(conn):
         " resolved_by = NULL, resolution = NULL, resolved_dag_id = NULL,"
         " resolved_run_id = NULL RETURNING id",
     )
-
-
-def rows(conn, sql, *params):
-    with conn.cursor() as cur:
-        cur.execute(sql, params)
-        found = cur.fetchall()
-    conn.commit()
-    return found
 
 
 def ledger(database, stage="embed", owner="w1", lease_s=60.0, max_attempts=3, **ctx):
@@ -269,26 +248,16 @@ class TaskKilled(BaseException):
     """Stands in for SIGKILL of the task process: nothing after it runs, nothing is flushed."""
 
 
-class KillsOn(StageSpec):
+class KillsOn(ItemPerDocument):
     """A stage that kills its task whenever it starts the poison document."""
 
     name = "extract"
     code_version = "1.0"
+    item_prefix = "k"
 
     def __init__(self, poison):
         self.poison = poison
         self.started = []
-
-    def key_config(self):
-        return {}
-
-    def lineage(self):
-        return {}
-
-    def plan(self, conn, doc_ids):
-        from replayable.runner import WorkItem
-
-        return [WorkItem(d, f"k-{d}") for d in doc_ids]
 
     def process(self, items, io):
         for item in items:

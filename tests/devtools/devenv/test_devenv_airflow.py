@@ -8,9 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import ROOT
 from devtools import devenv
 from devtools.devenv.airflow import WORKER_HOSTNAME_CALLABLE, worker_hostname
+from helpers import ROOT
 
 
 def _services() -> devenv.Services:

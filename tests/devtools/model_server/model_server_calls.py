@@ -1,7 +1,8 @@
 """What the model server's tests share: calls to its API and a clean shared server.
 
-Each test module starts its own server (a ``server`` fixture) and cleans it around every
-test with :func:`clean_shared_server`.
+Each test module gets its own server (the ``server`` fixture of this folder's conftest), of
+``DIM`` dimensions, cleaned around every test with :func:`clean_shared_server`; the
+``auth_server`` wants ``API_KEY``.
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ import httpx
 import pytest
 
 from devtools.model_server import LocalModelServer
+
+DIM = 64
+API_KEY = "test-key-123"
 
 
 @contextlib.contextmanager

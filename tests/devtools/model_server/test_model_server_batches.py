@@ -5,42 +5,14 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
-from model_server_calls import clean_shared_server, wait_until
+from model_server_calls import API_KEY, DIM, wait_until
 
 from devtools.model_server import LocalModelServer
 from devtools.model_server.stats import charge_key
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[LocalModelServer]:
-    with LocalModelServer(dim=16) as running:
-        yield running
-
-
-@pytest.fixture(autouse=True)
-def _clean_server(request: pytest.FixtureRequest) -> Iterator[None]:
-    with clean_shared_server(request):
-        yield
-
-
-@pytest.fixture
-def client(server: LocalModelServer) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.base_url, trust_env=False, timeout=10.0) as http:
-        yield http
-
-
-API_KEY = "batch-key-123"
-
-
-@pytest.fixture(scope="module")
-def auth_server() -> Iterator[LocalModelServer]:
-    with LocalModelServer(dim=16, api_key=API_KEY) as running:
-        yield running
 
 
 def request_line(custom_id: str, body: dict[str, Any] | Any, **fields: Any) -> dict[str, Any]:
@@ -396,7 +368,7 @@ def test_a_completed_batch_charges_the_lines_it_loses_and_returns_none_of_them(
     assert stats["batch_lines_lost"] == len(lost)
     assert stats["batch_lines_charged"] == 39
     assert set(stats["batch_line_charges"]) == {f"c{i}" for i in range(40)} - {"c3"}
-    assert stats["embedding_charges"][charge_key("local-hash", 16, "text 0")] == 1
+    assert stats["embedding_charges"][charge_key("local-hash", DIM, "text 0")] == 1
     assert stats["lost_embedding_charges"] == {}  # lost /v1 responses only
     assert lost_lines()[0] == lost  # the same seed loses the same lines
 
@@ -747,8 +719,8 @@ def test_embedding_charges_count_each_input_per_model_and_dimensions_sync_and_ba
     stats = server.stats()
     key = charge_key
     assert stats["embedding_charges"] == {
-        key("local-hash", 16, "a"): 2,
+        key("local-hash", DIM, "a"): 2,
         key("local-hash", 4, "a"): 1,
-        key("local-hash", 16, "b"): 2,
+        key("local-hash", DIM, "b"): 2,
     }
-    assert stats["lost_embedding_charges"] == {key("local-hash", 16, "b"): 1}
+    assert stats["lost_embedding_charges"] == {key("local-hash", DIM, "b"): 1}

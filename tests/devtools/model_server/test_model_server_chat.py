@@ -9,13 +9,12 @@ tokens refused by a spent bucket stays refused far longer than any of these test
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
 import pytest
-from model_server_calls import chat, clean_shared_server, embed, sha, wait_until, words
+from model_server_calls import API_KEY, chat, embed, sha, wait_until, words
 
 from devtools.model_server import LocalModelServer
 from devtools.model_server.chat import (
@@ -33,33 +32,8 @@ from devtools.model_server.faults import FaultConfig
 from devtools.model_server.idempotency import fingerprint
 from devtools.model_server.vectors import EmbeddingsRequest
 
-API_KEY = "chat-key-123"
 LIMIT = 6000
 TEXT = "The invoice is due in March.  It totals 1,200 euros!\nPay by   transfer? Or by card."
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[LocalModelServer]:
-    with LocalModelServer(dim=16) as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def auth_server() -> Iterator[LocalModelServer]:
-    with LocalModelServer(dim=16, api_key=API_KEY) as running:
-        yield running
-
-
-@pytest.fixture(autouse=True)
-def _clean_server(request: pytest.FixtureRequest) -> Iterator[None]:
-    with clean_shared_server(request):
-        yield
-
-
-@pytest.fixture
-def client(server: LocalModelServer) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.base_url, trust_env=False, timeout=10.0) as http:
-        yield http
 
 
 def choice(response: httpx.Response) -> dict[str, Any]:

@@ -5,35 +5,16 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
 import pytest
-from model_server_calls import clean_shared_server, embed, sha, vectors, wait_until
+from model_server_calls import embed, sha, vectors, wait_until
 
 from devtools.model_server import LocalModelServer
 from devtools.model_server.faults import MAX_PAD_BYTES
 from devtools.model_server.vectors import embed_text
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[LocalModelServer]:
-    with LocalModelServer(dim=64) as running:
-        yield running
-
-
-@pytest.fixture(autouse=True)
-def _clean_server(request: pytest.FixtureRequest) -> Iterator[None]:
-    with clean_shared_server(request):
-        yield
-
-
-@pytest.fixture
-def client(server: LocalModelServer) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.base_url, trust_env=False, timeout=10.0) as http:
-        yield http
 
 
 def test_seeded_status_rate_fails_about_that_share_and_stats_count_it(

@@ -7,27 +7,9 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from model_server_calls import clean_shared_server
+from model_server_calls import API_KEY, DIM
 
 from devtools.model_server import LocalModelServer
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[LocalModelServer]:
-    with LocalModelServer(dim=64) as running:
-        yield running
-
-
-@pytest.fixture(autouse=True)
-def _clean_server(request: pytest.FixtureRequest) -> Iterator[None]:
-    with clean_shared_server(request):
-        yield
-
-
-@pytest.fixture(scope="module")
-def auth_server() -> Iterator[LocalModelServer]:
-    with LocalModelServer(dim=16, api_key=API_KEY) as running:
-        yield running
 
 
 @pytest.fixture
@@ -35,9 +17,6 @@ def root(server: LocalModelServer) -> Iterator[httpx.Client]:
     """A client for the server's root, where the webhooks and control endpoints live."""
     with httpx.Client(base_url=server.root_url, trust_env=False, timeout=10.0) as http:
         yield http
-
-
-API_KEY = "test-key-123"
 
 
 def test_missing_api_key_gets_401(auth_server: LocalModelServer) -> None:
@@ -68,7 +47,7 @@ def test_correct_api_key_gets_200(auth_server: LocalModelServer) -> None:
         trust_env=False,
     )
     assert response.status_code == 200
-    assert len(response.json()["data"][0]["embedding"]) == 16
+    assert len(response.json()["data"][0]["embedding"]) == DIM
 
 
 def test_control_endpoints_need_no_api_key(auth_server: LocalModelServer) -> None:

@@ -13,9 +13,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conftest import ROOT
 from devtools.model_server import LocalModelServer
 from devtools.model_server.cli import PARENT_CHECK_S, serve
+from helpers import ROOT
 
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "192.168.1.10", "example.com"])  # noqa: S104 - refused

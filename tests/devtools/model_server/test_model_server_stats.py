@@ -4,33 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
-import pytest
-from model_server_calls import clean_shared_server, embed, sha
+from model_server_calls import embed, sha
 
 from devtools.model_server import LocalModelServer
 from devtools.model_server.server import EmbeddingServer
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[LocalModelServer]:
-    with LocalModelServer(dim=64) as running:
-        yield running
-
-
-@pytest.fixture(autouse=True)
-def _clean_server(request: pytest.FixtureRequest) -> Iterator[None]:
-    with clean_shared_server(request):
-        yield
-
-
-@pytest.fixture
-def client(server: LocalModelServer) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.base_url, trust_env=False, timeout=10.0) as http:
-        yield http
 
 
 def test_stats_count_successes_per_idempotency_key_and_input(

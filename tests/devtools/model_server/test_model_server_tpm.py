@@ -10,37 +10,18 @@ from __future__ import annotations
 import math
 import re
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
 import pytest
-from model_server_calls import clean_shared_server, embed, words
+from model_server_calls import embed, words
 
 from devtools.model_server import LocalModelServer
 from devtools.model_server.faults import FaultConfig
 from devtools.model_server.ratelimit import TokenBucket
 
 LIMIT = 6000
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[LocalModelServer]:
-    with LocalModelServer(dim=16) as running:
-        yield running
-
-
-@pytest.fixture(autouse=True)
-def _clean_server(request: pytest.FixtureRequest) -> Iterator[None]:
-    with clean_shared_server(request):
-        yield
-
-
-@pytest.fixture
-def client(server: LocalModelServer) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.base_url, trust_env=False, timeout=10.0) as http:
-        yield http
 
 
 def assert_over_tpm(response: httpx.Response) -> dict[str, Any]:

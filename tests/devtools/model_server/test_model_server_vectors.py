@@ -5,32 +5,13 @@ from __future__ import annotations
 import base64
 import math
 import struct
-from collections.abc import Iterator
 
 import httpx
 import pytest
-from model_server_calls import clean_shared_server, embed, vectors
+from model_server_calls import embed, vectors
 
 from devtools.model_server import LocalModelServer
 from devtools.model_server.vectors import embed_text
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[LocalModelServer]:
-    with LocalModelServer(dim=64) as running:
-        yield running
-
-
-@pytest.fixture(autouse=True)
-def _clean_server(request: pytest.FixtureRequest) -> Iterator[None]:
-    with clean_shared_server(request):
-        yield
-
-
-@pytest.fixture
-def client(server: LocalModelServer) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.base_url, trust_env=False, timeout=10.0) as http:
-        yield http
 
 
 def test_same_text_gives_same_unit_vector_of_default_dim(client: httpx.Client) -> None:

@@ -15,7 +15,7 @@ from ui_fixtures import (  # noqa: F401 - fixtures
     auth_manager_fixture,
 )
 
-from conftest import ROOT
+from helpers import ROOT
 
 
 def test_the_plugin_mounts_the_app_at_replayable_with_a_browse_view() -> None:

@@ -19,7 +19,7 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from checks import ledger_metrics, rows
-from conftest import ROOT
+from helpers import ROOT
 from replayable import db
 from replayable.vocabulary import STAGES
 from replayable.web import create_app

@@ -16,7 +16,7 @@ from ui_fixtures import (  # noqa: F401 - fixtures
     ledger_fixture,
 )
 
-from conftest import ROOT
+from helpers import ROOT
 from replayable.vocabulary import STAGES
 
 WEB = ROOT / "include" / "replayable" / "web"

@@ -24,8 +24,8 @@ from ui_fixtures import (  # noqa: F401 - fixtures
     make_app_fixture,
 )
 
-from conftest import ROOT
 from devtools import devenv
+from helpers import ROOT
 from replayable.vocabulary import PIPELINE_DAG_ID
 from replayable.web.security import SECURITY_HEADERS, _dag_details
 

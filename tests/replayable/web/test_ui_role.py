@@ -25,7 +25,7 @@ from ui_fixtures import (  # noqa: F401 - fixtures
 )
 
 import corpus
-from conftest import ROOT
+from helpers import ROOT
 
 ROLE = "replayable_ui"
 SEARCH_MODEL = "local-wordllama-256"  # the local server's real model

@@ -15,6 +15,23 @@ from replayable.stages.extract.pdf import extract_file, extract_pdf, sanitize_te
 SAMPLES = Path(__file__).resolve().parents[4] / "data" / "samples"
 
 
+def _assemble(objects: list[bytes]) -> bytes:
+    """A PDF file of ``objects`` (object 1 the catalog), with its cross-reference table."""
+    out = bytearray(b"%PDF-1.7\n")
+    offsets = []
+    for number, body in enumerate(objects, start=1):
+        offsets.append(len(out))
+        out += b"%d 0 obj\n%s\nendobj\n" % (number, body)
+    xref = len(out)
+    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
+    out += b"".join(b"%010d 00000 n \n" % offset for offset in offsets)
+    out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (
+        len(objects) + 1,
+        xref,
+    )
+    return bytes(out)
+
+
 def _text_pdf(shown: bytes, to_unicode: Mapping[int, str] | None = None) -> bytes:
     """Return a one-page PDF that shows the string ``shown`` in Helvetica.
 
@@ -52,19 +69,7 @@ def _text_pdf(shown: bytes, to_unicode: Mapping[int, str] | None = None) -> byte
         if number <= len(objects):
             data = objects[number - 1]
             objects[number - 1] = b"<< /Length %d >>\nstream\n%s\nendstream" % (len(data), data)
-    out = bytearray(b"%PDF-1.7\n")
-    offsets = []
-    for number, body in enumerate(objects, start=1):
-        offsets.append(len(out))
-        out += b"%d 0 obj\n%s\nendobj\n" % (number, body)
-    xref = len(out)
-    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
-    out += b"".join(b"%010d 00000 n \n" % offset for offset in offsets)
-    out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (
-        len(objects) + 1,
-        xref,
-    )
-    return bytes(out)
+    return _assemble(objects)
 
 
 def test_a_sample_gives_its_pages_and_text():
@@ -227,19 +232,7 @@ def _pdf_with_contents(entries: bytes, data: bytes) -> bytes:
         b"<< %s /Length %d >>\nstream\n%s\nendstream" % (entries, len(data), data),
         b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
     ]
-    out = bytearray(b"%PDF-1.7\n")
-    offsets = []
-    for number, body in enumerate(objects, start=1):
-        offsets.append(len(out))
-        out += b"%d 0 obj\n%s\nendobj\n" % (number, body)
-    xref = len(out)
-    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
-    out += b"".join(b"%010d 00000 n \n" % offset for offset in offsets)
-    out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (
-        len(objects) + 1,
-        xref,
-    )
-    return bytes(out)
+    return _assemble(objects)
 
 
 def test_a_content_stream_under_a_standard_filter_name_reads():

@@ -4,33 +4,21 @@ import threading
 import time
 
 import pytest
-from test_runner import count, run, seed_documents
 
+from helpers.runner import ItemPerDocument, count, run, seed_documents
 from replayable import db
 from replayable.keys import config_hash
 from replayable.ledger import Ledger, RunContext
-from replayable.runner import DEADLINE, Limits, StageSpec, WorkItem, spec_hash
+from replayable.runner import DEADLINE, Limits, StageSpec, spec_hash
 
 pytestmark = pytest.mark.db
 
 
-class _OneSecondEach(StageSpec):
+class _OneSecondEach(ItemPerDocument):
     """A stage that takes a second per item and starts none once the batch is stopping."""
-
-    name = "slow"
-    code_version = "1"
 
     def __init__(self) -> None:
         self.started: list[str] = []
-
-    def key_config(self):
-        return {}
-
-    def lineage(self):
-        return {}
-
-    def plan(self, conn, doc_ids):
-        return [WorkItem(doc_id, f"slow-{doc_id}") for doc_id in doc_ids]
 
     def process(self, items, io):
         for item in items:

@@ -6,8 +6,8 @@ from types import SimpleNamespace
 import pytest
 from airflow.sdk.exceptions import AirflowFailException, DownstreamTasksSkipped
 from airflow.sdk.execution_time import xcom
-from test_operators import flaky_connect
 
+from helpers.ledger import flaky_connect
 from replayable import db, pipeline
 from replayable.airflow import tasks as dag_tasks
 from replayable.airflow.dag_factory import pipeline_dag

@@ -5,3 +5,6 @@ CREATE TABLE IF NOT EXISTS replayable.request_rates (
     name    text PRIMARY KEY,
     next_at timestamptz NOT NULL
 );
+
+-- Numbered 0003 until ADR 0158: a database that recorded 0003_request_rates has applied this
+-- file (db.RENAMED_MIGRATIONS), so it is not run there again.

@@ -12,8 +12,8 @@ from typing import Any
 import jsonschema
 import pytest
 
-from conftest import ROOT
 from devtools.model_server import LocalModelServer
+from helpers import ROOT
 from replayable.airflow.get_provider_info import get_provider_info
 from replayable.airflow.hooks import ModelHook, choice_of
 from replayable.settings import DEFAULT_MODEL, PipelineSettings

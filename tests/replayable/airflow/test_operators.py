@@ -1,12 +1,11 @@
 import json
 from contextlib import ExitStack
 from datetime import timedelta
-from unittest import mock
 
-import psycopg2
 import pytest
 from airflow.sdk.definitions.retry_policy import RetryAction
 
+from helpers.ledger import flaky_connect
 from replayable import db, pipeline
 from replayable.airflow import hooks
 from replayable.airflow.operators import (
@@ -121,19 +120,6 @@ def test_a_request_may_hold_its_chunks_for_as_long_as_a_healthy_call_lasts(monke
     monkeypatch.setenv("AIRFLOW_CONN_REPLAYABLE_MODEL", json.dumps(connection))
     spec = embed_spec_for(PipelineSettings())
     assert spec.max_call_s == CallRetry().max_total_s + 7 + builtin.CALL_SLACK_S
-
-
-def flaky_connect(failures: int):
-    """``db.connect`` while Postgres restarts: refused ``failures`` times, then a connection."""
-    calls = {"n": 0}
-
-    def connect(dsn, *, autocommit=False):
-        calls["n"] += 1
-        if calls["n"] <= failures:
-            raise psycopg2.OperationalError("connection refused: the server is restarting")
-        return mock.MagicMock(closed=0, autocommit=autocommit)
-
-    return connect
 
 
 def test_a_batch_that_starts_during_a_database_restart_waits_for_it(monkeypatch):
