@@ -372,6 +372,43 @@ def pdf_corpus(n: int, *, seed: int = 11) -> Path:
     return folder
 
 
+def realworld_corpus(n: int) -> tuple[Path, list[str]]:
+    """``n`` PDFs repeated from the real-world corpus (tests/realworld.py: LibreOffice,
+    Ghostscript, groff, pdfTeX, the PDFs Debian ships), made once per machine under
+    ``.local/bench-corpus``; and what was built. Each copy ends with a comment line of its
+    own after the file, so that every copy is a document of its own (documents are keyed by
+    their bytes) whose pages and text are the original's. Files PDFium cannot open (Debian
+    ships a few that are not PDFs) are left out. Empty when no producer is installed
+    (tests/install-realworld-tools.sh installs them)."""
+    from replayable.retry import ItemError
+    from replayable.stages.extract.pdf import extract_file
+
+    folder = ROOT / ".local" / "bench-corpus" / f"realworld-{n}"
+    done = folder / ".complete"
+    if done.exists():
+        return folder, done.read_text().splitlines()
+    folder.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="replayable-realworld-") as tmp:
+        manifest = tests_module("realworld").build(Path(tmp) / "corpus")
+        originals: list[bytes] = []
+        refused: list[str] = []
+        for entry in manifest.files:
+            try:
+                extract_file(str(manifest.folder / entry.file))
+            except ItemError as error:
+                refused.append(f"{entry.file} ({error.error_class})")
+            else:
+                originals.append((manifest.folder / entry.file).read_bytes())
+        made = [f"{len(originals)} PDFs from {', '.join(manifest.contributors) or 'nothing'}"]
+        if refused:
+            made.append("left out, PDFium refuses them: " + ", ".join(refused))
+    for i in range(n if originals else 0):
+        copy = originals[i % len(originals)] + f"\n%replayable-bench copy {i}\n".encode()
+        (folder / f"rw-{i:05d}.pdf").write_bytes(copy)
+    done.write_text("\n".join(made) + "\n")
+    return folder, made
+
+
 _WORDS = (
     *("harbour", "ledger", "cargo", "tide", "manifest", "quay", "berth", "vessel", "crane"),
     *("pallet", "invoice", "customs", "pilot", "anchor", "draught", "tonnage", "freight"),

@@ -61,6 +61,7 @@ BENCHMARKS: dict[str, tuple[Benchmark, dict[str, Any], dict[str, Any]]] = {
             "poll_every_s": 0.05,
             "first_runs": 1,
             "reruns": 1,
+            "realworld_documents": 0,
         },
     ),
     "check-before-call": (check_before_call.run, {}, {"repeats": 1, "docs": 24}),
