@@ -94,7 +94,8 @@ lint: install
 	MYPYPATH=include $(VENV)/bin/mypy
 	PYTHONPATH=include:. $(VENV)/bin/lint-imports --no-cache
 
-# Every figure at full size (about 25 minutes on 2 cores); results in bench/results/.
+# Every figure at full size, each benchmark in 3 separate runs (bench/run.py --repeat; about
+# 45 minutes a run on 2 cores); medians and ranges in bench/results/.
 bench: install
 	PYTHONPATH=include:. $(PY) bench/run.py
 

@@ -139,7 +139,11 @@ class Target:
 
 @dataclass
 class Row:
-    """One line of the final table; ``fig`` is the figure's id (B1…B9, or Bn.x for context)."""
+    """One line of the final table; ``fig`` is the figure's id (B1…B9, or Bn.x for context).
+
+    ``runs`` holds the figure's value in each of several separate runs (:func:`across_runs`);
+    empty, the row is one run's. The figure is the median of its runs, and so is the verdict.
+    """
 
     fig: str
     benchmark: str
@@ -151,24 +155,45 @@ class Row:
     # Which figure the target applies to: the ratio, or the measured value itself.
     target_on: str = "ratio"
     notes: list[str] = field(default_factory=list)
+    runs: tuple[float, ...] = ()
 
     @property
-    def ratio(self) -> float | None:
+    def run_ratio(self) -> float | None:
+        """measured / baseline over the samples this row holds (one run's, or pooled)."""
         if self.baseline.median == 0:
             return None
         return self.measured.median / self.baseline.median
 
     @property
-    def passed(self) -> bool | None:
-        if self.target is None:
-            return None
-        value = self.ratio if self.target_on == "ratio" else self.measured.median
-        return value is not None and self.target.met(value)
+    def run_value(self) -> float | None:
+        """The figure the target applies to over the samples this row holds."""
+        return self.run_ratio if self.target_on == "ratio" else self.measured.median
+
+    @property
+    def values(self) -> tuple[float, ...]:
+        """The figure in each separate run: ``runs``, or this row's own value."""
+        if self.runs:
+            return self.runs
+        return () if self.run_value is None else (self.run_value,)
 
     @property
     def value(self) -> float | None:
-        """The figure the target applies to: the ratio, or the measured value itself."""
-        return self.ratio if self.target_on == "ratio" else self.measured.median
+        """The figure the target applies to: the median over the runs."""
+        return statistics.median(self.values) if self.values else None
+
+    @property
+    def ratio(self) -> float | None:
+        if self.runs and self.target_on == "ratio":
+            return self.value
+        return self.run_ratio
+
+    @property
+    def passed(self) -> bool | None:
+        """Whether the median of the runs meets the target (None: no target)."""
+        if self.target is None:
+            return None
+        value = self.value
+        return value is not None and self.target.met(value)
 
     @classmethod
     def from_json(cls, figure: dict[str, Any]) -> Row:
@@ -188,14 +213,22 @@ class Row:
             None if target is None else Target.parse(target),
             target_on=figure["target_on"],
             notes=list(figure["notes"]),
+            # A file written before figures were repeated holds one run's.
+            runs=tuple(figure.get("run_values") or ()),
         )
 
     def to_json(self) -> dict[str, Any]:
+        values = self.values
         return {
             "id": self.fig,
             "value": self.value,
             "target": None if self.target is None else self.target.text,
             "pass": self.passed,
+            "median": self.value,
+            "min": min(values) if values else None,
+            "max": max(values) if values else None,
+            "runs": len(values),
+            "run_values": list(values),
             "benchmark": self.benchmark,
             "baseline": {"label": self.baseline_label, **self.baseline.to_json()},
             "measured": {"label": self.measured_label, **self.measured.to_json()},
@@ -203,6 +236,34 @@ class Row:
             "target_on": self.target_on,
             "notes": self.notes,
         }
+
+
+def across_runs(runs: Sequence[Sequence[Row]]) -> list[Row]:
+    """The rows of several separate runs of one benchmark, one per figure: its value in each
+    run (``runs``; the median decides), and the samples of every run pooled, for context.
+    A figure is listed where it first appears; its labels and target are its last run's."""
+    by_fig: dict[str, list[Row]] = {}
+    for rows in runs:
+        for row in rows:
+            by_fig.setdefault(row.fig, []).append(row)
+    combined = []
+    for rows in by_fig.values():
+        last = rows[-1]
+        combined.append(
+            Row(
+                last.fig,
+                last.benchmark,
+                last.baseline_label,
+                Samples(tuple(v for r in rows for v in r.baseline.values), last.baseline.unit),
+                last.measured_label,
+                Samples(tuple(v for r in rows for v in r.measured.values), last.measured.unit),
+                last.target,
+                target_on=last.target_on,
+                notes=list(dict.fromkeys(note for r in rows for note in r.notes)),
+                runs=tuple(v for r in rows for v in r.values),
+            )
+        )
+    return combined
 
 
 # --- services -----------------------------------------------------------------------
@@ -351,6 +412,43 @@ def pdf_corpus(n: int, *, seed: int = 11) -> Path:
         corpus().write_sample_corpus(folder, n=n, seed=seed)
         done.write_text("ok\n")
     return folder
+
+
+def realworld_corpus(n: int) -> tuple[Path, list[str]]:
+    """``n`` PDFs repeated from the real-world corpus (tests/realworld.py: LibreOffice,
+    Ghostscript, groff, pdfTeX, the PDFs Debian ships), made once per machine under
+    ``.local/bench-corpus``; and what was built. Each copy ends with a comment line of its
+    own after the file, so that every copy is a document of its own (documents are keyed by
+    their bytes) whose pages and text are the original's. Files PDFium cannot open (Debian
+    ships a few that are not PDFs) are left out. Empty when no producer is installed
+    (tests/install-realworld-tools.sh installs them)."""
+    from replayable.retry import ItemError
+    from replayable.stages.extract.pdf import extract_file
+
+    folder = ROOT / ".local" / "bench-corpus" / f"realworld-{n}"
+    done = folder / ".complete"
+    if done.exists():
+        return folder, done.read_text().splitlines()
+    folder.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="replayable-realworld-") as tmp:
+        manifest = tests_module("realworld").build(Path(tmp) / "corpus")
+        originals: list[bytes] = []
+        refused: list[str] = []
+        for entry in manifest.files:
+            try:
+                extract_file(str(manifest.folder / entry.file))
+            except ItemError as error:
+                refused.append(f"{entry.file} ({error.error_class})")
+            else:
+                originals.append((manifest.folder / entry.file).read_bytes())
+        made = [f"{len(originals)} PDFs from {', '.join(manifest.contributors) or 'nothing'}"]
+        if refused:
+            made.append("left out, PDFium refuses them: " + ", ".join(refused))
+    for i in range(n if originals else 0):
+        copy = originals[i % len(originals)] + f"\n%replayable-bench copy {i}\n".encode()
+        (folder / f"rw-{i:05d}.pdf").write_bytes(copy)
+    done.write_text("\n".join(made) + "\n")
+    return folder, made
 
 
 _WORDS = (

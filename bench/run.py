@@ -2,7 +2,10 @@
 
 ``make bench`` runs this file at full size and writes ``bench/results/latest.json`` (each
 figure with its ``id``, ``value``, ``target`` and ``pass``), ``latest.md`` (the table the
-README shows) and ``latest.png`` (a chart of each figure against its target). ``make
+README shows) and ``latest.png`` (a chart of each figure against its target). Each benchmark
+runs ``--repeat`` times, each time from scratch (its own services, Airflow, baseline): a
+figure's value is the median over those runs, its ``pass`` the median's, and ``min``,
+``max`` and ``runs`` say how far apart the runs landed. ``make
 bench-smoke`` runs every benchmark at a reduced size, checks that it runs and that its
 counts are right (calls, round trips, 429s), never its times, and writes
 ``.local/bench-smoke.json``. Each benchmark starts what it needs under a temporary folder
@@ -36,11 +39,14 @@ import saturation
 import scheduler
 import search_index
 import token_budget
-from harness import Row
+from harness import Row, across_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 SMOKE_RESULTS = ROOT / ".local" / "bench-smoke.json"
+# Separate runs of each benchmark in a full run (a smoke run does one): enough for a median
+# that one slow run cannot move, and a range that shows how far the runs land apart.
+REPEAT = 3
 
 Benchmark = Callable[..., tuple[list[Row], dict[str, Any]]]
 # name: (function, full-size arguments, smoke-size arguments)
@@ -55,6 +61,7 @@ BENCHMARKS: dict[str, tuple[Benchmark, dict[str, Any], dict[str, Any]]] = {
             "poll_every_s": 0.05,
             "first_runs": 1,
             "reruns": 1,
+            "realworld_documents": 0,
         },
     ),
     "check-before-call": (check_before_call.run, {}, {"repeats": 1, "docs": 24}),
@@ -79,13 +86,22 @@ def _ratio(row: Row) -> str:
     return f"{ratio:.3f}" if ratio < 0.1 else f"{ratio:.2f}"
 
 
-def _value(row: Row) -> str:
-    value = row.value
+def _value(row: Row, value: float | None = None) -> str:
+    """The row's figure (or ``value``, one of its runs') as the table shows it."""
+    value = row.value if value is None else value
     if value is None:
         return "—"
     if row.target_on == "measured" and row.measured.unit == "s":
         return f"{value * 1000:.1f} ms"
     return f"{value:.3f}" if abs(value) < 0.1 else f"{value:.2f}"
+
+
+def _range(row: Row) -> str:
+    """The lowest and highest of the row's runs, or — for a single run."""
+    values = row.values
+    if len(values) < 2:
+        return "—"
+    return f"{_value(row, min(values))} to {_value(row, max(values))}"
 
 
 COUNTS = frozenset({"calls", "round trips", "429s", "stmts", "violations", "rows"})
@@ -113,14 +129,18 @@ def _print_section(name: str, rows: list[Row], details: dict[str, Any], smoke: b
         print(f"    baseline, {row.baseline_label}: {row.baseline.describe()}")
         print(f"    measured, {row.measured_label}: {row.measured.describe()}")
         target = f", target {row.target.text} ({row.target_on})" if row.target else ""
-        print(f"    value {_value(row)}{target}: {_verdict(row, smoke)}")
+        runs = f" (median of {len(row.values)} runs, {_range(row)})" if len(row.values) > 1 else ""
+        print(f"    value {_value(row)}{runs}{target}: {_verdict(row, smoke)}")
         for note in row.notes:
             print(f"    {note}")
     sys.stdout.flush()
 
 
 def _table(rows: list[Row], smoke: bool) -> list[str]:
-    header = ("id", "figure", "baseline", "measured", "value", "target", "result")
+    header = (
+        *("id", "figure", "baseline", "measured", "median", "min to max", "runs", "target"),
+        "result",
+    )
     lines = [
         (
             row.fig,
@@ -128,6 +148,8 @@ def _table(rows: list[Row], smoke: bool) -> list[str]:
             f"{row.baseline_label}: {row.baseline.short()}",
             f"{row.measured_label}: {row.measured.short()}",
             _value(row),
+            _range(row),
+            str(len(row.values)),
             "—" if row.target is None else row.target.text,
             _verdict(row, smoke),
         )
@@ -138,8 +160,18 @@ def _table(rows: list[Row], smoke: bool) -> list[str]:
     return out
 
 
+def _share(row: Row, value: float) -> float:
+    """How much of its target ``value`` uses: under 1 passes (over, for ≥, is turned round)."""
+    assert row.target is not None
+    bound = row.target.at_most or row.target.at_least or row.target.below or 1.0
+    if row.target.at_least is not None:
+        return bound / value if value else float("inf")
+    return value / bound if bound else 0.0
+
+
 def _chart(rows: list[Row], path: Path) -> None:
-    """Each targeted figure as a bar of value / target: under 1 (or over, for ≥) passes."""
+    """Each targeted figure as a bar of its median / target, with a line from its lowest to
+    its highest run: a bar under 1 passes (for ≥ targets, target / value)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -148,23 +180,27 @@ def _chart(rows: list[Row], path: Path) -> None:
     shown = [
         r for r in rows if r.target is not None and r.value is not None and r.fig[1:].isdigit()
     ]
-    names, shares, colours = [], [], []
+    cap = 3.0
+    names, shares, lows, highs, colours = [], [], [], [], []
     for row in shown:
         assert row.target is not None and row.value is not None
-        bound = row.target.at_most or row.target.at_least or row.target.below or 1.0
-        share = row.value / bound if bound else 0.0
-        if row.target.at_least is not None:
-            share = bound / row.value if row.value else float("inf")
+        share = min(_share(row, row.value), cap)
+        ends = sorted(min(_share(row, v), cap) for v in (min(row.values), max(row.values)))
         names.append(f"{row.fig}\n{row.target.text}")
-        shares.append(min(share, 3.0))
+        shares.append(share)
+        lows.append(share - ends[0])
+        highs.append(ends[1] - share)
         colours.append("#3b8c5a" if row.passed else "#c0392b")
     fig, ax = plt.subplots(figsize=(9, 4.2), dpi=110)
     ax.bar(names, shares, color=colours)
+    ax.errorbar(
+        range(len(shares)), shares, yerr=[lows, highs], fmt="none", ecolor="#222", capsize=3
+    )
     ax.axhline(1.0, color="#333", linewidth=1, linestyle="--")
     ax.set_ylabel("share of the target used (≤ 1 passes)")
-    ax.set_title("Replayable benchmarks: each figure against its target")
+    ax.set_title("Replayable benchmarks: each figure's median against its target, runs' range")
     for i, share in enumerate(shares):
-        ax.text(i, share + 0.03, f"{share:.2f}", ha="center", fontsize=8)
+        ax.text(i + 0.25, share + 0.03, f"{share:.2f}", ha="center", fontsize=8)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
@@ -193,6 +229,27 @@ def _merged(
     return [*kept_rows, *rows], {**kept_details, **details}, kept
 
 
+def _repeated(name: str, repeat: int, smoke: bool) -> tuple[list[Row], dict[str, Any]]:
+    """``repeat`` separate runs of one benchmark, each starting what it needs afresh; its
+    figures across them, and the last run's details with every run's time."""
+    fn, full, reduced = BENCHMARKS[name]
+    runs: list[list[Row]] = []
+    seconds: list[float] = []
+    details: dict[str, Any] = {}
+    for n in range(repeat):
+        started = time.perf_counter()
+        rows, details = fn(**(reduced if smoke else full))
+        seconds.append(round(time.perf_counter() - started, 1))
+        details["seconds"] = seconds[-1]
+        title = f"{name} (run {n + 1} of {repeat})" if repeat > 1 else name
+        _print_section(title, rows, details, smoke)
+        runs.append(rows)
+    if repeat > 1:
+        details = {**details, "runs": repeat, "seconds": round(sum(seconds), 1)}
+        details["seconds_per_run"] = seconds
+    return across_runs(runs), details
+
+
 def measured_in(kept: dict[str, Any]) -> dict[str, list[str]]:
     """The kept figures by the finishing time of the run that measured them: a figure one
     merge kept from a run that had itself kept it was measured further back."""
@@ -217,6 +274,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--smoke", action="store_true", help="reduced sizes; check counts, never times"
     )
     parser.add_argument(
+        "--repeat",
+        type=int,
+        metavar="N",
+        help=f"separate runs of each benchmark, each from scratch; a figure is the median of "
+        f"its runs (default: {REPEAT}, or 1 with --smoke)",
+    )
+    parser.add_argument(
         "--results",
         type=Path,
         default=RESULTS,
@@ -232,6 +296,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.merge and (args.smoke or not args.only):
         parser.error("--merge adds the figures of an --only run to the full results")
+    repeat = args.repeat or (1 if args.smoke else REPEAT)
+    if repeat < 1:
+        parser.error("--repeat must be at least 1")
     # The benchmarks TRUNCATE tables in the Postgres that devenv starts for them; an
     # inherited REPLAYABLE_DATABASE_URL would point that at someone's real database.
     os.environ.pop("REPLAYABLE_DATABASE_URL", None)
@@ -240,11 +307,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows: list[Row] = []
     details: dict[str, Any] = {}
     for name in args.only or list(BENCHMARKS):
-        fn, full, smoke = BENCHMARKS[name]
-        section_started = time.perf_counter()
-        section_rows, details[name] = fn(**(smoke if args.smoke else full))
-        details[name]["seconds"] = round(time.perf_counter() - section_started, 1)
-        _print_section(name, section_rows, details[name], args.smoke)
+        section_rows, details[name] = _repeated(name, repeat, args.smoke)
+        if repeat > 1:
+            _print_section(f"{name}: {repeat} runs", section_rows, {}, args.smoke)
         rows += section_rows
     duration = time.perf_counter() - started
     # The exit status is this run's; a merged file's "passed" covers the figures kept too.

@@ -27,6 +27,7 @@ from harness import (
     truncate,
 )
 
+from replayable import db
 from replayable.budget import RequestBudget
 from replayable.ledger import RunContext
 from replayable.models.embeddings import HttpEmbeddingClient
@@ -56,17 +57,33 @@ EMBED_TABLES = (
 )
 
 
-def _raw(base_url: str, requests: int) -> float:
-    """Seconds for a plain client to send ``requests`` requests, C at a time."""
-    body = {"model": "m", "input": ["a plain request"] * PER_CALL}
+def _raw(base_url: str, inputs: list[list[str]], *, run: int = 0) -> float:
+    """Seconds for a plain client to send one request per list of ``inputs``, C at a time.
+
+    It sends the texts the pipeline sends, PER_CALL to a request, so that the server's own
+    work on them (it hashes every word after the latency) counts against both sides alike.
+    """
     with httpx.Client(base_url=base_url, trust_env=False, timeout=30) as http:
 
         def one(i: int) -> None:
-            http.post("/embeddings", json=body, headers={"Idempotency-Key": f"raw-{i}"})
+            body = {"model": "m", "input": inputs[i]}
+            http.post("/embeddings", json=body, headers={"Idempotency-Key": f"raw-{run}-{i}"})
 
         with ThreadPoolExecutor(C) as pool:
-            seconds, _ = timed(lambda: list(pool.map(one, range(requests))))
+            seconds, _ = timed(lambda: list(pool.map(one, range(len(inputs)))))
     return seconds
+
+
+def _chunk_texts(dsn: str) -> list[list[str]]:
+    """The chunks' texts, PER_CALL to a request, as the pipeline packs them (by chunk id)."""
+    conn = db.connect(dsn)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT text FROM replayable.chunks ORDER BY chunk_id")
+            texts = [str(row[0]) for row in cur.fetchall()]
+    finally:
+        conn.close()
+    return [texts[i : i + PER_CALL] for i in range(0, len(texts), PER_CALL)]
 
 
 def run(repeats: int = REPEATS, docs: int = DOCS) -> tuple[list[Row], dict[str, Any]]:
@@ -85,6 +102,7 @@ def run(repeats: int = REPEATS, docs: int = DOCS) -> tuple[list[Row], dict[str, 
             connect=counter.database,
             ctx=RunContext(owner="bench", run_id="chunk"),
         )
+        inputs = _chunk_texts(svc.dsn)
         client = HttpEmbeddingClient(base_url=svc.model.base_url, model="m", max_connections=C)
         try:
             for r in range(repeats):
@@ -117,7 +135,7 @@ def run(repeats: int = REPEATS, docs: int = DOCS) -> tuple[list[Row], dict[str, 
                 rejected.append(stats["rejected_concurrency"])
                 peaks.append(stats["peak_in_flight"])
                 svc.model.reset_stats()
-                raw.append(_raw(svc.model.base_url, requests) / requests)
+                raw.append(_raw(svc.model.base_url, inputs, run=r) / len(inputs))
         finally:
             client.close()
             svc.model.clear_faults()

@@ -8,6 +8,9 @@
   at best. Target ≤ 1.5.
 - **B1** identical re-run / first run: the same trigger again, three times, the median of
   the three. Target ≤ 0.05 with 0 model calls in any of them.
+- **B9.rw**, **B1.rw** the same on a corpus the project did not generate: the PDFs of the
+  real-world tier (``tests/realworld.py``: LibreOffice, Ghostscript, groff, pdfTeX and the
+  PDFs Debian ships), repeated to 1,000 documents (each copy a document of its own).
 - **B4** one mapped task instance per document against batches of 50: 600 documents through
   the extract stage (the stage every document goes through; the other stages multiply both
   sides alike), on an empty ledger each. Target ≥ 10x.
@@ -21,6 +24,10 @@ At scale (``scale``), the same at 10,000 documents with the pipeline's defaults:
   request to last byte counts. Target < 300 ms.
 
 Wall time is from the REST trigger to the run's final state, as a person waiting sees it.
+Where it went is read back from the run's own records (Airflow's task instances, the
+ledger's claim and commit times; ``run_records.py``) and written to the details and notes:
+the run's start, moments with no task running, and each stage task's queue, start-up, work
+and wrap-up.
 Each run is triggered once Airflow is idle (no task instance of any DAG scheduled, queued or
 running), so the first one does not share the cores with the scheduled DAGs' boot-time runs.
 """
@@ -40,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import run_records
 from harness import (
     BenchError,
     Row,
@@ -49,6 +57,7 @@ from harness import (
     count_rows,
     empty_ledger,
     pdf_corpus,
+    realworld_corpus,
 )
 
 from devtools import devenv
@@ -141,6 +150,18 @@ class _Airflow:
             time.sleep(min(max(elapsed / 50, 0.02), 1.0))
         raise BenchError(f"run {run_id} did not finish within {timeout_s} s")
 
+    def records(self, dsn: str, run_id: str) -> dict[str, Any]:
+        """Where the run's time went, from Airflow's records of it and the ledger's."""
+        run = self.http.get(f"/dags/{devenv.DAG_ID}/dagRuns/{run_id}")
+        run.raise_for_status()
+        body = run.json()
+        start = run_records._when(body.get("queued_at") or body.get("start_date"))
+        end = run_records._when(body.get("end_date"))
+        if start is None or end is None:
+            return {}
+        tasks = run_records.task_instances(self.http, devenv.DAG_ID, run_id)
+        return run_records.breakdown(start, end, tasks, run_records.ledger_spans(dsn, run_id))
+
 
 class _UiPoller(threading.Thread):
     """Polls the UI's pages in turn, as a person watching a run would, timing each answer."""
@@ -216,12 +237,20 @@ def run(
     poll_every_s: float = 0.5,
     first_runs: int = FIRST_RUNS,
     reruns: int = RERUNS,
+    realworld_documents: int = DOCUMENTS,
 ) -> tuple[list[Row], dict[str, Any]]:
-    """B9, B1 and B4, then B9.10k, B1.10k and B12 on the same Airflow; ``batch`` is the first
-    run's batch_size, by default the pipeline's own ("auto"); B4 always compares one per
-    document with 50; the runs at scale use the defaults, with one first run."""
+    """B9, B1, B9.rw, B1.rw and B4, then B9.10k, B1.10k and B12 on the same Airflow;
+    ``batch`` is the first run's batch_size, by default the pipeline's own ("auto"); B4
+    always compares one per document with 50; the runs at scale use the defaults, with one
+    first run. A size of 0 leaves its figures out (``per_doc_documents``: B4,
+    ``scale_documents``: the figures at scale, ``realworld_documents``: B9.rw, B1.rw)."""
     corpus = pdf_corpus(documents)
-    big = pdf_corpus(scale_documents, seed=13)
+    big = pdf_corpus(scale_documents, seed=13) if scale_documents else None
+    realworld, realworld_made = (
+        realworld_corpus(realworld_documents) if realworld_documents else (None, [])
+    )
+    if realworld is not None and not any(realworld.glob("*.pdf")):
+        realworld = None  # no producer on this machine: the details say so
     cores = os.cpu_count() or 1
     with (
         tempfile.TemporaryDirectory(prefix="replayable-bench-") as tmp,
@@ -245,11 +274,26 @@ def run(
                     reruns=reruns,
                 )
 
+                # The real-world PDFs, repeated, with the defaults, on an empty ledger.
+                real = None
+                if realworld is not None:
+                    assert str(realworld.parent) == env[sources.ROOTS_ENV]
+                    empty_ledger(dsn)
+                    real = _Runs.of(
+                        airflow,
+                        model,
+                        dsn,
+                        {"source": str(realworld)},
+                        first_runs=first_runs,
+                        reruns=reruns,
+                    )
+
                 # B4 on an empty ledger each time: one task instance per document, then 50.
-                subset = pdf_corpus(per_doc_documents, seed=12)
-                assert str(subset.parent) == env[sources.ROOTS_ENV]
                 mapped: dict[int, float] = {}
-                for size in (1, BATCH):
+                if per_doc_documents:
+                    subset = pdf_corpus(per_doc_documents, seed=12)
+                    assert str(subset.parent) == env[sources.ROOTS_ENV]
+                for size in (1, BATCH) if per_doc_documents else ():
                     empty_ledger(dsn)
                     seconds, end, _ = airflow.run(
                         {"source": str(subset), "batch_size": size, "stages": ["extract"]}
@@ -259,61 +303,107 @@ def run(
                     mapped[size] = seconds
 
                 # At scale, on an empty ledger, with the UI polled during the first run.
-                empty_ledger(dsn)
-                poller = _UiPoller(procs.url, procs.token(), poll_every_s)
-                poller.start()
-                try:
-                    at_scale = _Runs.of(airflow, model, dsn, {"source": str(big)}, reruns=reruns)
-                finally:
-                    poller.stop()
+                at_scale = poller = None
+                if big is not None:
+                    empty_ledger(dsn)
+                    poller = _UiPoller(procs.url, procs.token(), poll_every_s)
+                    poller.start()
+                    try:
+                        at_scale = _Runs.of(
+                            airflow, model, dsn, {"source": str(big)}, reruns=reruns
+                        )
+                    finally:
+                        poller.stop()
         finally:
             devenv.stop(state)
 
     rows, floor = _run_rows(small, corpus, "", f"{documents} docs", latency_ms, cores, RERUN_TARGET)
-    rows.append(
-        Row(
-            "B4",
-            f"one task instance per document / batches of {BATCH} ({per_doc_documents} docs)",
-            f"batches of {BATCH}",
-            Samples((mapped[BATCH],)),
-            "one per document",
-            Samples((mapped[1],)),
-            MAPPING_TARGET,
-            notes=["ratio = how many times faster batches are (higher is better)"],
-        )
-    )
-    scale_rows, scale_floor = _run_rows(
-        at_scale, big, ".10k", f"{scale_documents:,} docs", latency_ms, cores, SCALE_RERUN_TARGET
-    )
-    rows += [*scale_rows, _ui_row(poller, f"{scale_documents:,} docs")]
-    details = {
+    details: dict[str, Any] = {
         "documents": documents,
         **small.details(),
         **floor,
-        "per_document_s": round(mapped[1], 2),
-        "batched_s": round(mapped[BATCH], 2),
         "batch_size": batch,
         "notes": [
             f"{documents} PDFs, {floor['pages']} pages, {small.chunks} distinct chunks; "
             f"first runs {_seconds(small.firsts)} ({small.first_calls} requests) in "
             f"{small.batches} batches (batch_size {batch!r}), re-runs {_seconds(small.agains)} "
             f"({small.again_calls} requests)",
+            "where the last first run's time went:",
+            *run_records.describe(small.first_records),
+            "where the last re-run's time went:",
+            *run_records.describe(small.again_records),
+        ],
+    }
+    if real is not None and realworld is not None:
+        tag = f"{realworld_documents} real-world docs"
+        real_rows, real_floor = _run_rows(
+            real, realworld, ".rw", tag, latency_ms, cores, RERUN_TARGET
+        )
+        rows += real_rows
+        details["realworld"] = {
+            "documents": realworld_documents,
+            "made_of": realworld_made,
+            **real.details(),
+            **real_floor,
+        }
+        details["notes"] += [
+            f"{tag} ({'; '.join(realworld_made)}), {real_floor['pages']} pages, {real.chunks} "
+            f"distinct chunks: first runs {_seconds(real.firsts)} ({real.first_calls} "
+            f"requests) in {real.batches} batches, re-runs {_seconds(real.agains)} "
+            f"({real.again_calls} requests); where the last first run's time went:",
+            *run_records.describe(real.first_records),
+        ]
+    elif realworld_documents:
+        details["notes"].append(
+            f"B9.rw, B1.rw not measured: no real-world producer wrote a PDF on this machine "
+            f"({'; '.join(realworld_made)}; tests/install-realworld-tools.sh installs them)"
+        )
+    if mapped:
+        rows.append(
+            Row(
+                "B4",
+                f"one task instance per document / batches of {BATCH} ({per_doc_documents} docs)",
+                f"batches of {BATCH}",
+                Samples((mapped[BATCH],)),
+                "one per document",
+                Samples((mapped[1],)),
+                MAPPING_TARGET,
+                notes=["ratio = how many times faster batches are (higher is better)"],
+            )
+        )
+        details["per_document_s"] = round(mapped[1], 2)
+        details["batched_s"] = round(mapped[BATCH], 2)
+        details["notes"].append(
             f"extract stage, {per_doc_documents} PDFs: {mapped[1]:.1f} s one task instance "
-            f"per document, {mapped[BATCH]:.1f} s in batches of {BATCH}",
+            f"per document, {mapped[BATCH]:.1f} s in batches of {BATCH}"
+        )
+    if at_scale is not None and big is not None and poller is not None:
+        scale_rows, scale_floor = _run_rows(
+            at_scale,
+            big,
+            ".10k",
+            f"{scale_documents:,} docs",
+            latency_ms,
+            cores,
+            SCALE_RERUN_TARGET,
+        )
+        rows += [*scale_rows, _ui_row(poller, f"{scale_documents:,} docs")]
+        details["notes"] += [
             f"at scale, {scale_documents} PDFs: first run {at_scale.first:.1f} s "
             f"({at_scale.first_calls} requests) in {at_scale.batches} batches, re-runs "
             f"{_seconds(at_scale.agains)} ({at_scale.again_calls} requests); UI p95 "
             f"{poller.p95() * 1000:.0f} ms over {len(poller.seconds)} answers",
-        ],
-        "scale": {
+            "where the first run at scale's time went:",
+            *run_records.describe(at_scale.first_records),
+        ]
+        details["scale"] = {
             "documents": scale_documents,
             **at_scale.details(),
             **scale_floor,
             "ui_answers": len(poller.seconds),
             "ui_p95_ms": round(poller.p95() * 1000, 1),
             "ui_failures": poller.failures[:10],
-        },
-    }
+        }
     return rows, details
 
 
@@ -341,6 +431,8 @@ class _Runs:
     again_calls: int  # over every re-run
     batches: int
     chunks: int
+    first_records: dict[str, Any]  # where the last first run's time went (run_records)
+    again_records: dict[str, Any]  # the same for the last re-run
 
     @property
     def first(self) -> float:
@@ -368,18 +460,21 @@ class _Runs:
             if n:
                 empty_ledger(dsn)
             model.reset_stats()
-            first, first_state, _ = airflow.run(conf)
+            first, first_state, run_id = airflow.run(conf)
             if first_state != "success":
                 raise BenchError(f"a first run of {conf} ended {first_state}")
             firsts.append(first)
+            # Read before the next first run empties the ledger of its claims.
+            first_records = airflow.records(dsn, run_id)
         first_calls = model.stats()["requests"]
         model.reset_stats()
         agains: list[float] = []
         for _ in range(reruns):
-            again, again_state, _ = airflow.run(conf)
+            again, again_state, again_id = airflow.run(conf)
             if again_state != "success":
                 raise BenchError(f"a re-run of {conf} ended {again_state}")
             agains.append(again)
+            again_records = airflow.records(dsn, again_id)
         _check_ledger(dsn)
         return cls(
             tuple(firsts),
@@ -388,6 +483,8 @@ class _Runs:
             model.stats()["requests"],
             _first_run_batches(dsn),
             count_rows(dsn, "chunks"),
+            first_records,
+            again_records if agains else {},
         )
 
     def details(self) -> dict[str, Any]:
@@ -399,6 +496,8 @@ class _Runs:
             "rerun_s": round(self.again, 2),
             "reruns_s": [round(again, 2) for again in self.agains],
             "batches": self.batches,
+            "first_run_records": self.first_records,
+            "rerun_records": self.again_records,
         }
 
 
