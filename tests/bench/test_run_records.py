@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from datetime import UTC, datetime, timedelta
 
-from conftest import ROOT
+from helpers import ROOT
 
 sys.path.insert(0, str(ROOT / "bench"))
 

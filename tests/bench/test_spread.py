@@ -7,7 +7,7 @@ import json
 import sys
 from collections.abc import Iterator
 
-from conftest import ROOT
+from helpers import ROOT
 
 sys.path.insert(0, str(ROOT / "bench"))
 
