@@ -35,6 +35,7 @@ from replayable.models.embeddings import HttpEmbeddingClient
 from replayable.runner import BatchResult, StageSpec, run_batch
 from replayable.settings import DEFAULT_MAX_IN_FLIGHT, DEFAULT_MODEL, PipelineSettings
 from replayable.stages import extract
+from replayable.stages.chunk.chunker import chunk_config_of
 from replayable.stages.chunk.spec import ChunkSpec
 from replayable.stages.embed.spec import EmbedSpec
 
@@ -76,7 +77,7 @@ def _expect(result: BatchResult, doc_ids: Sequence[str], *, processed: int) -> N
 def run(repeats: int = REPEATS, docs: int = DOCS) -> tuple[list[Row], dict[str, Any]]:
     """Measure first runs and re-runs of the chunk and embed stages."""
     settings = PipelineSettings()
-    chunk_config = settings.chunk_config
+    chunk_config = chunk_config_of(settings)
     runs = [(stage, which) for stage in ("chunk", "embed") for which in ("first", "rerun")]
     times: dict[tuple[str, str], list[float]] = {run: [] for run in runs}
     calls: dict[str, list[float]] = {"first": [], "rerun": []}

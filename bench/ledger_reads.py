@@ -21,6 +21,7 @@ from harness import Row, Samples, Target, ceiling_row, load_sql, services
 
 from replayable import db, pipeline, read, views
 from replayable.settings import STAGES, PipelineSettings
+from replayable.stages.chunk.chunker import chunk_config_of
 from replayable.stages.lineage import spec_hashes
 
 DOCUMENTS = 1_000_000
@@ -123,7 +124,7 @@ def selections() -> dict[str, Read]:
     redrive = PipelineSettings(
         redrive={"stage": "embed", "error_class": ["http_400"], "reason": "bench"}
     )
-    hashes = spec_hashes(redrive.chunk_config, "m", None)
+    hashes = spec_hashes(chunk_config_of(redrive), "m", None)
 
     def redrive_select(conn: db.Connection) -> Any:
         return pipeline.select_documents(conn, redrive, dag_id="bench", run_id="redrive")

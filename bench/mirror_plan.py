@@ -27,6 +27,7 @@ from harness import BenchError, Row, Samples, Target, services
 
 from replayable import db, mirror, pipeline, sources
 from replayable.settings import PipelineSettings
+from replayable.stages.chunk.chunker import chunk_config_of
 from replayable.stages.lineage import spec_hashes
 
 FILES = 100_000
@@ -34,7 +35,7 @@ CHANGES = 1_000
 REPEATS = 3
 DAG_ID = "document_pipeline"
 SETTINGS = PipelineSettings()
-HASHES = spec_hashes(SETTINGS.chunk_config, "bench-model", None)
+HASHES = spec_hashes(chunk_config_of(SETTINGS), "bench-model", None)
 RATIO_TARGET = Target("≤ 2", at_most=2.0)
 WRITES_TARGET = Target("= 1 row per rewritten file", equals=1.0)
 

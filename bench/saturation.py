@@ -34,6 +34,7 @@ from replayable.models.embeddings import HttpEmbeddingClient
 from replayable.runner import run_batch
 from replayable.settings import PipelineSettings
 from replayable.stages import extract
+from replayable.stages.chunk.chunker import chunk_config_of
 from replayable.stages.chunk.spec import ChunkSpec
 from replayable.stages.embed.spec import EmbedSpec
 
@@ -97,7 +98,7 @@ def run(repeats: int = REPEATS, docs: int = DOCS) -> tuple[list[Row], dict[str, 
         doc_ids = seed_documents(svc.dsn, docs, SENTENCES, extractor_version=extract.extractor_id())
         counter = StatementCounter(svc.dsn)
         run_batch(
-            ChunkSpec(config=settings.chunk_config, connect=counter.database),
+            ChunkSpec(config=chunk_config_of(settings), connect=counter.database),
             doc_ids,
             connect=counter.database,
             ctx=RunContext(owner="bench", run_id="chunk"),
@@ -112,7 +113,7 @@ def run(repeats: int = REPEATS, docs: int = DOCS) -> tuple[list[Row], dict[str, 
                 spec = EmbedSpec(
                     provider=client,
                     model="m",
-                    chunker_key=settings.chunk_config.key,
+                    chunker_key=chunk_config_of(settings).key,
                     connect=counter.database,
                     budget=RequestBudget(svc.model.base_url, C),
                     inputs_per_call=PER_CALL,

@@ -33,6 +33,7 @@ from replayable.models.embeddings import HttpEmbeddingClient
 from replayable.runner import run_batch
 from replayable.settings import PipelineSettings
 from replayable.stages import extract
+from replayable.stages.chunk.chunker import chunk_config_of
 from replayable.stages.chunk.spec import ChunkSpec
 from replayable.stages.embed.spec import EmbedSpec
 
@@ -89,12 +90,12 @@ def run(repeats: int = REPEATS, docs: int = DOCS) -> tuple[list[Row], dict[str, 
     with services() as svc:
         doc_ids = seed_documents(svc.dsn, docs, SENTENCES, extractor_version=extract.extractor_id())
         run_batch(
-            ChunkSpec(config=settings.chunk_config, connect=lambda: Database(svc.dsn)),
+            ChunkSpec(config=chunk_config_of(settings), connect=lambda: Database(svc.dsn)),
             doc_ids,
             connect=lambda: Database(svc.dsn),
             ctx=RunContext(owner="bench", run_id="chunk"),
         )
-        key = settings.chunk_config.key
+        key = chunk_config_of(settings).key
         try:
             for r in range(repeats):
                 seconds, result, stats = _embed(svc, doc_ids, key, MAX_TPM, f"tpm-{r}")

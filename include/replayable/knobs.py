@@ -298,3 +298,17 @@ BOUNDS: dict[str, tuple[float, float]] = {
 OPTIONAL: tuple[str, ...] = tuple(
     knob.name for knob in KNOBS if knob.nullable and knob.kind in ("integer", "number")
 )
+
+
+def check_engine(engine: str) -> None:
+    """Refuse an extract engine policy that is not one of :data:`ENGINES`, naming the knob."""
+    if engine not in ENGINES:
+        raise ValueError(f"extractor: {engine!r} is not one of {list(ENGINES)}")
+
+
+def check_chunking(size: int, overlap: int) -> None:
+    """Refuse a chunk size and overlap the chunker cannot cut by (overlap under half the size)."""
+    if size < 50:
+        raise ValueError(f"chunk size must be at least 50 characters, got {size}")
+    if not 0 <= overlap < size // 2:
+        raise ValueError(f"chunk overlap must be in [0, size/2), got {overlap} for size {size}")

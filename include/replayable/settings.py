@@ -16,11 +16,8 @@ from replayable.knobs import AUTO as AUTO
 from replayable.knobs import BOUNDS as BOUNDS
 from replayable.knobs import DEFAULT_MAX_IN_FLIGHT as DEFAULT_MAX_IN_FLIGHT
 from replayable.knobs import DEFAULT_MODEL as DEFAULT_MODEL
-from replayable.knobs import DEFAULTS, OPTIONAL
+from replayable.knobs import DEFAULTS, OPTIONAL, check_chunking, check_engine
 from replayable.knobs import EMBED_MODES as EMBED_MODES
-from replayable.stages import extract
-from replayable.stages.chunk.chunker import ChunkConfig
-from replayable.stages.summarize.config import SummaryConfig
 
 # Re-exported: the CLI, the UI, the operator, bench and many tests import it from here.
 from replayable.vocabulary import STAGES as STAGES
@@ -106,7 +103,7 @@ class PipelineSettings:
                     )
             elif value is not None or name not in OPTIONAL:
                 _within(name, value, low, high)
-        extract.extractor_id(self.extractor)  # refuses an unknown engine, naming the field
+        check_engine(self.extractor)
         if self.embed_mode not in EMBED_MODES:
             raise ValueError(
                 f"embed_mode: must be one of {list(EMBED_MODES)}, got {self.embed_mode!r}"
@@ -121,7 +118,7 @@ class PipelineSettings:
                 "or a slow item would lose its lease while still running"
             )
         try:
-            self.chunk_config  # noqa: B018 - validates size and overlap now, not mid-batch
+            check_chunking(self.chunk_size, self.chunk_overlap)  # now, not mid-batch
         except ValueError as error:
             raise ValueError(f"chunk_size and chunk_overlap: {error}") from None
         if not isinstance(self.summary_keep_truncated, bool):
@@ -154,16 +151,6 @@ class PipelineSettings:
         selection = self.rerun or self.redrive
         return str(selection["stage"]) if selection else None
 
-    def summary_config(self, model: str) -> SummaryConfig:
-        """The summarize stage's key config under the chat ``model`` the run resolved."""
-        return SummaryConfig(
-            model=model,
-            prompt=self.summary_prompt,
-            input_chars=self.summary_input_chars,
-            max_tokens=self.summary_max_tokens,
-            keep_truncated=self.summary_keep_truncated,
-        )
-
     @property
     def revives_dead(self) -> bool:
         """Whether this run reopens dead items of its first stage (a re-run that asks for them)."""
@@ -182,10 +169,6 @@ class PipelineSettings:
         """
         budget = documents * self.item_timeout_s + self.lease_s + self.max_retry_after_s
         return min(budget, BATCH_DEADLINE_CAP_S)
-
-    @property
-    def chunk_config(self) -> ChunkConfig:
-        return ChunkConfig(size=self.chunk_size, overlap=self.chunk_overlap)
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any]) -> PipelineSettings:

@@ -29,6 +29,7 @@ from replayable.airflow.params import STATUSES, pipeline_params
 from replayable.pipeline import rerun_params
 from replayable.settings import BOUNDS, STAGES, PipelineSettings, check_conf_keys
 from replayable.stages.builtin import document_pipeline
+from replayable.stages.chunk.chunker import chunk_config_of
 
 pytestmark = pytest.mark.db
 
@@ -192,7 +193,7 @@ def _refused_naming_a_field_or_runs(params: Any, database: Any, conf: Any) -> No
     # What the tasks derive from the settings before touching any document.
     stages = document_pipeline().effective_stages(run)
     assert stages and set(stages) <= set(STAGES)
-    assert run.chunk_config.key and run.batch_deadline_s(10) > 0
+    assert chunk_config_of(run).key and run.batch_deadline_s(10) > 0
     assert isinstance(run.revives_dead, bool)
     # The selection discover makes for a re-run or a redrive, against the real database.
     try:

@@ -24,6 +24,7 @@ from helpers.runner import (
 from replayable import db
 from replayable.models.batch_api import BatchApi
 from replayable.stages import extract
+from replayable.stages.chunk.chunker import chunk_config_of
 from replayable.stages.chunk.spec import ChunkSpec
 
 pytestmark = pytest.mark.db
@@ -292,7 +293,7 @@ def test_a_sync_run_over_documents_a_batch_embeds_waits_for_it_and_buys_nothing(
     defaults = PipelineSettings()
     submitter = embed_spec(model.base_url, dsn, per_call=8)
     submitter.model = submitter.provider.model = "text-embedding-3-small"
-    submitter.chunker_key = defaults.chunk_config.key
+    submitter.chunker_key = chunk_config_of(defaults).key
     submitter.extractor_version = extract.extractor_id(defaults.extractor)
     submitter.mode, submitter.batches = "batch", batch_api(model)
     submitter.batches.model = submitter.model

@@ -14,12 +14,13 @@ from replayable.pipeline import discover, discovery, format_report, plan_batches
 from replayable.retry import Classified, ErrorKind
 from replayable.settings import PipelineSettings
 from replayable.stages.builtin import document_pipeline
+from replayable.stages.chunk.chunker import chunk_config_of
 from replayable.stages.lineage import spec_hashes
 from replayable.vocabulary import STAGES
 
 SAMPLES = Path(__file__).resolve().parents[2] / "data" / "samples"
 SETTINGS = PipelineSettings(batch_size=2)
-HASHES = spec_hashes(SETTINGS.chunk_config, "m", None)
+HASHES = spec_hashes(chunk_config_of(SETTINGS), "m", None)
 
 
 def run_discover(conn, folder, run_id="r1", max_bytes=2**30):
@@ -134,7 +135,7 @@ def test_an_identical_rerun_maps_no_batch(conn, dsn, tmp_path):
     run_discover(conn, tmp_path, run_id="r2")
     assert plan_batches(conn, SETTINGS, dag_id="d", run_id="r2", spec_hashes=HASHES) == []
     # A new model changes the embed spec: only embed has work now, for every document.
-    other = spec_hashes(SETTINGS.chunk_config, "other-model", None)
+    other = spec_hashes(chunk_config_of(SETTINGS), "other-model", None)
     assert sum(
         b["size"] for b in plan_batches(conn, SETTINGS, dag_id="d", run_id="r2", spec_hashes=other)
     ) == len(docs)
@@ -184,7 +185,7 @@ def test_each_chain_of_inputs_is_planned_on_its_own(conn, dsn, tmp_path):
     database.close()
     assert plan_batches(conn, summarising, dag_id="d", run_id="r1", spec_hashes=HASHES) == []
     # A new embedding model: every document has embed work, the refused summary's too.
-    other = spec_hashes(SETTINGS.chunk_config, "other-model", None)
+    other = spec_hashes(chunk_config_of(SETTINGS), "other-model", None)
     batches = plan_batches(conn, summarising, dag_id="d", run_id="r1", spec_hashes=other)
     assert sum(b["size"] for b in batches) == 3
 

@@ -16,12 +16,13 @@ from replayable import db, pipeline
 from replayable.ledger import Ledger, Outcome, Revival, RunContext
 from replayable.retry import Classified, ErrorKind
 from replayable.settings import PipelineSettings
+from replayable.stages.chunk.chunker import chunk_config_of
 from replayable.stages.lineage import spec_hashes
 
 pytestmark = pytest.mark.db
 
 DOCS = [f"{i:x}" * 64 for i in range(1, 5)]
-HASHES = spec_hashes(PipelineSettings().chunk_config, "m", None)
+HASHES = spec_hashes(chunk_config_of(PipelineSettings()), "m", None)
 TERMINAL = Classified("http_400", ErrorKind.TERMINAL, "bad input")
 
 

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 from replayable.models import clients
 from replayable.stage import BuildContext, Models, Pipeline, Stage
 from replayable.stages import lineage
+from replayable.stages.chunk.chunker import chunk_config_of
+from replayable.stages.summarize.config import summary_config_of
 from replayable.vocabulary import DEFAULT_STAGES, PIPELINE_DAG_ID
 
 if TYPE_CHECKING:
@@ -93,7 +95,7 @@ class ChunkStage(Stage):
     def spec_hash(
         self, settings: PipelineSettings, models: Models, hashes: Mapping[str, str]
     ) -> str:
-        return lineage.chunk_hash(settings.chunk_config, settings.extractor)
+        return lineage.chunk_hash(chunk_config_of(settings), settings.extractor)
 
     def build(self, ctx: BuildContext) -> StageSpec:
         from replayable.stages.chunk.spec import ChunkSpec
@@ -101,7 +103,7 @@ class ChunkStage(Stage):
 
         settings = ctx.settings
         return ChunkSpec(
-            config=settings.chunk_config,
+            config=chunk_config_of(settings),
             extractor_version=extractor_id(settings.extractor),
             connect=ctx.connect,
             max_text_chars=settings.max_text_chars,
@@ -122,7 +124,7 @@ class EmbedStage(Stage):
         self, settings: PipelineSettings, models: Models, hashes: Mapping[str, str]
     ) -> str:
         return lineage.embed_hash(
-            models.embed, models.dimensions, settings.chunk_config, settings.extractor
+            models.embed, models.dimensions, chunk_config_of(settings), settings.extractor
         )
 
     def build(self, ctx: BuildContext) -> StageSpec:
@@ -149,7 +151,7 @@ class EmbedStage(Stage):
             dag_id=ctx.dag_id,
             map_index=ctx.map_index,
             model=choice.model,
-            chunker_key=settings.chunk_config.key,
+            chunker_key=chunk_config_of(settings).key,
             connect=ctx.connect,
             budget=budget,
             run_id=ctx.run_id,
@@ -173,7 +175,7 @@ class SummarizeStage(Stage):
     def spec_hash(
         self, settings: PipelineSettings, models: Models, hashes: Mapping[str, str]
     ) -> str:
-        return lineage.summary_hash(settings.summary_config(models.chat), settings.extractor)
+        return lineage.summary_hash(summary_config_of(settings, models.chat), settings.extractor)
 
     def build(self, ctx: BuildContext) -> StageSpec:
         from replayable.stages.extract import extractor_id
@@ -192,7 +194,7 @@ class SummarizeStage(Stage):
         ctx.stack.callback(chat.close)
         return SummarizeSpec(
             provider=chat,
-            config=settings.summary_config(chat.model),
+            config=summary_config_of(settings, chat.model),
             connect=ctx.connect,
             budget=budget,
             run_id=ctx.run_id,

@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from replayable.keys import sha256_bytes
-from replayable.knobs import DEFAULTS
+from replayable.knobs import DEFAULTS, check_chunking
 from replayable.retry import ItemError
 from replayable.stages.chunk import VERSION
+
+if TYPE_CHECKING:
+    from replayable.settings import PipelineSettings
 
 _SPACE = re.compile(r"\s+")
 
@@ -25,17 +29,17 @@ class ChunkConfig:
     overlap: int = DEFAULTS["chunk_overlap"]
 
     def __post_init__(self) -> None:
-        if self.size < 50:
-            raise ValueError(f"chunk size must be at least 50 characters, got {self.size}")
-        if not 0 <= self.overlap < self.size // 2:
-            raise ValueError(
-                f"chunk overlap must be in [0, size/2), got {self.overlap} for size {self.size}"
-            )
+        check_chunking(self.size, self.overlap)
 
     @property
     def key(self) -> str:
         """Name of this chunker setup: version, size and overlap."""
         return f"v{VERSION}-s{self.size}-o{self.overlap}"
+
+
+def chunk_config_of(settings: PipelineSettings) -> ChunkConfig:
+    """The chunk stage's config under a run's settings."""
+    return ChunkConfig(size=settings.chunk_size, overlap=settings.chunk_overlap)
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ VERSION = "2.0"
 # The engine policies a run can choose (ADR 0103): the extractor knob's.
 from replayable.knobs import DEFAULT_ENGINE as DEFAULT_ENGINE  # noqa: E402
 from replayable.knobs import ENGINES as ENGINES  # noqa: E402
+from replayable.knobs import check_engine  # noqa: E402
 
 
 def extractor_id(engine: str = DEFAULT_ENGINE, version: str | None = None) -> str:
@@ -22,6 +23,5 @@ def extractor_id(engine: str = DEFAULT_ENGINE, version: str | None = None) -> st
     name it, so a run under another policy reads (or writes) its own extraction. ``VERSION``
     is read at the call, as the stages read it when they are built (ADR 0102).
     """
-    if engine not in ENGINES:
-        raise ValueError(f"extractor: {engine!r} is not one of {list(ENGINES)}")
+    check_engine(engine)
     return f"{VERSION if version is None else version}+{engine}"

@@ -7,10 +7,13 @@ exactly the summaries and nothing the other stages made (ADR 0107).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from replayable.knobs import DEFAULT_PROMPT as DEFAULT_PROMPT
 from replayable.knobs import DEFAULTS
+
+if TYPE_CHECKING:
+    from replayable.settings import PipelineSettings
 
 
 @dataclass(frozen=True)
@@ -36,3 +39,15 @@ class SummaryConfig:
         if self.keep_truncated:
             found["keep_truncated"] = True
         return found
+
+
+def summary_config_of(settings: PipelineSettings, model: str) -> SummaryConfig:
+    """The summarize stage's key config under a run's settings and the chat ``model`` the run
+    resolved."""
+    return SummaryConfig(
+        model=model,
+        prompt=settings.summary_prompt,
+        input_chars=settings.summary_input_chars,
+        max_tokens=settings.summary_max_tokens,
+        keep_truncated=settings.summary_keep_truncated,
+    )
