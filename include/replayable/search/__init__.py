@@ -142,7 +142,7 @@ def answer(
     )
     if searched_by is not None:
         admit(dsn, searched_by, None)
-    vector = prepare(text, scope, choice, dsn, mode=mode, conn_id=conn_id, searched_by=searched_by)
+    vector = prepare(text, scope, choice, dsn, mode=mode, searched_by=searched_by)
     found = ranked(conn, text, scope, vector, mode=mode, k=k, source=source)
     return described(conn, found, scope, dsn)
 
@@ -199,7 +199,6 @@ def prepare(
     dsn: str,
     *,
     mode: str,
-    conn_id: str = MODEL_CONN_ID,
     searched_by: str | None = None,
 ) -> list[float] | None:
     """What a search in ``mode`` writes before it reads, through ``dsn`` only: the text index
@@ -213,7 +212,7 @@ def prepare(
             builder.close()
     if mode == "text":
         return None
-    return vector_for(query, scope, choice, dsn, conn_id, searched_by)
+    return vector_for(query, scope, choice, dsn, searched_by)
 
 
 def ranked(

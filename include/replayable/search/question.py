@@ -12,7 +12,6 @@ from replayable.search.index import ensure_index
 from replayable.search.model import Scope
 from replayable.stages.embed import stored_dimensions
 from replayable.stages.embed.store import vector_literal
-from replayable.vocabulary import MODEL_CONN_ID
 
 if TYPE_CHECKING:
     from replayable.models.embeddings import HttpEmbeddingClient
@@ -24,7 +23,6 @@ def embed_query(
     query: str,
     choice: Any,
     dsn: str,
-    conn_id: str = MODEL_CONN_ID,
     searched_by: str | None = None,
 ) -> list[float]:
     """The query's vector: the one stored for this question, model and dimensions (ADR
@@ -43,7 +41,7 @@ def embed_query(
         )
         if found:
             return [float(x) for x in str(found[0]["embedding"]).strip("[]").split(",")]
-        vector = _paid_query_vector(query, choice, dsn, conn_id, searched_by)
+        vector = _paid_query_vector(query, choice, dsn, searched_by)
         stored = {**cached, "embedding": vector_literal(vector)}
         database.transaction(
             lambda conn: db.execute(conn, "search/store_query", stored), describe="search/store"
@@ -53,9 +51,7 @@ def embed_query(
     return vector
 
 
-def _paid_query_vector(
-    query: str, choice: Any, dsn: str, conn_id: str, searched_by: str | None
-) -> list[float]:
+def _paid_query_vector(query: str, choice: Any, dsn: str, searched_by: str | None) -> list[float]:
     """The query's vector from the provider, within the shared budget, recorded as a call."""
     from replayable.budget import RequestBudget
     from replayable.models.clients import embedding_client
@@ -116,12 +112,11 @@ def vector_for(
     scope: Scope,
     choice: Any,
     dsn: str,
-    conn_id: str = MODEL_CONN_ID,
     searched_by: str | None = None,
 ) -> list[float]:
     """The question's vector (:func:`embed_query`), with the index of its model, dimensions
     and length built if this is their first search; writes through ``dsn`` only."""
-    vector = embed_query(query, choice, dsn, conn_id, searched_by)
+    vector = embed_query(query, choice, dsn, searched_by)
     builder = Database(dsn, autocommit=True)
     try:
         dimensions = stored_dimensions(scope.dimensions)

@@ -28,6 +28,7 @@ from replayable.search.model import (
     SearchError,
     check_k,
 )
+from replayable.stages.chunk.chunker import chunk_config_of
 from replayable.stages.embed import stored_dimensions
 from replayable.stages.embed.store import vector_literal
 from replayable.vocabulary import MODEL_CONN_ID, PIPELINE_DAG_ID
@@ -130,7 +131,7 @@ def scope_of(
         model=choice.model,
         config_hash=config_hash(key_config(choice.model, choice.dimensions)),
         extractor_version=extract.extractor_id(settings.extractor),
-        chunker_key=settings.chunk_config.key,
+        chunker_key=chunk_config_of(settings).key,
         dimensions=choice.dimensions,
         run_id=run.run_id if run is not None else None,
     )
